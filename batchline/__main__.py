@@ -1,0 +1,3 @@
+from batchline.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,216 @@
+"""Commands that plan, run, inspect and export jobs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from batchline.errors import BatchlineError
+from batchline.store import JobStatus, Store, default_url, open_store
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--store", default=None, metavar="URL",
+                       help=f"sqlite:///path.db or postgresql://... (default: $BATCHLINE_STORE or {default_url()})")
+        return p
+
+    p = command("run", "plan the job if new, run N local workers until it is done")
+    p.add_argument("spec", metavar="JOB.yaml")
+    p.add_argument("--workers", type=int, default=1, metavar="N")
+    p.add_argument("--log-dir", type=Path, default=None, help="where worker logs go")
+    p.set_defaults(func=cmd_run)
+
+    p = command("plan", "plan the job and print its version")
+    p.add_argument("spec", metavar="JOB.yaml")
+    p.set_defaults(func=cmd_plan)
+
+    p = command("worker", "run one worker; exits 0 when no work is left, 75 when stopped early")
+    p.add_argument("--job", default=None, metavar="VERSION", help="work on this version only")
+    p.add_argument("--poll-seconds", type=float, default=1.0,
+                   help="how often to look for shards while others hold the leases")
+    p.set_defaults(func=cmd_worker)
+
+    p = command("status", "progress of a job version (or a list of jobs)")
+    p.add_argument("version", nargs="?", metavar="VERSION")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = command("dead-letters", "records that ended as dead letters, with their errors")
+    p.add_argument("version", metavar="VERSION")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_dead_letters)
+
+    p = command("export", "write a version's results with each record's ACL")
+    p.add_argument("target", metavar="VERSION|NAME")
+    p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+    p.add_argument("--out", type=Path, default=None, metavar="PATH")
+    p.set_defaults(func=cmd_export)
+
+
+def _store(args: argparse.Namespace) -> Store:
+    return open_store(args.store)
+
+
+def _version(store: Store, target: str) -> str:
+    if store.job(target) is not None:
+        return target
+    resolved = store.resolve_name(target)
+    if resolved is None:
+        raise BatchlineError(f"no job version or published name {target!r} in {store.url}")
+    return resolved
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from batchline.planner import plan
+    from batchline.spec import load_spec
+
+    spec = load_spec(args.spec)
+    store = _store(args)
+    result = plan(spec, store, log=lambda m: print(m, file=sys.stderr))
+    if not result.created:
+        print(f"already planned: {result.records} records in {result.shards} shards", file=sys.stderr)
+    print(result.version)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from batchline.planner import plan
+    from batchline.runner import LocalRunner, default_log_dir, format_duration
+    from batchline.spec import load_spec
+
+    if args.workers < 1:
+        raise BatchlineError("--workers must be at least 1")
+    spec = load_spec(args.spec)
+    store = _store(args)
+    result = plan(spec, store, log=lambda m: print(m, file=sys.stderr))
+    print(f"version {result.version}", file=sys.stderr)
+    runner = LocalRunner(store, result.version, args.workers,
+                         log_dir=args.log_dir or default_log_dir(store.url, result.version),
+                         deadline=spec.deadline.timestamp() if spec.deadline else None)
+    summary = runner.run()
+    st = summary.status
+    rate = (st.results + st.dead_letters) / summary.seconds if summary.seconds > 0 else 0.0
+    tokens = _token_totals(store, st.version)
+    lines = [
+        f"{st.state}: {st.version}",
+        f"  records      {st.records:,}",
+        f"  results      {st.results:,}",
+        f"  dead letters {st.dead_letters:,}"
+        + (f" ({', '.join(f'{k} {v}' for k, v in sorted(st.dead_letters_by_kind.items()))})"
+           if st.dead_letters else ""),
+        f"  wall time    {format_duration(summary.seconds)} ({rate:,.2f} records/s this run)",
+        f"  workers      {args.workers} ({summary.restarts} restarts, {st.leases_lost} leases lost)",
+    ]
+    if tokens[0]:
+        lines.append(f"  tokens       {tokens[0]:,} in, {tokens[1]:,} out "
+                     f"({tokens[1] / summary.seconds:,.1f} output tokens/s)")
+    lines.append(f"  worker logs  {summary.log_dir}")
+    print("\n".join(lines), file=sys.stderr)
+    print(st.version)
+    return summary.exit_code
+
+
+def _token_totals(store: Store, version: str) -> tuple[int, int]:
+    tin = tout = 0
+    for r in store.iter_results(version):
+        tin += r.input_tokens or 0
+        tout += r.output_tokens or 0
+    return tin, tout
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from batchline.worker.supervisor import Worker, new_worker_id
+
+    # Batch work yields: the lowest CPU priority, so interactive work on a shared node comes first.
+    os.nice(19)
+    worker_id = new_worker_id()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {worker_id} %(message)s",
+                        stream=sys.stderr)
+    log = logging.getLogger("batchline.worker")
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    worker = Worker(_store(args), version=args.job, worker_id=worker_id, stop=stop,
+                    poll_seconds=args.poll_seconds, log=log.info)
+    code = worker.run()
+    log.info("exit %d", code)
+    return code
+
+
+def status_dict(st: JobStatus) -> dict[str, Any]:
+    return {
+        "version": st.version, "name": st.name, "state": st.state, "records": st.records,
+        "shards": st.shards,
+        "outcomes": {"results": st.results, "dead_letters": st.dead_letters, "pending": st.pending},
+        "dead_letters_by_kind": st.dead_letters_by_kind, "leases_lost": st.leases_lost,
+        "records_per_second": st.records_done_last_minutes / st.window_seconds,
+    }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from batchline.runner import progress_line
+
+    store = _store(args)
+    if args.version is None:
+        jobs = store.jobs()
+        if args.json:
+            print(json.dumps([status_dict(store.status(j.version)) for j in jobs], indent=2))
+        else:
+            for j in jobs:
+                print(f"{j.version}  {j.state:7}  {j.record_count:,} records  {j.shard_count:,} shards")
+        return 0
+    st = store.status(_version(store, args.version))
+    if args.json:
+        print(json.dumps(status_dict(st), indent=2))
+        return 0
+    rate = st.records_done_last_minutes / st.window_seconds or None
+    print(f"{st.version} ({st.state})")
+    print("  " + progress_line(st, rate, None, None, None))
+    print("  shards: " + ", ".join(f"{k} {v}" for k, v in st.shards.items()))
+    if st.dead_letters_by_kind:
+        print("  dead letters: " + ", ".join(f"{k} {v}" for k, v in sorted(st.dead_letters_by_kind.items())))
+    return 0
+
+
+def cmd_dead_letters(args: argparse.Namespace) -> int:
+    store = _store(args)
+    version = _version(store, args.version)
+    rows = list(store.iter_dead_letters(version))
+    if args.json:
+        print(json.dumps([{"id": r.record_id, "kind": r.kind, "error": r.error, "attempts": r.attempts,
+                           "shard": r.shard_no, "acl": r.acl} for r in rows], indent=2))
+        return 0
+    for r in rows:
+        print(f"{r.record_id}\t{r.kind}\t{r.attempts} attempts\t{r.error}")
+    print(f"{len(rows)} dead letters", file=sys.stderr)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from batchline.export import export_jsonl, export_parquet
+
+    store = _store(args)
+    version = _version(store, args.target)
+    if args.format == "parquet":
+        out = args.out or Path(f"{version.replace('@', '-')}.parquet")
+        n = export_parquet(store, version, out)
+    else:
+        out = args.out
+        n = export_jsonl(store, version, out)
+    print(f"exported {n:,} results of {version}" + (f" to {out}" if out else ""), file=sys.stderr)
+    return 0

@@ -1,0 +1,498 @@
+"""`batchline capacity` and `batchline simulate`: sizing a job before and after a pilot run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from typing import Any, TextIO
+
+from batchline import capacity as cap
+from batchline import simulate as sim
+from batchline.errors import BatchlineError
+
+_SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+_COUNT = re.compile(r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
+
+
+def count(text: str) -> float:
+    """A count as people write it: 50000000, 50,000,000, 5e7, 50M, 8B."""
+    match = _COUNT.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (examples: 2000000, 2e6, 2M, 8B)")
+    number = float(match.group(1).replace(",", "").replace("_", ""))
+    return number * _SUFFIXES.get(match.group(2).lower(), 1.0)
+
+
+def whole_count(text: str) -> int:
+    value = count(text)
+    if value != int(value) or value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(value)
+
+
+def positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be negative")
+    return value
+
+
+def share(text: str) -> float:
+    value = non_negative(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is a share: between 0 and 1")
+    return value
+
+
+def size_list(text: str) -> list[int]:
+    sizes = [whole_count(part) for part in text.split(",") if part.strip()]
+    if not sizes:
+        raise argparse.ArgumentTypeError("give at least one shard size")
+    return sizes
+
+
+def strategy_list(text: str) -> list[sim.Strategy]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    known = [str(s) for s in sim.Strategy]
+    for name in names:
+        if name not in known:
+            raise argparse.ArgumentTypeError(f"{name!r} is not one of {', '.join(known)}")
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one strategy")
+    return [sim.Strategy(name) for name in names]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    _register_capacity(subparsers)
+    _register_simulate(subparsers)
+
+
+# --- capacity ------------------------------------------------------------------------
+
+
+def _register_capacity(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    gpus = ", ".join(f"{key} ({g.name})" for key, g in cap.GPU_PRESETS.items())
+    p = subparsers.add_parser(
+        "capacity",
+        help="GPUs, hours and cost for a job: a roofline estimate, or a pilot run's throughput",
+        description=(
+            "Per-GPU throughput of a dense decoder model from a roofline (prefill bound by "
+            "FLOP/s, decode by memory bandwidth), and what it makes of a job: GPU-hours, GPUs "
+            "to meet the deadline, cost, and a hosted batch API's price for the same tokens. "
+            "Defaults are the reference case: Llama 3.1 8B on an H100, 50M records of 1,200 "
+            "input (500 shared) and 150 output tokens, 20 hours, $3.50 per GPU-hour."
+        ),
+    )
+    m = p.add_argument_group("model (a preset, or the numbers)")
+    m.add_argument("--model", choices=sorted(cap.MODEL_PRESETS), default="llama-3.1-8b")
+    m.add_argument("--params", type=count, help="parameters (8e9, 8B)")
+    m.add_argument("--layers", type=whole_count)
+    m.add_argument("--kv-heads", type=whole_count)
+    m.add_argument("--head-dim", type=whole_count)
+    m.add_argument("--bytes-per-weight", type=positive, help="2 for BF16, 1 for FP8, 0.5 for 4-bit")
+    m.add_argument("--kv-bytes", type=positive, help="bytes per KV cache value (default: as the weights)")
+    g = p.add_argument_group("GPU (a preset, or the numbers)")
+    g.add_argument("--gpu", choices=sorted(cap.GPU_PRESETS), default="h100-sxm", help=gpus)
+    g.add_argument("--tflops", type=positive, help="dense BF16 TFLOP/s")
+    g.add_argument("--bandwidth-tbps", type=positive, help="memory bandwidth, TB/s")
+    g.add_argument("--memory-gb", type=positive, help="GPU memory, GB")
+    e = p.add_argument_group("engine efficiency")
+    e.add_argument("--mfu", type=share, default=0.5, help="prefill share of peak FLOP/s (default 0.5)")
+    e.add_argument("--decode-efficiency", type=share, default=0.7,
+                   help="decode share of peak bandwidth (default 0.7)")
+    e.add_argument("--batch", type=whole_count, default=256, help="decode batch (default 256)")
+    w = p.add_argument_group("the job")
+    w.add_argument("--records", type=whole_count, default=50_000_000)
+    w.add_argument("--input-tokens", type=positive, default=1200.0, help="per record, prefix included")
+    w.add_argument("--output-tokens", type=positive, default=150.0, help="per record")
+    w.add_argument("--prefix-tokens", type=non_negative, default=500.0,
+                   help="shared instruction prefix at the start of every input")
+    w.add_argument("--deadline-hours", type=positive, default=20.0)
+    w.add_argument("--price", type=non_negative, default=3.50, help="USD per GPU-hour")
+    w.add_argument("--interruption-allowance", type=non_negative, default=0.2,
+                   help="extra fleet time interruptions cost, as a share of the ideal run "
+                        "(`batchline simulate` measures it; default 0.2)")
+    a = p.add_argument_group("hosted batch API, for comparison")
+    a.add_argument("--api", choices=[*sorted(cap.API_PRESETS), "none"], default="gpt-4o-mini-batch")
+    a.add_argument("--api-input-price", type=non_negative, help="USD per million input tokens")
+    a.add_argument("--api-output-price", type=non_negative, help="USD per million output tokens")
+    p.add_argument("--from-run", metavar="VERSION",
+                   help="use the records/s per worker that this job version measured, not the roofline")
+    p.add_argument("--store", help="store URL for --from-run (default: $BATCHLINE_STORE or sqlite:///batchline.db)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run_capacity)
+
+
+def measured_records_per_second(store_url: str, version: str) -> float:
+    """Records/s per worker that a run of `version` measured, from the store's event log."""
+    from batchline.store import open_store
+
+    store = open_store(store_url)
+    try:
+        # Looked up rather than called directly while the Store protocol does not
+        # declare it yet, so that a store without it fails in one readable line.
+        run_throughput = getattr(store, "run_throughput", None)
+        if run_throughput is None:
+            raise BatchlineError(f"{store_url}: this store cannot measure a run's throughput yet")
+        measured = float(run_throughput(version))
+    finally:
+        store.close()
+    if not 0 < measured < math.inf:
+        raise BatchlineError(f"{version}: the event log has no measured throughput yet")
+    return measured
+
+
+def build_capacity_report(args: argparse.Namespace) -> cap.CapacityReport:
+    base_model = cap.MODEL_PRESETS[args.model]
+    model = cap.ModelShape(
+        parameters=args.params if args.params is not None else base_model.parameters,
+        layers=args.layers or base_model.layers,
+        kv_heads=args.kv_heads or base_model.kv_heads,
+        head_dim=args.head_dim or base_model.head_dim,
+        bytes_per_weight=args.bytes_per_weight or base_model.bytes_per_weight,
+        kv_bytes_per_value=args.kv_bytes,
+    )
+    gpu = cap.GPU_PRESETS[args.gpu]
+    if args.tflops or args.bandwidth_tbps or args.memory_gb:
+        gpu = replace(
+            gpu,
+            name=f"{gpu.name}, adjusted",
+            bf16_flops=args.tflops * cap.TERA if args.tflops else gpu.bf16_flops,
+            memory_bandwidth=args.bandwidth_tbps * cap.TERA if args.bandwidth_tbps else gpu.memory_bandwidth,
+            memory_bytes=args.memory_gb * cap.GIGA if args.memory_gb else gpu.memory_bytes,
+            source=f"{gpu.source}; overridden on the command line",
+        )
+    api: cap.HostedApiPrice | None = None if args.api == "none" else cap.API_PRESETS[args.api]
+    if args.api_input_price is not None or args.api_output_price is not None:
+        if args.api_input_price is None or args.api_output_price is None:
+            raise BatchlineError("give both --api-input-price and --api-output-price")
+        api = cap.HostedApiPrice(name="hosted batch API", input_per_million=args.api_input_price,
+                                 output_per_million=args.api_output_price, source="command line")
+    eff = cap.Efficiency(mfu=args.mfu, decode_efficiency=args.decode_efficiency, decode_batch=args.batch)
+    work = cap.Workload(
+        records=args.records, input_tokens=args.input_tokens, output_tokens=args.output_tokens,
+        prefix_tokens=args.prefix_tokens, deadline_hours=args.deadline_hours,
+        price_per_gpu_hour=args.price, interruption_allowance=args.interruption_allowance,
+    )
+    measured = None
+    if args.from_run:
+        from batchline.store import default_url
+
+        measured = measured_records_per_second(args.store or default_url(), args.from_run)
+    try:
+        return cap.plan_capacity(model, gpu, eff, work, api=api, measured_records_per_second=measured,
+                                 measured_from=args.from_run)
+    except ValueError as exc:
+        raise BatchlineError(f"capacity: {exc}") from None
+
+
+def run_capacity(args: argparse.Namespace) -> int:
+    report = build_capacity_report(args)
+    if args.json:
+        json.dump(report.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_capacity(report, sys.stdout)
+    return 0
+
+
+def print_capacity(r: cap.CapacityReport, out: TextIO) -> None:
+    m, g, e, w = r.model, r.gpu, r.efficiency, r.workload
+    prefix = f", {w.prefix_tokens:,.0f} of them a shared prefix" if w.prefix_tokens else ""
+    lines = [
+        f"job     {w.records:,} records of {w.input_tokens:,.0f} input tokens{prefix}, "
+        f"and {w.output_tokens:,.0f} output tokens",
+        f"        deadline {w.deadline_hours:g} h, ${w.price_per_gpu_hour:,.2f} per GPU-hour",
+    ]
+    if r.roofline is not None:
+        roof = r.roofline
+        lines += [
+            f"model   {m.parameters / 1e9:g}B parameters, {m.layers} layers, {m.kv_heads} KV heads "
+            f"x {m.head_dim}, {m.bytes_per_weight:g} bytes per weight: {m.weight_bytes / cap.GIGA:.1f} GB "
+            f"of weights, {m.kv_bytes_per_token / 1024:g} KiB of KV cache per token",
+            f"GPU     {g.name}: {g.bf16_flops / cap.TERA:,.0f} TFLOP/s dense BF16, "
+            f"{g.memory_bandwidth / cap.TERA:g} TB/s, {g.memory_bytes / cap.GIGA:g} GB",
+            f"        source: {g.source}",
+            f"engine  {e.mfu:.0%} MFU in prefill, {e.decode_efficiency:.0%} of bandwidth in decode, "
+            f"batch {e.decode_batch}",
+            "",
+            "per GPU (roofline)",
+            f"  prefill   {roof.prefill_tokens_per_second:>10,.0f} tokens/s",
+            f"  decode    {roof.decode_tokens_per_second:>10,.0f} tokens/s   "
+            f"({roof.decode_bytes_per_step / cap.GIGA:.1f} GB read per step: weights and the "
+            f"batch's KV cache at the mean context)",
+            f"  memory    {roof.peak_memory_bytes / cap.GIGA:>10.1f} GB at the longest context, of "
+            f"{cap.USABLE_MEMORY_SHARE * g.memory_bytes / cap.GIGA:.0f} GB usable",
+        ]
+        if roof.max_batch_that_fits < e.decode_batch:
+            lines.append(
+                f"  WARNING: a batch of {e.decode_batch} does not fit; at most "
+                f"{roof.max_batch_that_fits} does (0: the weights alone do not fit)"
+            )
+    else:
+        lines += ["", f"per GPU: {r.estimate.records_per_second:,.2f} records/s, measured by run {r.measured_from}"]
+    columns: list[tuple[str, cap.JobEstimate]] = [
+        ("measured" if r.roofline is None else "no prefix cache", r.estimate)
+    ]
+    if r.estimate_prefix_cached is not None:
+        columns.append(("prefix cached", r.estimate_prefix_cached))
+    allowance = f"GPUs with a {w.interruption_allowance:.0%} interruption allowance"
+    rows: list[tuple[str, Any]] = [
+        ("ms per record", lambda j: f"{j.milliseconds_per_record:,.1f}"),
+        ("records/s per GPU", lambda j: f"{j.records_per_second:,.1f}"),
+        ("GPU-hours", lambda j: f"{j.gpu_hours:,.0f}"),
+        ("GPUs running flat out", lambda j: f"{j.gpus_flat_out:,.1f}"),
+        ("whole GPUs", lambda j: f"{j.gpus_whole:,}"),
+        (allowance, lambda j: f"{j.gpus_with_allowance:,}"),
+        ("cost", lambda j: f"${j.cost:,.0f}"),
+        ("cost with the allowance", lambda j: f"${j.cost_with_allowance:,.0f}"),
+    ]
+    label_width = max(len(label) for label, _ in rows)
+    lines += ["", f"  {'':<{label_width}}" + "".join(f"{name:>18}" for name, _ in columns)]
+    for label, fmt in rows:
+        lines.append(f"  {label:<{label_width}}" + "".join(f"{fmt(est):>18}" for _, est in columns))
+    if r.api is not None and r.api_cost is not None:
+        lines += [
+            "",
+            f"hosted  {r.api.name} at {_usd(r.api.input_per_million)} / {_usd(r.api.output_per_million)} per "
+            f"million input / output tokens: ${r.api_cost:,.0f}",
+            f"        source: {r.api.source}",
+        ]
+    out.write("\n".join(lines) + "\n")
+
+
+# --- simulate ------------------------------------------------------------------------
+
+
+def _register_simulate(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ref = sim.REFERENCE
+    p = subparsers.add_parser(
+        "simulate",
+        help="simulate a job on preemptible workers: makespan, lost GPU-hours and duplicates "
+             "per write strategy and shard size",
+        description=(
+            "A discrete-event simulation of a job on workers that die (a replacement loads the "
+            "model) or stall past their lease (and come back still writing), for three write "
+            "strategies and several shard sizes, averaged over seeds. Defaults are the "
+            "reference scenario."
+        ),
+    )
+    j = p.add_argument_group("the job and the fleet")
+    j.add_argument("--items", type=whole_count, default=ref.items)
+    j.add_argument("--workers", type=whole_count, default=ref.workers)
+    j.add_argument("--rate", type=positive, default=ref.records_per_second, help="items/s per worker")
+    j.add_argument("--interruptions-per-hour", type=non_negative, default=ref.interruptions_per_hour,
+                   help="per worker; exponential gaps (default 1)")
+    j.add_argument("--stall-share", type=share, default=ref.stall_share,
+                   help="share of interruptions that are stalls rather than deaths (default 0.2)")
+    j.add_argument("--stall-extra-seconds", type=non_negative, default=ref.stall_extra_seconds,
+                   help="mean time a stalled worker stays away beyond its lease (default 0)")
+    j.add_argument("--model-load-seconds", type=positive, default=ref.model_load_seconds)
+    j.add_argument("--lease-seconds", type=positive, default=ref.lease_seconds)
+    j.add_argument("--shard-overhead-seconds", type=non_negative, default=ref.shard_overhead_seconds)
+    j.add_argument("--waves-per-hour", type=non_negative, default=0.0,
+                   help="correlated reclaim waves, as when a zone runs short (default 0)")
+    j.add_argument("--wave-share", type=share, default=0.5, help="share of workers a wave takes")
+    j.add_argument("--wave-recovery-seconds", type=non_negative, default=0.0,
+                   help="how long a wave's replacements wait for capacity before loading")
+    s = p.add_argument_group("what to compare")
+    s.add_argument("--shard-sizes", type=size_list, default=list(sim.REFERENCE_SHARD_SIZES),
+                   help="comma-separated (default 500,5000,25000)")
+    s.add_argument("--strategies", type=strategy_list, default=list(sim.Strategy),
+                   help="comma-separated, of " + ", ".join(str(x) for x in sim.Strategy))
+    s.add_argument("--seeds", type=whole_count, default=len(sim.REFERENCE_SEEDS),
+                   help="runs per cell, seeds 0..N-1 (default 5)")
+    s.add_argument("--notice", action="store_true",
+                   help="workers get a preemption notice and give their shard back at once")
+    s.add_argument("--tail-split", action="store_true",
+                   help="idle workers split the last shards at the tail of the job")
+    s.add_argument("--batchline", action="store_true", help="both --notice and --tail-split")
+    s.add_argument("--compare", action="store_true",
+                   help="every row twice: without and with notices and tail splitting")
+    p.add_argument("--recommend-shard-size", action="store_true",
+                   help="also pick the shard size with the least expected makespan for keyed-per-record")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--plot", metavar="PNG", help="draw makespan against shard size per strategy")
+    p.set_defaults(func=run_simulate)
+
+
+def _per_hour(value: float, noun: str) -> str:
+    return f"{value:g} {noun}" + ("" if value == 1 else "s")
+
+
+def _usd(value: float) -> str:
+    """Prices per million tokens keep their cents and any tenths of a cent ($0.075, $0.30)."""
+    return f"${value:,.2f}" if round(value, 2) == value else f"${value:,.3f}"
+
+
+def _features(scenario: sim.Scenario) -> str:
+    on = [name for name, flag in (("notice", scenario.notice), ("tail split", scenario.tail_split)) if flag]
+    return " + ".join(on) if on else "none"
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    try:
+        base = sim.Scenario(
+            items=args.items, workers=args.workers, records_per_second=args.rate,
+            interruptions_per_hour=args.interruptions_per_hour, stall_share=args.stall_share,
+            stall_extra_seconds=args.stall_extra_seconds, model_load_seconds=args.model_load_seconds,
+            lease_seconds=args.lease_seconds, shard_overhead_seconds=args.shard_overhead_seconds,
+            waves_per_hour=args.waves_per_hour, wave_share=args.wave_share,
+            wave_recovery_seconds=args.wave_recovery_seconds,
+            notice=args.notice or args.batchline, tail_split=args.tail_split or args.batchline,
+        )
+    except ValueError as exc:
+        raise BatchlineError(f"simulate: {exc}") from None
+    scenarios = [replace(base, notice=False, tail_split=False), sim.with_batchline(base)] if args.compare else [base]
+    seeds = list(range(args.seeds))
+    results: list[tuple[sim.Scenario, list[sim.SweepRow]]] = []
+    choice: sim.ShardSizeChoice | None = None
+    try:
+        for scenario in scenarios:
+            results.append((scenario, sim.sweep(scenario, args.strategies, args.shard_sizes, seeds)))
+        if args.recommend_shard_size:
+            choice = sim.choose_shard_size(scenarios[-1], seeds=args.seeds)
+    except sim.SimulationDiverged as exc:
+        raise BatchlineError(f"simulate: {exc}") from None
+    elapsed = time.perf_counter() - started
+    if args.plot:
+        plot_sweep(results, args.plot)
+    if args.json:
+        json.dump(simulate_json(results, choice, seeds), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_simulation(results, choice, seeds, elapsed, sys.stdout)
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
+def simulate_json(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]],
+                  choice: sim.ShardSizeChoice | None, seeds: Sequence[int]) -> dict[str, Any]:
+    base = results[0][0]
+    return {
+        "scenario": {k: v for k, v in asdict(base).items() if k not in ("notice", "tail_split")},
+        "ideal_hours": base.ideal_seconds / 3600.0,
+        "seeds": list(seeds),
+        "rows": [
+            {"notice": scenario.notice, "tail_split": scenario.tail_split, **row.to_json()}
+            for scenario, rows in results for row in rows
+        ],
+        "recommendation": None if choice is None else {
+            "shard_size": choice.shard_size,
+            "strategy": str(choice.strategy),
+            "seeds": choice.seeds,
+            "tolerance": sim.SHARD_SIZE_TOLERANCE,
+            "curve": [{"shard_size": size, "makespan_hours": mean / 3600.0} for size, mean in choice.curve],
+        },
+    }
+
+
+def print_simulation(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]],
+                     choice: sim.ShardSizeChoice | None, seeds: Sequence[int], elapsed: float,
+                     out: TextIO) -> None:
+    sc = results[0][0]
+    work_hours = sc.items / (sc.workers * sc.records_per_second) / 3600.0
+    waves = (f"; {_per_hour(sc.waves_per_hour, 'reclaim wave')} per hour taking {sc.wave_share:.0%} of workers"
+             if sc.waves_per_hour else "")
+    lines = [
+        f"scenario  {sc.items:,} items on {sc.workers} workers at {sc.records_per_second:g} items/s; "
+        f"{_per_hour(sc.interruptions_per_hour, 'interruption')} per worker-hour, {sc.stall_share:.0%} of them "
+        f"stalls{waves}",
+        f"          model load {sc.model_load_seconds:g} s, lease {sc.lease_seconds:g} s, "
+        f"{sc.shard_overhead_seconds:g} s per shard; {len(seeds)} seeds",
+        f"ideal     {sc.ideal_seconds / 3600:.2f} h = {work_hours:.2f} h of work + one model load "
+        f"({sc.model_load_seconds / 3600:.2f} h)",
+        "",
+        f"{'features':<20}{'strategy':<18}{'shard size':>11}{'makespan h':>12}{'sd':>6}"
+        f"{'over ideal':>12}{'GPU-h lost':>12}{'duplicate rows':>16}",
+    ]
+    for scenario, rows in results:
+        for row in rows:
+            lines.append(
+                f"{_features(scenario):<20}{row.strategy:<18}{row.shard_size:>11,}{row.makespan_hours:>12.2f}"
+                f"{row.makespan_hours_stdev:>6.2f}{row.over_ideal:>11.2f}x{row.gpu_hours_lost:>12.1f}"
+                f"{row.duplicate_rows:>16,.0f}"
+            )
+    if choice is not None:
+        chosen = results[-1][0]
+        curve = ", ".join(f"{size:,}: {mean / 3600:.2f} h" for size, mean in choice.curve)
+        lines += [
+            "",
+            f"recommended shard size: {choice.shard_size:,} ({choice.strategy}, features: "
+            f"{_features(chosen)}; {choice.seeds} seeds; the smallest size within "
+            f"{sim.SHARD_SIZE_TOLERANCE:.0%} of the least expected makespan)",
+            f"  expected makespan by size: {curve}",
+        ]
+    lines += ["", f"simulated in {elapsed:.1f} s"]
+    out.write("\n".join(lines) + "\n")
+
+
+def plot_sweep(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise BatchlineError("--plot needs matplotlib: pip install 'batchline[sizing]'") from None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    # One colour and marker per strategy, one line style per feature set. Append
+    # and keyed-per-shard take the same time (they differ in what they write),
+    # so append's hollow squares show around keyed-per-shard's dots.
+    looks = {
+        sim.Strategy.APPEND_PER_SHARD: ("tab:red", "s", 10),
+        sim.Strategy.KEYED_PER_SHARD: ("tab:orange", "o", 5),
+        sim.Strategy.KEYED_PER_RECORD: ("tab:green", "^", 6),
+    }
+    sizes: set[int] = set()
+    for scenario, rows in results:
+        style = "-" if not (scenario.notice or scenario.tail_split) else "--"
+        for strategy in dict.fromkeys(row.strategy for row in rows):
+            points = sorted((r.shard_size, r.makespan_hours) for r in rows if r.strategy == strategy)
+            sizes.update(x for x, _ in points)
+            colour, marker, marker_size = looks[strategy]
+            label = str(strategy) if len(results) == 1 else f"{strategy} ({_features(scenario)})"
+            ax.plot([x for x, _ in points], [y for _, y in points], linestyle=style, color=colour,
+                    marker=marker, markersize=marker_size,
+                    markerfacecolor="none" if strategy is sim.Strategy.APPEND_PER_SHARD else colour,
+                    label=label)
+    ideal = results[0][0].ideal_seconds / 3600.0
+    ax.axhline(ideal, color="grey", linestyle=":", label=f"ideal ({ideal:.2f} h)")
+    ax.set_xscale("log")
+    ax.set_xticks(sorted(sizes), [f"{x:,}" for x in sorted(sizes)])
+    ax.minorticks_off()
+    ax.set_xlabel("shard size (items)")
+    ax.set_ylabel("makespan (hours)")
+    sc = results[0][0]
+    ax.set_title(f"{sc.items:,} items, {sc.workers} workers, "
+                 f"{_per_hour(sc.interruptions_per_hour, 'interruption')} per worker-hour")
+    ax.legend(fontsize="small")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise BatchlineError(f"--plot: cannot write {path}: {exc.strerror}") from None
+    finally:
+        plt.close(fig)

@@ -1,0 +1,36 @@
+"""Errors a user sees: each carries one readable line that says what and where."""
+
+from __future__ import annotations
+
+
+class BatchlineError(Exception):
+    """A failure the command line reports as one line on stderr with a non-zero exit."""
+
+    exit_code = 1
+
+
+class SpecError(BatchlineError):
+    """The job spec does not parse or names a field wrongly."""
+
+    exit_code = 2
+
+
+class InputError(BatchlineError):
+    """The input snapshot is malformed, changed since planning, or unreadable."""
+
+    exit_code = 3
+
+
+class StoreError(BatchlineError):
+    """The store refused an operation or cannot be reached."""
+
+    exit_code = 4
+
+
+class EngineFatal(BatchlineError):
+    """The engine cannot go on (process gone, weights wrong, server unreachable).
+
+    Distinct from a per-record error: the worker releases its lease and exits non-zero.
+    """
+
+    exit_code = 5

@@ -1,0 +1,131 @@
+"""The planner: streams the snapshot once into shards, slices and per-record hashes.
+
+Planning writes under the version's `planning` state and becomes visible in
+one final commit, so a crash mid-plan leaves nothing a worker or reader sees;
+the next plan of the same version discards the leftovers and starts again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from batchline.errors import InputError
+from batchline.snapshot import (
+    Record,
+    ScannedRecord,
+    Slice,
+    csv_header,
+    file_digest,
+    parquet_slice_digest,
+    read_slice,
+    scan,
+    slice_digest_bytes,
+)
+from batchline.spec import JobSpec
+from batchline.store import DeadLetterRow, DuplicateRecord, PlannedRecord, PlannedShard, Store
+from batchline.store.base import PlanWriter
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    version: str
+    created: bool
+    records: int
+    shards: int
+    dead_letters: int
+
+
+def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m: None) -> PlanResult:
+    before = _file_states(spec.input.paths)
+    digest = file_digest(spec.input.paths)
+    version = spec.version(digest)
+    existing = store.job(version)
+    if existing is not None and existing.state != "planning":
+        return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
+
+    writer = store.begin_plan(version, spec.name, spec.to_dict())
+    try:
+        result = _write_plan(spec, version, writer)
+        if _file_states(spec.input.paths) != before or file_digest(spec.input.paths) != digest:
+            raise InputError("input changed while it was being planned; plan again once it is stable")
+        writer.commit(result.records, result.shards)
+    except BaseException:
+        writer.abort()
+        raise
+    log(f"planned {version}: {result.records} records in {result.shards} shards"
+        + (f", {result.dead_letters} over the length cap" if result.dead_letters else ""))
+    return result
+
+
+def _file_states(paths: tuple[Path, ...]) -> list[tuple[int, int]]:
+    out = []
+    for p in paths:
+        try:
+            st = p.stat()
+        except OSError as exc:
+            raise InputError(f"{p}: cannot read input: {exc.strerror or exc}") from None
+        out.append((st.st_size, st.st_mtime_ns))
+    return out
+
+
+def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
+    size = spec.shards.size
+    cap = spec.input.max_input_tokens
+    byte_bound = cap * spec.input.max_bytes_per_token if cap else None
+    shard_no = records = dead_total = 0
+    slices: dict[int, Slice] = {}
+
+    for path in spec.input.paths:
+        header = csv_header(path) if spec.input.format == "csv" else None
+        for chunk in _shard_chunks(scan(path, spec.input), size):
+            first, last = chunk[0], chunk[-1]
+            batch = [s.record for s in chunk]
+            if spec.input.format == "parquet":
+                digest = parquet_slice_digest(batch)
+            else:
+                digest = slice_digest_bytes(path, first.start, last.end)
+            sl = Slice(path=str(path), format=spec.input.format, start=first.start, end=last.end,
+                       first_line=first.record.line, digest=digest, header=header)
+            slices[shard_no] = sl
+            writer.add_shards([PlannedShard(shard_no, sl.to_json(), len(batch))])
+            try:
+                writer.add_records([PlannedRecord(r.id, shard_no, r.content_hash) for r in batch])
+            except DuplicateRecord as dup:
+                raise _duplicate_error(dup, batch, slices, spec) from None
+            too_long = [
+                DeadLetterRow(r.id, "too_long",
+                              f"{len(r.text.encode())} bytes of text is surely over max_input_tokens={cap} "
+                              f"(planner bound: {spec.input.max_bytes_per_token} bytes per token)", r.acl)
+                for r in batch if byte_bound is not None and len(r.text.encode()) > byte_bound
+            ]
+            if too_long:
+                writer.add_dead_letters(shard_no, too_long)
+            dead_total += len(too_long)
+            records += len(batch)
+            shard_no += 1
+    if records == 0:
+        raise InputError(f"no records in {', '.join(str(p) for p in spec.input.paths)} (empty input)")
+    return PlanResult(version, True, records, shard_no, dead_total)
+
+
+def _shard_chunks(items: Iterator[ScannedRecord], size: int) -> Iterator[list[ScannedRecord]]:
+    chunk: list[ScannedRecord] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _duplicate_error(dup: DuplicateRecord, batch: list[Record], slices: dict[int, Slice],
+                     spec: JobSpec) -> InputError:
+    second = next(r for r in reversed(batch) if r.id == dup.record_id)
+    first_slice = slices[dup.first_shard]
+    first = next((r for r in read_slice(first_slice, spec.input) if r.id == dup.record_id), None)
+    where_first = f"{first_slice.path}:{first.line}" if first else f"shard {dup.first_shard}"
+    return InputError(f"{slices[max(slices)].path}:{second.line}: duplicate id {dup.record_id!r} "
+                      f"(first at {where_first})")

@@ -1,0 +1,198 @@
+"""`batchline run`: plan if new, keep N local worker processes alive, show progress.
+
+The runner only places processes: every decision about who works on what is
+made in the store, so a worker killed here behaves as one lost anywhere.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from batchline.errors import BatchlineError
+from batchline.store import JobStatus, Store
+from batchline.worker.supervisor import EXIT_DONE, EXIT_PREEMPTED
+
+# Worker exits that mean the job itself is wrong (input changed, engine or
+# weights broken, bad usage): restarting would only repeat them.
+FATAL_EXITS = {2, 3, 5}
+RATE_WINDOW_SECONDS = 60.0
+
+
+@dataclass
+class _Slot:
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+    starts: int = 0
+
+
+@dataclass
+class RunSummary:
+    status: JobStatus
+    seconds: float
+    worker_starts: int
+    restarts: int
+    log_dir: Path
+    exit_code: int = 0
+    samples: list[tuple[float, int]] = field(default_factory=list)
+
+
+class LocalRunner:
+    def __init__(self, store: Store, version: str, workers: int, *, log_dir: Path | None = None,
+                 out: IO[str] = sys.stderr, refresh_seconds: float = 1.0, max_restarts: int | None = None,
+                 deadline: float | None = None) -> None:
+        self.store = store
+        self.version = version
+        self.workers = workers
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="batchline-logs-"))
+        self.out = out
+        self.refresh_seconds = refresh_seconds
+        self.max_restarts = max_restarts if max_restarts is not None else 5 * workers + 5
+        self.deadline = deadline
+        self._stop_requested = False
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+
+    def _spawn(self, slot: _Slot) -> None:
+        slot.starts += 1
+        slot.log = self.log_dir / f"worker-{slot.index}.log"
+        log = slot.log.open("ab")
+        slot.proc = subprocess.Popen(
+            [sys.executable, "-m", "batchline", "worker", "--store", self.store.url, "--job", self.version],
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+        )
+        log.close()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._stop_requested = True
+
+    def run(self) -> RunSummary:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        slots = [_Slot(i) for i in range(self.workers)]
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        restarts = 0
+        exit_code = 0
+        try:
+            for slot in slots:
+                self._spawn(slot)
+            last_draw = 0.0
+            while True:
+                if self._stop_requested:
+                    exit_code = self._stop_all(slots)
+                    break
+                alive = 0
+                for slot in slots:
+                    code = slot.proc.poll() if slot.proc else EXIT_DONE
+                    if code is None:
+                        alive += 1
+                        continue
+                    if slot.proc is None or code == EXIT_DONE:
+                        slot.proc = None
+                        continue
+                    if code in FATAL_EXITS:
+                        self._stop_all(slots)
+                        raise BatchlineError(f"worker {slot.index} failed: {self._last_line(slot)} "
+                                             f"(log: {slot.log})")
+                    restarts += 1
+                    if restarts > self.max_restarts:
+                        self._stop_all(slots)
+                        raise BatchlineError(f"workers keep failing ({restarts} restarts); last: "
+                                             f"{self._last_line(slot)} (log: {slot.log})")
+                    self._spawn(slot)  # exit 75 or a crash: the store has the work, start another
+                    alive += 1
+                status = self.store.status(self.version)
+                now = time.monotonic()
+                if now - last_draw >= self.refresh_seconds or alive == 0:
+                    self._draw(status, alive, now - started)
+                    last_draw = now
+                if alive == 0:
+                    break
+                time.sleep(0.2)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            if self.out.isatty():
+                self.out.write("\n")
+        status = self.store.status(self.version)
+        if exit_code == 0 and status.state != "sealed":
+            exit_code = EXIT_PREEMPTED
+        return RunSummary(status, time.monotonic() - started, sum(s.starts for s in slots), restarts,
+                          self.log_dir, exit_code, list(self._samples))
+
+    def _stop_all(self, slots: list[_Slot]) -> int:
+        procs = [s.proc for s in slots if s.proc and s.proc.poll() is None]
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return EXIT_PREEMPTED
+
+    @staticmethod
+    def _last_line(slot: _Slot) -> str:
+        if slot.log is None or not slot.log.exists():
+            return "no log"
+        lines = [ln for ln in slot.log.read_text(errors="replace").splitlines() if ln.strip()]
+        return lines[-1] if lines else f"exit status {slot.proc.returncode if slot.proc else '?'}"
+
+    def rate(self, now: float, done: int) -> float | None:
+        self._samples.append((now, done))
+        while self._samples and now - self._samples[0][0] > RATE_WINDOW_SECONDS:
+            self._samples.popleft()
+        t0, d0 = self._samples[0]
+        return (done - d0) / (now - t0) if now - t0 >= 1.0 else None
+
+    def _draw(self, st: JobStatus, alive: int, elapsed: float) -> None:
+        done = st.results + st.dead_letters
+        rate = self.rate(time.monotonic(), done)
+        self.out.write(("\r" if self.out.isatty() else "") + progress_line(st, rate, alive, elapsed, self.deadline)
+                       + ("" if self.out.isatty() else "\n"))
+        self.out.flush()
+
+
+def progress_line(st: JobStatus, rate: float | None, alive: int | None, elapsed: float | None,
+                  deadline: float | None) -> str:
+    done = st.results + st.dead_letters
+    pct = 100.0 * done / st.records if st.records else 100.0
+    parts = [f"{done:,}/{st.records:,} records ({pct:.1f}%)"]
+    if rate is not None:
+        parts.append(f"{rate:,.1f} rec/s")
+        remaining = st.records - done
+        if remaining and rate > 0:
+            eta = remaining / rate
+            text = f"ETA {format_duration(eta)}"
+            if deadline is not None:
+                slack = deadline - (st.now + eta)
+                text += " (on time)" if slack >= 0 else f" ({format_duration(-slack)} past the deadline)"
+            parts.append(text)
+    if alive is not None:
+        parts.append(f"{alive} workers")
+    parts.append(f"{st.dead_letters:,} dead letters")
+    parts.append(f"{st.leases_lost} leases lost")
+    if elapsed is not None:
+        parts.append(format_duration(elapsed))
+    return " | ".join(parts)
+
+
+def format_duration(seconds: float) -> str:
+    total = round(seconds)
+    h, rem = divmod(total, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def default_log_dir(store_url: str, version: str) -> Path:
+    base = Path(os.environ.get("BATCHLINE_LOG_DIR", tempfile.gettempdir()))
+    return base / "batchline-logs" / version.replace("@", "-")

@@ -1,0 +1,412 @@
+"""The job spec: YAML validated into typed objects, and the job version hash (I2).
+
+Every field that can change a result is hashed into the version; fields that
+cannot (store URL, worker count, lease timing, deadline, validation gates) are not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+import jsonschema
+import yaml
+
+from batchline.errors import SpecError
+
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+ENGINES = ("llamacpp", "transformers", "vllm", "openai", "embedding", "synthetic")
+TEXT_FORMATS = ("jsonl", "csv")
+FORMATS = (*TEXT_FORMATS, "parquet")
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip", ".snappy")
+
+# The planner's cheap length bound: a record whose UTF-8 text is longer than
+# max_input_tokens * max_bytes_per_token bytes is surely over the cap, since no
+# token of the tokenizers batchline supports covers more than this many bytes
+# of ordinary text. The worker then counts tokens exactly with the engine.
+DEFAULT_MAX_BYTES_PER_TOKEN = 32
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    paths: tuple[Path, ...]
+    id_field: str = "id"
+    text_field: str = "text"
+    acl_field: str | None = None
+    max_input_tokens: int | None = None
+    max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN
+    format: str = "jsonl"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    engine: str
+    path: str | None = None
+    digest: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    file: Path | None
+    version: str
+    text: str
+
+
+@dataclass(frozen=True)
+class DecodingSpec:
+    temperature: float = 0.0
+    max_tokens: int = 256
+    seed: int = 0
+    top_p: float = 1.0
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    size: int = 5000
+    max_attempts: int = 3
+    lease_seconds: float = 600.0
+    renew_seconds: float = 30.0
+    # Records the supervisor hands the engine child at a time, and how long one
+    # record may take before the batch counts as hung (a batch gets
+    # batch_timeout_seconds + n * record_timeout_seconds).
+    batch_size: int = 16
+    record_timeout_seconds: float = 120.0
+    batch_timeout_seconds: float = 60.0
+    # How long a worker asked to stop (SIGTERM, preemption notice) keeps
+    # finishing records in flight before it releases its lease.
+    grace_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class ValidateSpec:
+    max_dead_letter_rate: float = 0.01
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    input: InputSpec
+    model: ModelSpec
+    prompt: PromptSpec
+    decoding: DecodingSpec
+    output_schema: Mapping[str, Any]
+    schema_path: Path | None
+    shards: ShardSpec
+    deadline: datetime | None
+    validate: ValidateSpec
+    source: Path | None = None
+
+    def version_material(self, snapshot_digest: str) -> dict[str, Any]:
+        """Everything that can change a result, and nothing else (I2)."""
+        model: dict[str, Any] = {
+            "engine": self.model.engine,
+            "digest": self.model.digest,
+            "options": dict(self.model.options),
+        }
+        if self.model.digest is None:
+            # Without pinned weights the location is the only identity there is.
+            model["path"] = self.model.path
+        return {
+            "name": self.name,
+            "input": {
+                "snapshot": snapshot_digest,
+                "id_field": self.input.id_field,
+                "text_field": self.input.text_field,
+                "acl_field": self.input.acl_field,
+                "max_input_tokens": self.input.max_input_tokens,
+                "max_bytes_per_token": self.input.max_bytes_per_token,
+            },
+            "model": model,
+            "prompt": {"text": self.prompt.text, "version": self.prompt.version},
+            "decoding": {
+                "temperature": self.decoding.temperature,
+                "max_tokens": self.decoding.max_tokens,
+                "seed": self.decoding.seed,
+                "top_p": self.decoding.top_p,
+            },
+            "output_schema": self.output_schema,
+        }
+
+    def version(self, snapshot_digest: str) -> str:
+        material = canonical_json(self.version_material(snapshot_digest))
+        return f"{self.name}@{hashlib.sha256(material.encode()).hexdigest()[:16]}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A self-contained form `parse_spec` reads back: paths resolved, prompt and
+        schema inlined, so a worker on another machine needs no spec file."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "input": {
+                "path": [str(p) for p in self.input.paths],
+                "id_field": self.input.id_field,
+                "text_field": self.input.text_field,
+                "max_bytes_per_token": self.input.max_bytes_per_token,
+                "format": self.input.format,
+            },
+            "model": {"engine": self.model.engine, "options": dict(self.model.options)},
+            "prompt": {"text": self.prompt.text, "version": self.prompt.version},
+            "decoding": dict(self.decoding.__dict__),
+            "output": {"schema": dict(self.output_schema)},
+            "shards": dict(self.shards.__dict__),
+            "validate": dict(self.validate.__dict__),
+        }
+        if self.input.acl_field:
+            out["input"]["acl_field"] = self.input.acl_field
+        if self.input.max_input_tokens is not None:
+            out["input"]["max_input_tokens"] = self.input.max_input_tokens
+        if self.model.path:
+            out["model"]["path"] = self.model.path
+        if self.model.digest:
+            out["model"]["digest"] = self.model.digest
+        if self.deadline:
+            out["deadline"] = self.deadline.isoformat()
+        return out
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+# --- parsing -----------------------------------------------------------------
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(f"{path}: job spec not found") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: not valid YAML: {_one_line(exc)}") from None
+    return parse_spec(raw, base_dir=path.parent, source=path)
+
+
+def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
+    where = str(source) if source else "spec"
+    r = _Reader(where)
+    top = r.mapping(raw, "", required={"name", "input", "model", "prompt", "output"},
+                    allowed={"name", "input", "model", "prompt", "decoding", "output",
+                             "shards", "deadline", "validate"})
+    name = r.string(top["name"], "name")
+    if not NAME_PATTERN.match(name):
+        r.fail("name", f"{name!r} must be lower-case letters, digits, '-' or '_', starting with a letter")
+
+    inp = r.mapping(top["input"], "input", required={"path"},
+                    allowed={"path", "id_field", "text_field", "acl_field", "max_input_tokens",
+                             "max_bytes_per_token", "format"})
+    paths = _input_paths(r, inp["path"], base_dir)
+    fmt = inp.get("format")
+    if fmt is None:
+        fmt = _format_of(r, paths)
+    elif fmt not in FORMATS:
+        r.fail("input.format", f"{fmt!r} is not one of {', '.join(FORMATS)}")
+    input_spec = InputSpec(
+        paths=paths,
+        id_field=r.string(inp.get("id_field", "id"), "input.id_field"),
+        text_field=r.string(inp.get("text_field", "text"), "input.text_field"),
+        acl_field=r.optional_string(inp.get("acl_field"), "input.acl_field"),
+        max_input_tokens=r.optional_int(inp.get("max_input_tokens"), "input.max_input_tokens", 1),
+        max_bytes_per_token=r.integer(
+            inp.get("max_bytes_per_token", DEFAULT_MAX_BYTES_PER_TOKEN), "input.max_bytes_per_token", 1
+        ),
+        format=fmt,
+    )
+
+    mod = r.mapping(top["model"], "model", required={"engine"},
+                    allowed={"engine", "path", "digest", "options"})
+    engine = r.string(mod["engine"], "model.engine")
+    if engine not in ENGINES:
+        r.fail("model.engine", f"{engine!r} is not one of {', '.join(ENGINES)}")
+    digest = r.optional_string(mod.get("digest"), "model.digest")
+    if digest is not None and not re.fullmatch(r"sha256:[0-9a-fA-F]{64}", digest):
+        r.fail("model.digest", "must be 'sha256:' followed by 64 hex digits")
+    model_path = r.optional_string(mod.get("path"), "model.path")
+    if model_path and engine != "openai" and not model_path.startswith(("pkg:", "/")):
+        model_path = str((base_dir / model_path).resolve())
+    options = mod.get("options", {}) or {}
+    if not isinstance(options, dict):
+        r.fail("model.options", "must be a mapping")
+    model_spec = ModelSpec(engine=engine, path=model_path,
+                           digest=digest.lower() if digest else None, options=options)
+
+    pr = r.mapping(top["prompt"], "prompt", required={"version"}, allowed={"file", "text", "version"})
+    if ("file" in pr) == ("text" in pr):
+        r.fail("prompt", "give exactly one of 'file' or 'text'")
+    prompt_file: Path | None = None
+    if "file" in pr:
+        prompt_file = (base_dir / r.string(pr["file"], "prompt.file")).resolve()
+        try:
+            prompt_text = prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            r.fail("prompt.file", f"cannot read {prompt_file}: {_one_line(exc)}")
+    else:
+        prompt_text = r.string(pr["text"], "prompt.text")
+    prompt_spec = PromptSpec(file=prompt_file, version=str(pr["version"]), text=prompt_text)
+
+    dec = r.mapping(top.get("decoding", {}) or {}, "decoding",
+                    allowed={"temperature", "max_tokens", "seed", "top_p"})
+    decoding = DecodingSpec(
+        temperature=r.number(dec.get("temperature", 0.0), "decoding.temperature", 0.0),
+        max_tokens=r.integer(dec.get("max_tokens", 256), "decoding.max_tokens", 1),
+        seed=r.integer(dec.get("seed", 0), "decoding.seed", 0),
+        top_p=r.number(dec.get("top_p", 1.0), "decoding.top_p", 0.0),
+    )
+
+    out = r.mapping(top["output"], "output", required={"schema"}, allowed={"schema"})
+    schema, schema_path = _load_schema(r, out["schema"], base_dir)
+
+    sh = r.mapping(top.get("shards", {}) or {}, "shards", allowed=set(ShardSpec.__dataclass_fields__))
+    defaults = ShardSpec()
+    shards = ShardSpec(
+        size=r.integer(sh.get("size", defaults.size), "shards.size", 1),
+        max_attempts=r.integer(sh.get("max_attempts", defaults.max_attempts), "shards.max_attempts", 1),
+        lease_seconds=r.number(sh.get("lease_seconds", defaults.lease_seconds), "shards.lease_seconds", 0.1),
+        renew_seconds=r.number(sh.get("renew_seconds", defaults.renew_seconds), "shards.renew_seconds", 0.05),
+        batch_size=r.integer(sh.get("batch_size", defaults.batch_size), "shards.batch_size", 1),
+        record_timeout_seconds=r.number(
+            sh.get("record_timeout_seconds", defaults.record_timeout_seconds), "shards.record_timeout_seconds", 0.01
+        ),
+        batch_timeout_seconds=r.number(
+            sh.get("batch_timeout_seconds", defaults.batch_timeout_seconds), "shards.batch_timeout_seconds", 0.0
+        ),
+        grace_seconds=r.number(sh.get("grace_seconds", defaults.grace_seconds), "shards.grace_seconds", 0.0),
+    )
+    if shards.renew_seconds >= shards.lease_seconds:
+        r.fail("shards.renew_seconds", "must be shorter than shards.lease_seconds")
+
+    deadline = None
+    if top.get("deadline") is not None:
+        value = top["deadline"]
+        if isinstance(value, datetime):
+            deadline = value
+        else:
+            try:
+                deadline = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+            except ValueError:
+                r.fail("deadline", f"{value!r} is not an ISO 8601 time")
+
+    val = r.mapping(top.get("validate", {}) or {}, "validate", allowed={"max_dead_letter_rate"})
+    validate = ValidateSpec(
+        max_dead_letter_rate=r.number(val.get("max_dead_letter_rate", 0.01), "validate.max_dead_letter_rate", 0.0),
+    )
+    return JobSpec(name=name, input=input_spec, model=model_spec, prompt=prompt_spec,
+                   decoding=decoding, output_schema=schema, schema_path=schema_path,
+                   shards=shards, deadline=deadline, validate=validate, source=source)
+
+
+def _input_paths(r: _Reader, value: Any, base_dir: Path) -> tuple[Path, ...]:
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        r.fail("input.path", "is empty")
+    paths: list[Path] = []
+    for i, item in enumerate(items):
+        text = r.string(item, f"input.path[{i}]" if isinstance(value, list) else "input.path")
+        if any(ch in text for ch in "*?["):
+            matches = sorted(base_dir.glob(text)) if not Path(text).is_absolute() else sorted(
+                Path("/").glob(text.lstrip("/")))
+            if not matches:
+                r.fail("input.path", f"{text!r} matches no file")
+            paths.extend(m.resolve() for m in matches)
+        else:
+            paths.append((base_dir / text).resolve())
+    return tuple(paths)
+
+
+def _format_of(r: _Reader, paths: tuple[Path, ...]) -> str:
+    formats: set[str] = set()
+    for p in paths:
+        suffix = p.suffix.lower()
+        if suffix in COMPRESSED_SUFFIXES:
+            r.fail("input.path", f"{p} is compressed ({suffix}); batchline reads byte ranges of each "
+                                 "shard directly, so decompress it (or convert it to Parquet) first")
+        fmt = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}.get(suffix)
+        if fmt is None:
+            r.fail("input.path", f"{p}: cannot tell the format from {suffix or 'no suffix'!r}; "
+                                 "set input.format to jsonl, csv or parquet")
+        formats.add(fmt)
+    if len(formats) > 1:
+        r.fail("input.path", f"mixes formats {sorted(formats)}; one job reads one format")
+    return formats.pop()
+
+
+def _load_schema(r: _Reader, value: Any, base_dir: Path) -> tuple[dict[str, Any], Path | None]:
+    schema_path: Path | None = None
+    if isinstance(value, dict):
+        schema = value
+    else:
+        schema_path = (base_dir / r.string(value, "output.schema")).resolve()
+        try:
+            schema = json.loads(schema_path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            r.fail("output.schema", f"cannot read {schema_path}: {_one_line(exc)}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            r.fail("output.schema", f"{schema_path} is not JSON: {_one_line(exc)}")
+    if not isinstance(schema, dict):
+        r.fail("output.schema", "must be a JSON object")
+    validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator_cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        path = "/".join(str(p) for p in exc.path) or "(root)"
+        r.fail("output.schema", f"not a valid JSON Schema at {path}: {_one_line(exc.message)}")
+    return schema, schema_path
+
+
+def _one_line(exc: object) -> str:
+    return " ".join(str(exc).split())
+
+
+class _Reader:
+    """Small typed accessors that name the offending field in every error."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, field_name: str, message: str) -> NoReturn:
+        raise SpecError(f"{self.where}: {field_name}: {message}")
+
+    def mapping(self, value: Any, name: str, *, required: set[str] | None = None,
+                allowed: set[str]) -> dict[str, Any]:
+        label = name or "(top level)"
+        if not isinstance(value, dict):
+            self.fail(label, "must be a mapping")
+        for key in value:
+            if key not in allowed:
+                full = f"{name}.{key}" if name else str(key)
+                self.fail(full, f"unknown field (allowed: {', '.join(sorted(allowed))})")
+        for key in sorted(required or ()):
+            if key not in value or value[key] is None:
+                self.fail(f"{name}.{key}" if name else key, "is required")
+        return value
+
+    def string(self, value: Any, name: str) -> str:
+        if not isinstance(value, str) or not value:
+            self.fail(name, "must be a non-empty string")
+        return str(value)
+
+    def optional_string(self, value: Any, name: str) -> str | None:
+        return None if value is None else self.string(value, name)
+
+    def integer(self, value: Any, name: str, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(name, f"must be an integer, not {value!r}")
+        if value < minimum:
+            self.fail(name, f"must be at least {minimum}")
+        return int(value)
+
+    def optional_int(self, value: Any, name: str, minimum: int) -> int | None:
+        return None if value is None else self.integer(value, name, minimum)
+
+    def number(self, value: Any, name: str, minimum: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.fail(name, f"must be a number, not {value!r}")
+        if value < minimum:
+            self.fail(name, f"must be at least {minimum}")
+        return float(value)

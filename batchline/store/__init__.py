@@ -1,0 +1,54 @@
+"""Stores by URL: `sqlite:///path` (the default, one machine) or `postgresql://...`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from batchline.errors import StoreError
+from batchline.store.base import (
+    ChargeResult,
+    DeadLetterRow,
+    DuplicateRecord,
+    Event,
+    JobInfo,
+    JobStatus,
+    Lease,
+    LeaseLost,
+    PlannedRecord,
+    PlannedShard,
+    ResultRow,
+    ShardRow,
+    Store,
+    StoredDeadLetter,
+    StoredResult,
+)
+
+DEFAULT_URL = "sqlite:///batchline.db"
+
+__all__ = [
+    "DEFAULT_URL", "ChargeResult", "DeadLetterRow", "DuplicateRecord", "Event", "JobInfo", "JobStatus",
+    "Lease", "LeaseLost", "PlannedRecord", "PlannedShard", "ResultRow", "ShardRow", "Store", "StoredDeadLetter",
+    "StoredResult", "default_url", "open_store",
+]
+
+
+def default_url() -> str:
+    return os.environ.get("BATCHLINE_STORE", DEFAULT_URL)
+
+
+def open_store(url: str | None = None) -> Store:
+    url = url or default_url()
+    if url.startswith("sqlite:///"):
+        from batchline.store.sqlite import SQLiteStore
+
+        # sqlite:///relative.db and sqlite:////absolute/path.db, as SQLAlchemy spells them.
+        return SQLiteStore(Path(url[len("sqlite:///"):]), url=url)
+    if url.startswith(("postgresql://", "postgres://")):
+        try:
+            from batchline.store.postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            raise StoreError(f"the PostgreSQL store is not available: {exc}") from None
+        store: Store = PostgresStore(url)
+        return store
+    raise StoreError(f"unknown store URL {url!r}: use sqlite:///path/to/file.db or postgresql://...")

@@ -1,0 +1,255 @@
+"""The `Store` protocol: the shard table, results, dead letters and the event log.
+
+Every lease operation carries (owner, epoch) and succeeds only while both are
+current. Fenced writes raise `LeaseLost` when they are not; renewals return
+False. All times are the database's clock (seconds since the epoch), which
+tests may shift through `shift_clock` instead of sleeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from batchline.errors import StoreError
+
+# Rows written in one transaction at most: large enough to amortise the commit,
+# small enough that a writer never holds the lock for long.
+WRITE_BATCH_ROWS = 2000
+
+
+class LeaseLost(StoreError):
+    """The (owner, epoch) a fenced write carried is no longer current."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    version: str
+    shard_no: int
+    owner: str
+    epoch: int
+    slice: dict[str, Any]
+    record_count: int
+    expires: float
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    version: str
+    name: str
+    state: str  # planning | ready | sealed
+    spec: dict[str, Any]
+    record_count: int
+    shard_count: int
+    created_at: float
+    sealed_at: float | None
+
+
+@dataclass(frozen=True)
+class PlannedShard:
+    shard_no: int
+    slice: dict[str, Any]
+    record_count: int
+
+
+@dataclass(frozen=True)
+class PlannedRecord:
+    record_id: str
+    shard_no: int
+    content_hash: str
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    record_id: str
+    output: str  # JSON text, validated against the version's schema
+    acl: Any = None
+    attempt: int = 1
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetterRow:
+    record_id: str
+    kind: str  # crash | hang | engine_error | invalid_output | too_long
+    error: str
+    acl: Any = None
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    record_id: str
+    output: str
+    acl: Any
+    shard_no: int
+    worker: str
+    epoch: int
+    attempt: int
+    created_at: float
+    input_tokens: int | None
+    output_tokens: int | None
+
+
+@dataclass(frozen=True)
+class StoredDeadLetter:
+    record_id: str
+    shard_no: int
+    kind: str
+    error: str
+    acl: Any
+    attempts: int
+    worker: str | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    version: str | None
+    ts: float
+    kind: str
+    worker: str | None
+    shard_no: int | None
+    epoch: int | None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    version: str
+    name: str
+    state: str
+    records: int
+    results: int
+    dead_letters: int
+    shards: dict[str, int]
+    dead_letters_by_kind: dict[str, int]
+    leases_lost: int
+    records_done_last_minutes: int  # in shards completed within the window
+    window_seconds: float
+    now: float
+
+    @property
+    def pending(self) -> int:
+        return self.records - self.results - self.dead_letters
+
+
+@dataclass(frozen=True)
+class ShardRow:
+    shard_no: int
+    state: str
+    owner: str | None
+    epoch: int
+    lease_expires: float | None
+    claims: int
+    record_count: int
+    results: int
+    dead_letters: int
+
+
+@dataclass(frozen=True)
+class ChargeResult:
+    attempts: int
+    dead_lettered: bool
+
+
+class PlanWriter(Protocol):
+    """Writes a plan under the `planning` state; `commit` makes it visible at once."""
+
+    def add_shards(self, shards: Sequence[PlannedShard]) -> None: ...
+
+    def add_records(self, records: Sequence[PlannedRecord]) -> None:
+        """Raises DuplicateRecord when an id is already planned in this version."""
+        ...
+
+    def add_dead_letters(self, shard_no: int, rows: Sequence[DeadLetterRow]) -> None: ...
+
+    def commit(self, record_count: int, shard_count: int) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class DuplicateRecord(StoreError):
+    def __init__(self, record_id: str, first_shard: int) -> None:
+        super().__init__(f"duplicate id {record_id!r}")
+        self.record_id = record_id
+        self.first_shard = first_shard
+
+
+class Store(Protocol):
+    url: str
+
+    def close(self) -> None: ...
+
+    # the clock
+    def now(self) -> float: ...
+
+    def shift_clock(self, seconds: float) -> None:
+        """Test hook: moves the database's clock forward for every process."""
+        ...
+
+    # jobs and planning
+    def job(self, version: str) -> JobInfo | None: ...
+
+    def jobs(self) -> list[JobInfo]: ...
+
+    def begin_plan(self, version: str, name: str, spec: dict[str, Any]) -> PlanWriter:
+        """Starts planning a version; discards what an earlier planner left half-written."""
+        ...
+
+    # leases
+    def claim(self, worker: str, version: str | None = None) -> Lease | None: ...
+
+    def renew(self, lease: Lease) -> Lease | None: ...
+
+    def release(self, lease: Lease, reason: str) -> bool: ...
+
+    def complete(self, lease: Lease) -> None:
+        """Marks the shard done (idempotent for the same owner and epoch); seals the
+        version when it was the last. Raises LeaseLost, or StoreError when the
+        shard still has records without an outcome."""
+        ...
+
+    def has_open_shards(self, version: str | None = None) -> bool:
+        """True while any shard of a ready version is not done."""
+        ...
+
+    # records
+    def answered(self, version: str, record_ids: Sequence[str]) -> set[str]: ...
+
+    def attempts(self, version: str, record_ids: Sequence[str]) -> dict[str, int]: ...
+
+    def put_results(self, lease: Lease, rows: Sequence[ResultRow]) -> int:
+        """Put-if-absent, fenced; returns how many were new."""
+        ...
+
+    def charge_attempt(self, lease: Lease, record_id: str, kind: str, error: str, acl: Any,
+                       max_attempts: int) -> ChargeResult: ...
+
+    def dead_letter(self, lease: Lease, rows: Sequence[DeadLetterRow]) -> int:
+        """Dead letters that are not charged attempts (over the length cap), fenced."""
+        ...
+
+    def log_event(self, kind: str, *, version: str | None = None, worker: str | None = None,
+                  shard_no: int | None = None, epoch: int | None = None,
+                  detail: dict[str, Any] | None = None) -> None: ...
+
+    # reading
+    def status(self, version: str, window_seconds: float = 300.0) -> JobStatus: ...
+
+    def shard_rows(self, version: str) -> list[ShardRow]: ...
+
+    def iter_results(self, version: str, page_size: int = 5000) -> Iterator[StoredResult]: ...
+
+    def iter_dead_letters(self, version: str) -> Iterator[StoredDeadLetter]: ...
+
+    def events(self, version: str | None = None, kinds: Sequence[str] | None = None) -> list[Event]: ...
+
+    def planned_ids(self, version: str) -> Iterator[str]: ...
+
+    def resolve_name(self, name: str) -> str | None:
+        """The version published under a name, if any."""
+        ...

@@ -1,0 +1,109 @@
+"""The supervisor's handle on the engine child process."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from batchline.errors import EngineFatal
+
+EOF_MESSAGE: dict[str, Any] = {"op": "eof"}
+
+
+class EngineProcess:
+    """Starts the child, sends it requests without ever blocking the supervisor,
+    and delivers its messages through a queue (`eof` when it is gone)."""
+
+    def __init__(self, init: dict[str, Any], load_timeout: float) -> None:
+        self.init = init
+        self.load_timeout = load_timeout
+        self.proc: subprocess.Popen[str] | None = None
+        self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._outbox: queue.Queue[str | None] = queue.Queue()
+
+    def start(self) -> None:
+        self.messages = queue.Queue()
+        self._outbox = queue.Queue()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "batchline.worker.child"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        threading.Thread(target=self._read, args=(self.proc.stdout, self.messages), daemon=True).start()
+        threading.Thread(target=self._write, args=(self.proc.stdin, self._outbox), daemon=True).start()
+        self._outbox.put(json.dumps({"op": "init", **self.init}))
+        deadline = time.monotonic() + self.load_timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise EngineFatal(f"engine did not load within {self.load_timeout:.0f}s")
+            try:
+                msg = self.messages.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                continue
+            if msg["op"] == "ready":
+                return
+            if msg["op"] == "fatal":
+                self.kill()
+                raise EngineFatal(msg["error"])
+            if msg["op"] == "eof":
+                code = self.kill()
+                raise EngineFatal(f"engine process exited while loading (exit status {code})")
+
+    @staticmethod
+    def _read(stream: IO[str], out: queue.Queue[dict[str, Any]]) -> None:
+        try:
+            for line in stream:
+                out.put(json.loads(line))
+        except (ValueError, OSError):
+            pass
+        out.put(EOF_MESSAGE)
+
+    @staticmethod
+    def _write(stream: IO[str], outbox: queue.Queue[str | None]) -> None:
+        try:
+            while (line := outbox.get()) is not None:
+                stream.write(line + "\n")
+                stream.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+    def send(self, requests: list[dict[str, Any]]) -> None:
+        for r in requests:
+            self._outbox.put(json.dumps({"op": "req", **r}, separators=(",", ":")))
+
+    def get(self, timeout: float) -> dict[str, Any] | None:
+        try:
+            return self.messages.get(timeout=max(timeout, 0.0))
+        except queue.Empty:
+            return None
+
+    def kill(self) -> int | None:
+        """Kills the child at once (its records in flight are lost, never charged)."""
+        if self.proc is None:
+            return None
+        proc, self.proc = self.proc, None
+        self._outbox.put(None)
+        if proc.poll() is None:
+            proc.kill()
+        code = proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        return code
+
+    def close(self) -> None:
+        self.kill()
+
+    @property
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()

@@ -1,0 +1,61 @@
+"""Shared fixtures: stores and job specs over generated inputs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from batchline.store import Store, open_store
+from tests.helpers import SIMPLE_SCHEMA, make_records, write_jsonl
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'store.db'}"
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    s = open_store(store_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def job_factory(tmp_path: Path) -> Callable[..., Path]:
+    """Writes a job spec (and its input and schema) and returns the spec's path."""
+    counter = {"n": 0}
+
+    def make(records: list[dict[str, Any]] | None = None, *, n: int = 200, options: dict[str, Any] | None = None,
+             shards: dict[str, Any] | None = None, input_extra: dict[str, Any] | None = None,
+             name: str = "test-job", input_path: Path | None = None, prompt: str = "Classify.\n",
+             schema: dict[str, Any] | None = None, **top: Any) -> Path:
+        counter["n"] += 1
+        d = tmp_path / f"job{counter['n']}"
+        d.mkdir()
+        if input_path is None:
+            input_path = write_jsonl(d / "input.jsonl", records if records is not None else make_records(n))
+        (d / "schema.json").write_text(json.dumps(schema or SIMPLE_SCHEMA))
+        spec: dict[str, Any] = {
+            "name": name,
+            "input": {"path": str(input_path), "id_field": "id", "acl_field": "acl", **(input_extra or {})},
+            "model": {"engine": "synthetic", "options": options or {}},
+            "prompt": {"text": prompt, "version": "v1"},
+            "output": {"schema": "schema.json"},
+            "shards": {"size": 50, "lease_seconds": 30, "renew_seconds": 1, "batch_size": 4,
+                       "record_timeout_seconds": 1.0, "batch_timeout_seconds": 1.0, "grace_seconds": 5,
+                       **(shards or {})},
+            **top,
+        }
+        path = d / "job.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        return path
+
+    return make
+
+

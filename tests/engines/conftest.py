@@ -1,0 +1,39 @@
+"""Shared helpers for engine tests: a RequestSource over a list, and the ticket sample."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from batchline.engines.base import EngineRequest
+
+RECORD_OPEN = "\n<record>\n"
+RECORD_CLOSE = "\n</record>\n"
+
+
+def make_request(record_id: str, prefix: str, text: str) -> EngineRequest:
+    """A request rendered the way the pipeline renders it: prefix, then the delimited record."""
+    return EngineRequest(
+        record_id=record_id, prompt=prefix + RECORD_OPEN + text + RECORD_CLOSE, prefix=prefix, text=text
+    )
+
+
+class ListSource:
+    """A RequestSource that hands out a fixed list of requests, recording each call."""
+
+    def __init__(self, requests: Iterable[EngineRequest]) -> None:
+        self._pending = list(requests)
+        self._lock = threading.Lock()
+        self.calls: list[tuple[str, int, int]] = []
+
+    def next_batch(self, max_items: int) -> list[EngineRequest]:
+        return self._take("next_batch", max_items)
+
+    def poll(self, max_items: int) -> list[EngineRequest]:
+        return self._take("poll", max_items)
+
+    def _take(self, kind: str, max_items: int) -> list[EngineRequest]:
+        with self._lock:
+            batch, self._pending = self._pending[:max_items], self._pending[max_items:]
+            self.calls.append((kind, max_items, len(batch)))
+            return batch

@@ -1,0 +1,107 @@
+"""Helpers for tests: planning, worker processes, waiting on the store, invariant checks."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from batchline.planner import plan
+from batchline.spec import JobSpec, load_spec
+from batchline.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+TICKET_SCHEMA = ROOT / "examples" / "tickets" / "triage.schema.json"
+
+SIMPLE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "category": {"enum": ["a", "b", "c"]},
+        "summary": {"type": "string", "maxLength": 30},
+    },
+    "required": ["category", "summary"],
+    "additionalProperties": False,
+}
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
+    with path.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+def make_records(n: int, prefix: str = "r") -> list[dict[str, Any]]:
+    return [{"id": f"{prefix}{i:06d}", "text": f"record number {i} about topic {i % 7}",
+             "acl": [f"group-{i % 3}"]} for i in range(n)]
+
+
+def planned(spec_path: Path, store: Store) -> tuple[JobSpec, str]:
+    spec = load_spec(spec_path)
+    return spec, plan(spec, store).version
+
+
+# --- worker processes -------------------------------------------------------------
+
+
+def start_worker(store_url: str, version: str | None = None, log: Path | None = None,
+                 poll: float = 0.2) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "batchline", "worker", "--store", store_url, "--poll-seconds", str(poll)]
+    if version:
+        cmd += ["--job", version]
+    out = log.open("ab") if log else subprocess.DEVNULL
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    """Waits on the store's state (polling), never on a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)
+            p.kill()
+        p.wait()
+
+
+def check_invariants(store: Store, version: str, spec: JobSpec) -> tuple[set[str], set[str]]:
+    """I1 and I4 from what was stored: every snapshot id has exactly one outcome,
+    nothing else has one, and every result is valid against the schema."""
+    from batchline.outputs import OutputChecker
+    from batchline.snapshot import scan
+
+    snapshot_ids = [s.record.id for p in spec.input.paths for s in scan(p, spec.input)]
+    results = {r.record_id: r for r in store.iter_results(version)}
+    dead = {d.record_id for d in store.iter_dead_letters(version)}
+    assert not (set(results) & dead), f"ids both answered and dead-lettered: {sorted(set(results) & dead)[:5]}"
+    assert set(results) | dead == set(snapshot_ids), "results plus dead letters differ from the snapshot"
+    assert len(results) + len(dead) == len(snapshot_ids)
+    checker = OutputChecker(spec.output_schema)
+    for r in results.values():
+        assert checker.is_valid(json.loads(r.output)), f"invalid stored result for {r.record_id}"
+    return set(results), dead
+
+
+def call_counts(call_log: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    if call_log.exists():
+        for line in call_log.read_text().split():
+            counts[line] = counts.get(line, 0) + 1
+    return counts

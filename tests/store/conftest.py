@@ -1,0 +1,60 @@
+"""Backends the store contract suite runs over: each test gets an empty store."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from batchline.store import Store, open_store
+
+PG_ADMIN_URL = os.environ.get("BATCHLINE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _postgres_available() -> bool:
+    try:
+        import batchline.store.postgres  # noqa: F401
+        import psycopg
+    except ImportError:
+        return False
+    try:
+        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
+            return True
+    except psycopg.Error:
+        return False
+
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'contract.db'}"
+        return
+    if not _postgres_available():
+        pytest.skip("PostgreSQL store not available")
+    import psycopg
+
+    name = f"bl_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def backend(backend_url: str) -> Iterator[Store]:
+    s = open_store(backend_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def open_backend(backend_url: str) -> Callable[[], Store]:
+    return lambda: open_store(backend_url)

@@ -1,0 +1,320 @@
+"""The store contract: every backend passes the same tests (I1, I3, fencing, the clock)."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from batchline.errors import StoreError
+from batchline.store import (
+    DeadLetterRow,
+    DuplicateRecord,
+    Lease,
+    LeaseLost,
+    PlannedRecord,
+    PlannedShard,
+    ResultRow,
+    Store,
+    open_store,
+)
+
+LEASE = 100.0
+OUT = '{"category":"a","summary":"s"}'
+
+
+def plan_version(store: Store, version: str = "job@1", shards: int = 3, per_shard: int = 4,
+                 lease_seconds: float = LEASE) -> list[list[str]]:
+    spec = {"name": "job", "shards": {"lease_seconds": lease_seconds}}
+    writer = store.begin_plan(version, "job", spec)
+    ids = [[f"s{s}-r{i}" for i in range(per_shard)] for s in range(shards)]
+    writer.add_shards([PlannedShard(s, {"shard": s}, per_shard) for s in range(shards)])
+    writer.add_records([PlannedRecord(rid, s, "h") for s in range(shards) for rid in ids[s]])
+    writer.commit(shards * per_shard, shards)
+    return ids
+
+
+def answer_all(store: Store, lease: Lease, ids: list[str]) -> None:
+    store.put_results(lease, [ResultRow(rid, OUT) for rid in ids])
+
+
+def test_claim_sets_owner_epoch_and_expiry_from_the_database_clock(backend: Store) -> None:
+    plan_version(backend)
+    before = backend.now()
+    lease = backend.claim("w1")
+    assert lease is not None
+    assert (lease.shard_no, lease.owner, lease.epoch) == (0, "w1", 1)
+    assert before + LEASE - 1 <= lease.expires <= backend.now() + LEASE
+    claims = backend.events("job@1", ["claim"])
+    assert [(e.worker, e.shard_no, e.epoch) for e in claims] == [("w1", 0, 1)]
+
+
+def test_each_ready_shard_is_claimed_once_then_nothing(backend: Store) -> None:
+    plan_version(backend, shards=3)
+    leases = [backend.claim(f"w{i}") for i in range(3)]
+    assert sorted(lease.shard_no for lease in leases if lease) == [0, 1, 2]
+    assert backend.claim("w9") is None
+    assert backend.has_open_shards("job@1")
+
+
+def test_a_version_still_planning_is_invisible(backend: Store) -> None:
+    writer = backend.begin_plan("job@2", "job", {"name": "job", "shards": {"lease_seconds": LEASE}})
+    writer.add_shards([PlannedShard(0, {}, 1)])
+    assert backend.claim("w1") is None
+    assert backend.jobs() == []
+    writer.abort()
+    assert backend.job("job@2") is None
+
+
+def test_replanning_discards_what_a_dead_planner_left(backend: Store) -> None:
+    writer = backend.begin_plan("job@1", "job", {"name": "job", "shards": {"lease_seconds": LEASE}})
+    writer.add_shards([PlannedShard(0, {}, 1)])
+    writer.add_records([PlannedRecord("x", 0, "h")])
+    # the planner dies here; a new one starts over
+    ids = plan_version(backend)
+    info = backend.job("job@1")
+    assert info is not None and info.state == "ready" and info.record_count == 12
+    assert "x" not in set(backend.planned_ids("job@1"))
+    assert len(list(backend.planned_ids("job@1"))) == sum(len(s) for s in ids)
+    with pytest.raises(StoreError, match="taken over"):
+        writer.add_records([PlannedRecord("y", 0, "h")])
+
+
+def test_duplicate_ids_are_refused_at_planning(backend: Store) -> None:
+    writer = backend.begin_plan("job@1", "job", {"name": "job", "shards": {"lease_seconds": LEASE}})
+    writer.add_shards([PlannedShard(0, {}, 1), PlannedShard(1, {}, 1)])
+    writer.add_records([PlannedRecord("a", 0, "h")])
+    with pytest.raises(DuplicateRecord) as info:
+        writer.add_records([PlannedRecord("b", 1, "h"), PlannedRecord("a", 1, "h")])
+    assert (info.value.record_id, info.value.first_shard) == ("a", 0)
+    writer.abort()
+
+
+def test_expired_lease_is_reclaimed_with_a_higher_epoch(backend: Store) -> None:
+    plan_version(backend, shards=1)
+    first = backend.claim("w1")
+    assert first is not None
+    assert backend.claim("w2") is None
+    backend.shift_clock(LEASE + 1)
+    second = backend.claim("w2")
+    assert second is not None and second.epoch == first.epoch + 1
+    expired = backend.events("job@1", ["lease_expired"])
+    assert [(e.worker, e.epoch, e.detail["reclaimed_by"]) for e in expired] == [("w1", 1, "w2")]
+
+
+def test_renewal_extends_only_the_current_lease(backend: Store) -> None:
+    plan_version(backend, shards=1)
+    old = backend.claim("w1")
+    assert old is not None
+    backend.shift_clock(LEASE / 2)
+    renewed = backend.renew(old)
+    assert renewed is not None and renewed.expires > old.expires
+    backend.shift_clock(LEASE + 1)
+    new = backend.claim("w2")
+    assert new is not None
+    assert backend.renew(old) is None
+    refused = backend.events("job@1", ["stale_epoch"])
+    assert [(e.worker, e.detail["op"]) for e in refused] == [("w1", "renew")]
+
+
+def test_put_is_put_if_absent(backend: Store) -> None:
+    ids = plan_version(backend, shards=1)
+    lease = backend.claim("w1")
+    assert lease is not None
+    assert backend.put_results(lease, [ResultRow(ids[0][0], OUT)]) == 1
+    assert backend.put_results(lease, [ResultRow(ids[0][0], '{"category":"b","summary":"other"}'),
+                                       ResultRow(ids[0][1], OUT)]) == 1
+    stored = {r.record_id: r for r in backend.iter_results("job@1")}
+    assert stored[ids[0][0]].output == OUT
+    assert backend.shard_rows("job@1")[0].results == 2
+
+
+def test_a_stale_put_writes_nothing_and_is_logged(backend: Store) -> None:
+    ids = plan_version(backend, shards=1)
+    old = backend.claim("w1")
+    assert old is not None
+    backend.shift_clock(LEASE + 1)
+    new = backend.claim("w2")
+    assert new is not None
+    with pytest.raises(LeaseLost):
+        backend.put_results(old, [ResultRow(ids[0][0], OUT)])
+    assert list(backend.iter_results("job@1")) == []
+    assert [e.detail["op"] for e in backend.events("job@1", ["stale_epoch"])] == ["put"]
+
+
+def test_completion_needs_every_outcome(backend: Store) -> None:
+    ids = plan_version(backend, shards=1)
+    lease = backend.claim("w1")
+    assert lease is not None
+    answer_all(backend, lease, ids[0][:-1])
+    with pytest.raises(StoreError, match="without an outcome"):
+        backend.complete(lease)
+    backend.charge_attempt(lease, ids[0][-1], "crash", "boom", None, max_attempts=1)
+    backend.complete(lease)
+    assert backend.shard_rows("job@1")[0].state == "done"
+
+
+def test_retried_completion_succeeds_and_late_completion_is_refused(backend: Store) -> None:
+    ids = plan_version(backend, shards=2)
+    old = backend.claim("w1")
+    assert old is not None
+    backend.shift_clock(LEASE + 1)
+    new = backend.claim("w2")
+    assert new is not None and new.shard_no == old.shard_no
+    answer_all(backend, new, ids[0])
+    backend.complete(new)
+    backend.complete(new)  # the acknowledgement was lost; the retry succeeds again
+    with pytest.raises(LeaseLost):
+        backend.complete(old)
+    assert [e.epoch for e in backend.events("job@1", ["complete"])] == [new.epoch]
+    assert [e.detail["op"] for e in backend.events("job@1", ["stale_epoch"])] == ["complete"]
+
+
+def test_the_last_completion_seals_and_a_sealed_version_takes_no_writes(backend: Store) -> None:
+    ids = plan_version(backend, shards=2)
+    leases = [backend.claim("w1"), backend.claim("w2")]
+    for lease in leases:
+        assert lease is not None
+        answer_all(backend, lease, ids[lease.shard_no])
+        backend.complete(lease)
+    info = backend.job("job@1")
+    assert info is not None and info.state == "sealed" and info.sealed_at is not None
+    assert len(backend.events("job@1", ["seal"])) == 1
+    assert not backend.has_open_shards("job@1")
+    assert backend.claim("w3") is None
+    for lease in leases:
+        assert lease is not None
+        with pytest.raises(LeaseLost):
+            backend.put_results(lease, [ResultRow(ids[lease.shard_no][0], OUT)])
+        with pytest.raises(LeaseLost):
+            backend.dead_letter(lease, [DeadLetterRow(ids[lease.shard_no][0], "too_long", "x")])
+
+
+def test_a_record_has_a_result_or_a_dead_letter_never_both(backend: Store) -> None:
+    ids = plan_version(backend, shards=1)
+    lease = backend.claim("w1")
+    assert lease is not None
+    a, b = ids[0][0], ids[0][1]
+    assert backend.dead_letter(lease, [DeadLetterRow(a, "too_long", "long")]) == 1
+    assert backend.put_results(lease, [ResultRow(a, OUT)]) == 0
+    assert backend.put_results(lease, [ResultRow(b, OUT)]) == 1
+    assert backend.dead_letter(lease, [DeadLetterRow(b, "too_long", "long")]) == 0
+    assert backend.charge_attempt(lease, b, "crash", "x", None, 1).attempts == 0
+    assert {r.record_id for r in backend.iter_results("job@1")} == {b}
+    assert {d.record_id for d in backend.iter_dead_letters("job@1")} == {a}
+    assert backend.answered("job@1", ids[0]) == {a, b}
+
+
+def test_charged_attempts_dead_letter_at_the_maximum(backend: Store) -> None:
+    ids = plan_version(backend, shards=1)
+    lease = backend.claim("w1")
+    assert lease is not None
+    rid = ids[0][0]
+    for expected in (1, 2):
+        r = backend.charge_attempt(lease, rid, "engine_error", f"fail {expected}", ["g"], 3)
+        assert (r.attempts, r.dead_lettered) == (expected, False)
+    assert backend.attempts("job@1", ids[0]) == {rid: 2}
+    r = backend.charge_attempt(lease, rid, "engine_error", "fail 3", ["g"], 3)
+    assert (r.attempts, r.dead_lettered) == (3, True)
+    [dead] = list(backend.iter_dead_letters("job@1"))
+    assert (dead.record_id, dead.kind, dead.error, dead.attempts, dead.acl) == (rid, "engine_error", "fail 3", 3, ["g"])
+    assert len(backend.events("job@1", ["attempt_failed"])) == 3
+
+
+def test_release_makes_the_shard_ready_at_once(backend: Store) -> None:
+    plan_version(backend, shards=1)
+    lease = backend.claim("w1")
+    assert lease is not None
+    assert backend.release(lease, "stop")
+    again = backend.claim("w2")
+    assert again is not None and again.epoch == lease.epoch + 1
+    assert not backend.release(lease, "stop")
+    assert [e.detail["reason"] for e in backend.events("job@1", ["release"])] == ["stop"]
+
+
+def test_results_keep_worker_attempt_and_time(backend: Store) -> None:
+    ids = plan_version(backend, shards=1)
+    lease = backend.claim("w1")
+    assert lease is not None
+    backend.put_results(lease, [ResultRow(ids[0][0], OUT, acl={"groups": ["x"]}, attempt=2,
+                                          input_tokens=5, output_tokens=7)])
+    [r] = list(backend.iter_results("job@1"))
+    assert (r.worker, r.epoch, r.attempt, r.acl, r.input_tokens, r.output_tokens) == (
+        "w1", lease.epoch, 2, {"groups": ["x"]}, 5, 7)
+    assert abs(r.created_at - backend.now()) < 5
+
+
+def test_status_counts_shards_and_outcomes(backend: Store) -> None:
+    ids = plan_version(backend, shards=3)
+    lease = backend.claim("w1")
+    assert lease is not None
+    answer_all(backend, lease, ids[0][:3])
+    backend.dead_letter(lease, [DeadLetterRow(ids[0][3], "too_long", "x")])
+    backend.complete(lease)
+    backend.claim("w2")
+    st = backend.status("job@1")
+    assert st.shards == {"ready": 1, "leased": 1, "done": 1, "submitted": 0}
+    assert (st.records, st.results, st.dead_letters, st.pending) == (12, 3, 1, 8)
+    assert st.dead_letters_by_kind == {"too_long": 1}
+    assert st.records_done_last_minutes == 4
+
+
+def test_clock_shift_is_seen_by_every_connection(backend: Store, open_backend: Callable[[], Store]) -> None:
+    other = open_backend()
+    try:
+        before = other.now()
+        backend.shift_clock(3600)
+        assert other.now() - before >= 3599
+    finally:
+        other.close()
+
+
+def _claim_loop(url: str, worker: str, ids: list[list[str]], out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    """Claims until nothing is left; gives back every other lease to make epochs climb."""
+    store = open_store(url)
+    grants = []
+    n = 0
+    while True:
+        lease = store.claim(worker, "job@1")
+        if lease is None:
+            if not store.has_open_shards("job@1"):
+                break
+            continue
+        grants.append((lease.shard_no, lease.epoch))
+        n += 1
+        if n % 2:
+            store.release(lease, "test")
+            continue
+        try:
+            store.put_results(lease, [ResultRow(rid, OUT) for rid in ids[lease.shard_no]])
+            store.complete(lease)
+        except LeaseLost:
+            pass
+    out.put((worker, grants))
+    store.close()
+
+
+def test_concurrent_claimers_are_each_granted_a_shard_epoch_once(backend_url: str, backend: Store) -> None:
+    ids = plan_version(backend, shards=24, per_shard=3)
+    ctx = multiprocessing.get_context("spawn")
+    out: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    procs = [ctx.Process(target=_claim_loop, args=(backend_url, f"w{i}", ids, out)) for i in range(4)]
+    for p in procs:
+        p.start()
+    reports = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    grants = [g for _, gs in reports for g in gs]
+    assert len(grants) == len(set(grants)), "a (shard, epoch) was granted twice"
+    assert len(grants) >= 48  # every shard was given back once and claimed again
+    claimed = {(e.shard_no, e.epoch) for e in backend.events("job@1", ["claim"])}
+    assert claimed == set(grants)
+    assert backend.job("job@1").state == "sealed"  # type: ignore[union-attr]
+    assert len(list(backend.iter_results("job@1"))) == 72
+
+
+def test_store_url_errors_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="unknown store URL"):
+        open_store("mysql://x")

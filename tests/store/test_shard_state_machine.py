@@ -1,0 +1,139 @@
+"""A Hypothesis state machine of the shard table against a model of its rules.
+
+Claims, renewals, expiry (by shifting the database clock), reclaims, late puts
+and completions carrying old epochs, retried completions and releases, in any
+order: the store must do exactly what the model says, on every backend.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
+
+from batchline.errors import StoreError
+from batchline.store import Lease, LeaseLost, PlannedRecord, PlannedShard, ResultRow, Store
+
+LEASE = 100.0
+SHARDS = 2
+PER_SHARD = 2
+
+
+@dataclass
+class ModelShard:
+    state: str = "ready"
+    owner: str | None = None
+    epoch: int = 0
+    expires: float | None = None
+    results: set[str] = field(default_factory=set)
+
+
+def make_machine(store: Store) -> type[RuleBasedStateMachine]:
+    class ShardTable(RuleBasedStateMachine):
+        leases = Bundle("leases")
+
+        @initialize()
+        def plan(self) -> None:
+            self.version = f"sm@{uuid.uuid4().hex[:10]}"
+            writer = store.begin_plan(self.version, "sm", {"name": "sm", "shards": {"lease_seconds": LEASE}})
+            writer.add_shards([PlannedShard(s, {}, PER_SHARD) for s in range(SHARDS)])
+            writer.add_records([PlannedRecord(self.rid(s, i), s, "h")
+                                for s in range(SHARDS) for i in range(PER_SHARD)])
+            writer.commit(SHARDS * PER_SHARD, SHARDS)
+            self.model = [ModelShard() for _ in range(SHARDS)]
+
+        @staticmethod
+        def rid(shard: int, i: int) -> str:
+            return f"s{shard}r{i}"
+
+        def current(self, lease: Lease) -> bool:
+            m = self.model[lease.shard_no]
+            return m.state == "leased" and (m.owner, m.epoch) == (lease.owner, lease.epoch)
+
+        @rule(target=leases, worker=st.sampled_from(["w1", "w2", "w3"]))
+        def claim(self, worker: str) -> object:
+            now = store.now()
+            expected = next((s for s, m in enumerate(self.model)
+                             if m.state == "ready" or (m.state == "leased" and m.expires is not None
+                                                       and m.expires <= now)), None)
+            lease = store.claim(worker, self.version)
+            if expected is None:
+                assert lease is None
+                return multiple()
+            assert lease is not None and lease.shard_no == expected
+            m = self.model[expected]
+            assert lease.epoch == m.epoch + 1
+            m.state, m.owner, m.epoch, m.expires = "leased", worker, lease.epoch, lease.expires
+            return lease
+
+        @rule(lease=leases)
+        def renew(self, lease: Lease) -> None:
+            expected = self.current(lease)
+            renewed = store.renew(lease)
+            assert (renewed is not None) == expected
+            if renewed is not None:
+                self.model[lease.shard_no].expires = renewed.expires
+
+        @rule(lease=leases, i=st.integers(0, PER_SHARD - 1))
+        def put(self, lease: Lease, i: int) -> None:
+            rid = self.rid(lease.shard_no, i)
+            m = self.model[lease.shard_no]
+            if self.current(lease):
+                n = store.put_results(lease, [ResultRow(rid, "{}")])
+                assert n == (0 if rid in m.results else 1)
+                m.results.add(rid)
+            else:
+                with pytest.raises(LeaseLost):
+                    store.put_results(lease, [ResultRow(rid, "{}")])
+
+        @rule(lease=leases)
+        def complete(self, lease: Lease) -> None:
+            m = self.model[lease.shard_no]
+            if m.state == "done" and (m.owner, m.epoch) == (lease.owner, lease.epoch):
+                store.complete(lease)  # retried completion: succeeds again
+            elif self.current(lease) and len(m.results) == PER_SHARD:
+                store.complete(lease)
+                m.state = "done"
+            elif self.current(lease):
+                with pytest.raises(StoreError) as info:
+                    store.complete(lease)
+                assert not isinstance(info.value, LeaseLost)
+            else:
+                with pytest.raises(LeaseLost):
+                    store.complete(lease)
+
+        @rule(lease=leases)
+        def release(self, lease: Lease) -> None:
+            expected = self.current(lease)
+            assert store.release(lease, "test") == expected
+            if expected:
+                m = self.model[lease.shard_no]
+                m.state, m.owner, m.expires = "ready", None, None
+
+        @rule()
+        def expire(self) -> None:
+            store.shift_clock(LEASE + 1)
+
+        @invariant()
+        def table_matches_model(self) -> None:
+            if not hasattr(self, "model"):
+                return
+            rows = store.shard_rows(self.version)
+            assert [(r.state, r.owner, r.epoch, r.results) for r in rows] == [
+                (m.state, m.owner, m.epoch, len(m.results)) for m in self.model]
+            sealed = all(m.state == "done" for m in self.model)
+            job = store.job(self.version)
+            assert job is not None and (job.state == "sealed") == sealed
+
+    return ShardTable
+
+
+def test_shard_table_follows_its_model(backend: Store) -> None:
+    machine = make_machine(backend)
+    machine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None,
+                                         suppress_health_check=[HealthCheck.too_slow])
+    machine.TestCase().runTest()

@@ -1,0 +1,182 @@
+"""The planner and the snapshot readers: slices, digests, bad input, atomic plans."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchline.errors import InputError
+from batchline.planner import plan
+from batchline.snapshot import Slice, read_slice
+from batchline.spec import load_spec
+from batchline.store import Store
+from tests.helpers import make_records, write_jsonl
+
+
+def shard_records(store: Store, version: str, spec: Any) -> list[list[str]]:
+    out = []
+    for shard in _slices(store, version):
+        out.append([r.id for r in read_slice(shard, spec.input)])
+    return out
+
+
+def _slices(store: Store, version: str) -> list[Slice]:
+    # Slices are read as a worker reads them: through a claim.
+    slices = []
+    while (lease := store.claim("reader", version)) is not None:
+        slices.append((lease.shard_no, Slice.from_json(lease.slice)))
+    return [s for _, s in sorted(slices, key=lambda x: x[0])]
+
+
+def test_planning_twice_gives_the_same_version_and_plans_nothing_new(job_factory: Any, store: Store) -> None:
+    spec = load_spec(job_factory(n=120))
+    first = plan(spec, store)
+    second = plan(spec, store)
+    assert first.created and not second.created
+    assert first.version == second.version
+    assert (first.records, first.shards) == (120, 3)
+    assert len(store.jobs()) == 1 and len(store.events(first.version, ["plan"])) == 1
+
+
+def test_jsonl_slices_cover_every_record_once_in_order(job_factory: Any, store: Store) -> None:
+    records = make_records(123)
+    spec = load_spec(job_factory(records))
+    version = plan(spec, store).version
+    got = shard_records(store, version, spec)
+    assert [len(s) for s in got] == [50, 50, 23]
+    assert [rid for s in got for rid in s] == [r["id"] for r in records]
+
+
+def test_csv_slices_survive_quoted_newlines(job_factory: Any, store: Store, tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "text", "acl"])
+        for i in range(120):
+            w.writerow([f"c{i}", f"line one\nline two of {i}, with \"quotes\"", "g"])
+    spec = load_spec(job_factory(input_path=path))
+    version = plan(spec, store).version
+    slices = _slices(store, version)
+    recs = [r for s in slices for r in read_slice(s, spec.input)]
+    assert [r.id for r in recs] == [f"c{i}" for i in range(120)]
+    assert recs[7].text == 'line one\nline two of 7, with "quotes"'
+    assert recs[7].line == 2 + 2 * 7  # each row spans two physical lines
+
+
+def test_parquet_slices_read_only_their_row_groups(job_factory: Any, store: Store, tmp_path: Path) -> None:
+    path = tmp_path / "in.parquet"
+    table = pa.table({"id": [f"p{i}" for i in range(130)], "text": [f"t{i}" for i in range(130)],
+                      "acl": ["g"] * 130})
+    pq.write_table(table, path, row_group_size=40)
+    spec = load_spec(job_factory(input_path=path))
+    version = plan(spec, store).version
+    slices = _slices(store, version)
+    assert [(s.start, s.end) for s in slices] == [(0, 50), (50, 100), (100, 130)]
+    assert [r.id for s in slices for r in read_slice(s, spec.input)] == [f"p{i}" for i in range(130)]
+
+
+def test_a_changed_slice_is_refused(job_factory: Any, store: Store) -> None:
+    spec = load_spec(job_factory(n=100))
+    version = plan(spec, store).version
+    first, second = _slices(store, version)
+    path = spec.input.paths[0]
+    path.write_bytes(path.read_bytes().replace(b"record number 77 ", b"record number 7X "))
+    assert len(read_slice(first, spec.input)) == 50
+    with pytest.raises(InputError, match="input changed since planning"):
+        read_slice(second, spec.input)
+
+
+def bad_input(tmp_path: Path, content: bytes) -> Path:
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    return path
+
+
+GOOD = b'{"id": "a", "text": "x"}\n'
+
+
+@pytest.mark.parametrize("content,message", [
+    (GOOD + b'{"id": "b", "text": "y"\n', "bad.jsonl:2: malformed JSON"),
+    (GOOD + b'{"id": "b", "text": "caf\xe9"}\n', "bad.jsonl:2: not valid UTF-8"),
+    (GOOD + b'{"text": "y"}\n', "bad.jsonl:2: missing id (field 'id')"),
+    (GOOD + b'{"id": "", "text": "y"}\n', "bad.jsonl:2: empty id"),
+    (GOOD + b'{"id": true, "text": "y"}\n', "bad.jsonl:2: id True must be a string or an integer"),
+    (GOOD + b'{"id": "b"}\n', "bad.jsonl:2: id 'b': text field 'text' is missing"),
+    (GOOD + b'["id", "b"]\n', "bad.jsonl:2: a line must be a JSON object"),
+    (b"", "no records"),
+    (b"\n\n", "no records"),
+])
+def test_bad_input_stops_planning_with_one_line_and_leaves_nothing(
+        job_factory: Any, store: Store, tmp_path: Path, content: bytes, message: str) -> None:
+    spec = load_spec(job_factory(input_path=bad_input(tmp_path, content)))
+    with pytest.raises(InputError) as info:
+        plan(spec, store)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+    assert store.jobs() == []
+    assert not store.claim("w")
+
+
+def test_a_duplicate_id_names_both_lines(job_factory: Any, store: Store, tmp_path: Path) -> None:
+    records = make_records(130)
+    records[120]["id"] = records[3]["id"]
+    path = write_jsonl(tmp_path / "dups.jsonl", records)
+    spec = load_spec(job_factory(input_path=path))
+    with pytest.raises(InputError) as info:
+        plan(spec, store)
+    assert str(info.value) == f"{path}:121: duplicate id 'r000003' (first at {path}:4)"
+    assert store.jobs() == []
+
+
+def test_integer_ids_are_ids_too(job_factory: Any, store: Store, tmp_path: Path) -> None:
+    path = bad_input(tmp_path, b'{"id": 1, "text": "x"}\n{"id": "1", "text": "y"}\n')
+    spec = load_spec(job_factory(input_path=path))
+    with pytest.raises(InputError, match="duplicate id '1'"):
+        plan(spec, store)
+
+
+def test_a_crash_mid_plan_leaves_no_partial_job(job_factory: Any, store: Store, monkeypatch: Any) -> None:
+    import batchline.planner as planner
+
+    spec = load_spec(job_factory(n=300))
+    calls = {"n": 0}
+    real = planner.slice_digest_bytes
+
+    def dies_on_the_fourth_shard(*args: Any) -> str:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(planner, "slice_digest_bytes", dies_on_the_fourth_shard)
+    with pytest.raises(KeyboardInterrupt):
+        plan(spec, store)
+    assert store.jobs() == [] and store.claim("w") is None
+    monkeypatch.undo()
+    result = plan(spec, store)
+    assert (result.created, result.records, result.shards) == (True, 300, 6)
+
+
+def test_content_hashes_follow_text_and_acl_only(tmp_path: Path) -> None:
+    from batchline.snapshot import content_hash
+
+    assert content_hash("x", ["a"]) == content_hash("x", ["a"])
+    assert content_hash("x", ["a"]) != content_hash("x", ["b"])
+    assert content_hash("x", None) != content_hash("y", None)
+
+
+def test_multiple_inputs_form_one_snapshot(job_factory: Any, store: Store, tmp_path: Path) -> None:
+    a = write_jsonl(tmp_path / "a.jsonl", make_records(60, "a"))
+    b = write_jsonl(tmp_path / "b.jsonl", make_records(10, "b"))
+    spec_path = job_factory(input_path=a)
+    raw = spec_path.read_text().replace(str(a), json.dumps([str(a), str(b)]))
+    spec_path.write_text(raw)
+    spec = load_spec(spec_path)
+    result = plan(spec, store)
+    assert (result.records, result.shards) == (70, 3)  # slices never cross files

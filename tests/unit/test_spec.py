@@ -1,0 +1,135 @@
+"""The job spec: typed validation with errors that name the field, and the version hash (I2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from batchline.errors import SpecError
+from batchline.spec import load_spec
+
+BASE: dict[str, Any] = {
+    "name": "triage",
+    "input": {"path": "in.jsonl", "id_field": "id", "acl_field": "acl", "max_input_tokens": 100},
+    "model": {"engine": "synthetic", "options": {"seconds_per_record": 0}},
+    "prompt": {"text": "Classify.", "version": "v1"},
+    "decoding": {"temperature": 0, "max_tokens": 50, "seed": 0},
+    "output": {"schema": "schema.json"},
+    "shards": {"size": 10},
+}
+
+
+def write(tmp_path: Path, spec: dict[str, Any], schema: Any = None) -> Path:
+    (tmp_path / "in.jsonl").write_text('{"id": 1, "text": "x"}\n')
+    (tmp_path / "schema.json").write_text(json.dumps(schema or {"type": "object"}))
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def with_change(path: str, value: Any) -> dict[str, Any]:
+    spec = json.loads(json.dumps(BASE))
+    *parents, last = path.split(".")
+    node = spec
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[last] = value
+    return spec
+
+
+def version_of(tmp_path: Path, spec: dict[str, Any], snapshot: str = "sha256:aa") -> str:
+    return load_spec(write(tmp_path, spec)).version(snapshot)
+
+
+def test_the_same_spec_gives_the_same_version(tmp_path: Path) -> None:
+    assert version_of(tmp_path, BASE) == version_of(tmp_path, BASE)
+    assert version_of(tmp_path, BASE).startswith("triage@")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("input.id_field", "key"),
+    ("input.text_field", "body"),
+    ("input.acl_field", "groups"),
+    ("input.max_input_tokens", 200),
+    ("model.options", {"seconds_per_record": 1}),
+    ("model.digest", "sha256:" + "b" * 64),
+    ("prompt.text", "Classify carefully."),
+    ("prompt.version", "v2"),
+    ("decoding.temperature", 0.7),
+    ("decoding.max_tokens", 51),
+    ("decoding.seed", 1),
+])
+def test_every_field_that_can_change_a_result_changes_the_version(tmp_path: Path, field: str, value: Any) -> None:
+    assert version_of(tmp_path, with_change(field, value)) != version_of(tmp_path, BASE)
+
+
+def test_the_snapshot_and_the_schema_change_the_version(tmp_path: Path) -> None:
+    assert version_of(tmp_path, BASE, "sha256:bb") != version_of(tmp_path, BASE, "sha256:aa")
+    a = load_spec(write(tmp_path, BASE, {"type": "object"})).version("s")
+    b = load_spec(write(tmp_path, BASE, {"type": "object", "required": ["x"]})).version("s")
+    assert a != b
+
+
+@pytest.mark.parametrize("field,value", [
+    ("shards.size", 99),
+    ("shards.lease_seconds", 300),
+    ("shards.renew_seconds", 5),
+    ("shards.max_attempts", 5),
+    ("deadline", "2026-12-01T06:00:00Z"),
+    ("validate", {"max_dead_letter_rate": 0.5}),
+])
+def test_fields_that_cannot_change_a_result_keep_the_version(tmp_path: Path, field: str, value: Any) -> None:
+    assert version_of(tmp_path, with_change(field, value)) == version_of(tmp_path, BASE)
+
+
+def test_to_dict_round_trips_to_the_same_version(tmp_path: Path) -> None:
+    from batchline.spec import parse_spec
+
+    spec = load_spec(write(tmp_path, BASE))
+    again = parse_spec(spec.to_dict(), base_dir=Path("/"))
+    assert again.version("s") == spec.version("s")
+    assert again.shards == spec.shards
+
+
+@pytest.mark.parametrize("spec,message", [
+    (with_change("input.colour", "red"), "input.colour: unknown field"),
+    (with_change("surprise", 1), "surprise: unknown field"),
+    (with_change("model.engine", "gpt"), "model.engine: 'gpt' is not one of"),
+    (with_change("shards.size", 0), "shards.size: must be at least 1"),
+    (with_change("shards.size", "big"), "shards.size: must be an integer"),
+    (with_change("model.digest", "md5:abc"), "model.digest: must be 'sha256:'"),
+    (with_change("name", "Bad Name"), "name: 'Bad Name' must be lower-case"),
+    (with_change("input.path", "in.jsonl.gz"), "compressed (.gz)"),
+    (with_change("input.path", "in.txt"), "cannot tell the format"),
+    (with_change("deadline", "tomorrow"), "deadline: 'tomorrow' is not an ISO 8601 time"),
+    ({k: v for k, v in BASE.items() if k != "model"}, "model: is required"),
+])
+def test_spec_errors_name_the_field(tmp_path: Path, spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, spec))
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_schema_that_is_not_json_schema_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"output.schema: not a valid JSON Schema at type"):
+        load_spec(write(tmp_path, BASE, {"type": "frobnicate"}))
+
+
+def test_a_schema_file_that_is_not_json_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE)
+    (tmp_path / "schema.json").write_text("{not json")
+    with pytest.raises(SpecError, match=r"output.schema: .* is not JSON"):
+        load_spec(path)
+
+
+def test_yaml_that_does_not_parse_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: [unclosed\n")
+    with pytest.raises(SpecError, match="not valid YAML") as info:
+        load_spec(path)
+    assert "\n" not in str(info.value)
