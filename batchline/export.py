@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from batchline.errors import BatchlineError
 from batchline.store import Store, StoredResult
 
 PARQUET_ROWS_PER_GROUP = 50_000
@@ -46,7 +48,8 @@ def export_parquet(store: Store, version: str, out: Path) -> int:
     import pyarrow.parquet as pq
 
     schema = pa.schema([
-        ("id", pa.string()), ("output", pa.string()), ("acl", pa.string()), ("version", pa.string()),
+        ("id", pa.string()), ("output", pa.string()), ("acl", pa.string()), ("label", pa.string()),
+        ("version", pa.string()),
         ("worker", pa.string()), ("attempt", pa.int32()), ("input_tokens", pa.int64()),
         ("output_tokens", pa.int64()), ("created_at", pa.timestamp("ms", tz="UTC")),
     ])
@@ -69,11 +72,40 @@ def export_parquet(store: Store, version: str, out: Path) -> int:
     return _atomic(out, write)
 
 
+def export_dataset(store: Store, name: str, root: Path) -> tuple[str, Path]:
+    """The warehouse layout: one Parquet dataset per version of a published name,
+    and a CURRENT file naming the published one, replaced atomically.
+
+        root/NAME/VERSION/part-00000.parquet
+        root/NAME/CURRENT            (contains VERSION)
+
+    A consumer that reads CURRENT and then the folder it names always sees one
+    whole version: a version's folder is complete before it is renamed into
+    place, and CURRENT is flipped only after that."""
+    version = store.resolve_name(name)
+    if version is None:
+        raise BatchlineError(f"nothing is published under {name!r} in {store.url}")
+    base = root / name
+    folder = base / version.replace("@", "-")
+    if not folder.exists():
+        base.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=base))
+        try:
+            export_parquet(store, version, staging / "part-00000.parquet")
+            os.replace(staging, folder)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    _atomic(base / "CURRENT", lambda tmp: tmp.write_text(folder.name + "\n"))
+    return version, folder
+
+
 def _table(pa: Any, schema: Any, rows: list[StoredResult], version: str) -> Any:
     return pa.Table.from_pydict({
         "id": [r.record_id for r in rows],
         "output": [r.output for r in rows],
         "acl": [None if r.acl is None else json.dumps(r.acl, sort_keys=True) for r in rows],
+        "label": [r.label for r in rows],
         "version": [version] * len(rows),
         "worker": [r.worker for r in rows],
         "attempt": [r.attempt for r in rows],

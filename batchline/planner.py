@@ -8,10 +8,10 @@ the next plan of the same version discards the leftovers and starts again.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from batchline.errors import InputError
+from batchline.errors import InputError, SpecError
 from batchline.snapshot import (
     Record,
     ScannedRecord,
@@ -23,7 +23,7 @@ from batchline.snapshot import (
     scan,
     slice_digest_bytes,
 )
-from batchline.spec import JobSpec
+from batchline.spec import JobSpec, spec_from_store
 from batchline.store import DeadLetterRow, DuplicateRecord, PlannedRecord, PlannedShard, Store
 from batchline.store.base import PlanWriter
 
@@ -40,14 +40,20 @@ class PlanResult:
 def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m: None) -> PlanResult:
     before = _file_states(spec.input.paths)
     digest = file_digest(spec.input.paths)
-    version = spec.version(digest)
+    base = _base_version(spec, store, log)
+    version = spec.version(digest, base)
     existing = store.job(version)
-    if existing is not None and existing.state != "planning":
+    if existing is not None and existing.state not in ("planning", "removed"):
         return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
 
-    writer = store.begin_plan(version, spec.name, spec.to_dict())
+    if spec.shards.size_auto:
+        spec = _auto_shard_size(spec, store, base, log)
+    writer = store.begin_plan(version, spec.name, {**spec.to_dict(), "base_version": base})
     try:
         result = _write_plan(spec, version, writer)
+        if base is not None:
+            carried = writer.carry_from(base)
+            log(f"carried {carried} unchanged records from {base} without inference")
         if _file_states(spec.input.paths) != before or file_digest(spec.input.paths) != digest:
             raise InputError("input changed while it was being planned; plan again once it is stable")
         writer.commit(result.records, result.shards)
@@ -57,6 +63,56 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     log(f"planned {version}: {result.records} records in {result.shards} shards"
         + (f", {result.dead_letters} over the length cap" if result.dead_letters else ""))
     return result
+
+
+def _base_version(spec: JobSpec, store: Store, log: Callable[[str], None]) -> str | None:
+    """The version whose results an incremental run may carry, if it is compatible."""
+    if spec.base is None:
+        return None
+    base = store.resolve_name(spec.name) if spec.base == "published" else spec.base
+    if base is None:
+        log(f"nothing is published under {spec.name!r} yet: every record is inferred")
+        return None
+    info = store.job(base)
+    if info is None or info.state != "sealed":
+        raise InputError(f"base version {base} is not a sealed version in {store.url}")
+    base_spec = spec_from_store(info.spec)
+    if base_spec.inference_identity() != spec.inference_identity():
+        log(f"{base} used another model, prompt, decoding or schema: every record is inferred")
+        return None
+    return base
+
+
+def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, log: Callable[[str], None]) -> JobSpec:
+    from batchline.simulate import SimulationDiverged, recommend_shard_size
+
+    sh = spec.shards
+    assert sh.interruptions_per_hour is not None and sh.workers and sh.records_per_second
+    measured = store.run_throughput(base) if base else 0.0
+    rate = measured or sh.records_per_second
+    records = sum(estimate_records(p, spec.input.format) for p in spec.input.paths)
+    try:
+        size = recommend_shard_size(max(records, 1), sh.workers, rate, sh.interruptions_per_hour,
+                                    lease_seconds=sh.lease_seconds)
+    except SimulationDiverged as exc:
+        raise SpecError(f"shards.size: auto: {exc}") from None
+    log(f"shards.size auto: {size} for {sh.interruptions_per_hour:g} interruptions per worker-hour at "
+        f"{rate:.1f} records/s ({'measured on ' + base if measured else 'estimated'}) on {sh.workers} workers, "
+        f"~{records:,} records")
+    return replace(spec, shards=replace(sh, size=size, size_auto=False))
+
+
+def estimate_records(path: Path, fmt: str) -> int:
+    """A cheap count for sizing: Parquet metadata, or lines of a text file."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    lines = 0
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            lines += chunk.count(b"\n")
+    return lines
 
 
 def _file_states(paths: tuple[Path, ...]) -> list[tuple[int, int]]:

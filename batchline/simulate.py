@@ -18,6 +18,16 @@ interruption is either
 - a *stall* (a frozen VM, a long pause, a partition): the worker comes back
   after its lease has expired, ``lease_seconds`` plus an exponential
   ``stall_extra_seconds`` later, and still tries to write what it computed.
+  The default extra is 0: the shortest absence that loses the lease, since a
+  shorter pause costs only itself.
+
+The interruption clock runs whatever the slot is doing: a loading or stalled
+machine can be reclaimed too (a death ends a stall; a stall while stalled is
+no event). A silent owner's lease runs out ``lease_seconds`` after its last
+renewal, which came every ``renew_seconds`` while it worked. With a notice, a
+whole-shard writer finishes its shard if that takes less than
+``grace_seconds`` and otherwise drops it; a per-record writer writes every
+record it has finished, the part of a write batch included.
 
 Every claim of a shard costs ``shard_overhead_seconds`` (the claim, reading and
 checking the slice, the final write). Three write strategies:
@@ -454,7 +464,8 @@ class _Sim:
             assert s is not None
             pos = self.position(w, t)
             if notice and self.per_record:
-                # Stop intake, finish and write what is in flight within the grace.
+                # Stop intake and flush within the grace: the partial write batch
+                # is saved too, only the record being computed is lost.
                 durable = math.floor(pos)
                 if durable >= s.hi:
                     self.complete(w, s, t)
@@ -599,7 +610,10 @@ class SimulationDiverged(ValueError):
 def simulate(scenario: Scenario, strategy: Strategy | str, shard_size: int, seed: int = 0) -> RunResult:
     """One run of the job; the same inputs and seed give the same result."""
     sim = _Sim(scenario, Strategy(strategy), shard_size, seed)
-    sim.run(max_seconds=100 * scenario.ideal_seconds)
+    # A hundred times the makespan without interruptions: a job that takes that
+    # long is one whose interruptions outpace its shards.
+    shards_per_worker = math.ceil(math.ceil(scenario.items / shard_size) / scenario.workers)
+    sim.run(max_seconds=100 * (scenario.ideal_seconds + shards_per_worker * scenario.shard_overhead_seconds))
     written, covered = _coverage(sim.writes)
     end = sim.finished_at
     assert end is not None

@@ -82,11 +82,47 @@ class ShardSpec:
     # How long a worker asked to stop (SIGTERM, preemption notice) keeps
     # finishing records in flight before it releases its lease.
     grace_seconds: float = 30.0
+    # `size: auto`: the planner asks the interruption simulator for the size that
+    # minimises the expected makespan at this rate, fleet and throughput.
+    size_auto: bool = False
+    interruptions_per_hour: float | None = None
+    workers: int | None = None
+    records_per_second: float | None = None
+
+
+@dataclass(frozen=True)
+class DriftSpec:
+    """Gates on the label field's distribution against the version now published."""
+
+    max_psi: float = 0.25
+    max_new_categories: int = 0
+    max_vanished_categories: int | None = None  # None: reported, never a failure
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """Accuracy of the label field on a sample of records with known answers."""
+
+    labels: Path
+    id_field: str = "id"
+    label_field: str = "label"
+    field: str | None = None  # the output field compared; default output.label_field
+    sample: int = 300
+    min_accuracy: float = 0.0
+    grader: str | None = None  # "module:function"(output, expected, record_id) -> bool | float
 
 
 @dataclass(frozen=True)
 class ValidateSpec:
     max_dead_letter_rate: float = 0.01
+    schema_sample: int | None = None  # None: re-check every stored result
+    drift: DriftSpec = field(default_factory=DriftSpec)
+    eval: EvalSpec | None = None
+
+
+@dataclass(frozen=True)
+class RetentionSpec:
+    versions: int = 5  # versions of a name kept for rollback; never the published one or its predecessor
 
 
 @dataclass(frozen=True)
@@ -102,8 +138,19 @@ class JobSpec:
     deadline: datetime | None
     validate: ValidateSpec
     source: Path | None = None
+    label_field: str | None = None
+    base: str | None = None  # "published" or a version: carry unchanged records from it
+    retention: RetentionSpec = field(default_factory=RetentionSpec)
 
-    def version_material(self, snapshot_digest: str) -> dict[str, Any]:
+    def inference_identity(self) -> str:
+        """What decides a record's result given its content: a base version's result
+        may be carried only when this is the same for both versions."""
+        material = self.version_material("")
+        del material["input"]["snapshot"], material["name"]
+        material.pop("base", None)
+        return hashlib.sha256(canonical_json(material).encode()).hexdigest()
+
+    def version_material(self, snapshot_digest: str, base_version: str | None = None) -> dict[str, Any]:
         """Everything that can change a result, and nothing else (I2)."""
         model: dict[str, Any] = {
             "engine": self.model.engine,
@@ -132,10 +179,12 @@ class JobSpec:
                 "top_p": self.decoding.top_p,
             },
             "output_schema": self.output_schema,
+            "label_field": self.label_field,
+            **({"base": base_version} if base_version else {}),
         }
 
-    def version(self, snapshot_digest: str) -> str:
-        material = canonical_json(self.version_material(snapshot_digest))
+    def version(self, snapshot_digest: str, base_version: str | None = None) -> str:
+        material = canonical_json(self.version_material(snapshot_digest, base_version))
         return f"{self.name}@{hashlib.sha256(material.encode()).hexdigest()[:16]}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,8 +204,13 @@ class JobSpec:
             "decoding": dict(self.decoding.__dict__),
             "output": {"schema": dict(self.output_schema)},
             "shards": dict(self.shards.__dict__),
-            "validate": dict(self.validate.__dict__),
+            "validate": _validate_dict(self.validate),
+            "retention": dict(self.retention.__dict__),
         }
+        if self.label_field:
+            out["output"]["label_field"] = self.label_field
+        if self.base:
+            out["base"] = self.base
         if self.input.acl_field:
             out["input"]["acl_field"] = self.input.acl_field
         if self.input.max_input_tokens is not None:
@@ -168,6 +222,16 @@ class JobSpec:
         if self.deadline:
             out["deadline"] = self.deadline.isoformat()
         return out
+
+
+def _validate_dict(v: ValidateSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"max_dead_letter_rate": v.max_dead_letter_rate, "drift": dict(v.drift.__dict__)}
+    if v.schema_sample is not None:
+        out["schema_sample"] = v.schema_sample
+    if v.eval is not None:
+        out["eval"] = {k: (str(val) if isinstance(val, Path) else val)
+                       for k, val in v.eval.__dict__.items() if val is not None}
+    return out
 
 
 def canonical_json(value: Any) -> str:
@@ -193,7 +257,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
     r = _Reader(where)
     top = r.mapping(raw, "", required={"name", "input", "model", "prompt", "output"},
                     allowed={"name", "input", "model", "prompt", "decoding", "output",
-                             "shards", "deadline", "validate"})
+                             "shards", "deadline", "validate", "base", "retention"})
     name = r.string(top["name"], "name")
     if not NAME_PATTERN.match(name):
         r.fail("name", f"{name!r} must be lower-case letters, digits, '-' or '_', starting with a letter")
@@ -259,13 +323,25 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
         top_p=r.number(dec.get("top_p", 1.0), "decoding.top_p", 0.0),
     )
 
-    out = r.mapping(top["output"], "output", required={"schema"}, allowed={"schema"})
+    out = r.mapping(top["output"], "output", required={"schema"}, allowed={"schema", "label_field"})
     schema, schema_path = _load_schema(r, out["schema"], base_dir)
+    label_field = r.optional_string(out.get("label_field"), "output.label_field")
 
     sh = r.mapping(top.get("shards", {}) or {}, "shards", allowed=set(ShardSpec.__dataclass_fields__))
     defaults = ShardSpec()
+    size_auto = sh.get("size") == "auto"
+    if size_auto:
+        for needed in ("interruptions_per_hour", "workers", "records_per_second"):
+            if sh.get(needed) is None:
+                r.fail(f"shards.{needed}", "is required with shards.size: auto")
     shards = ShardSpec(
-        size=r.integer(sh.get("size", defaults.size), "shards.size", 1),
+        size=defaults.size if size_auto else r.integer(sh.get("size", defaults.size), "shards.size", 1),
+        size_auto=size_auto,
+        interruptions_per_hour=(r.number(sh["interruptions_per_hour"], "shards.interruptions_per_hour", 0.0)
+                                if sh.get("interruptions_per_hour") is not None else None),
+        workers=r.optional_int(sh.get("workers"), "shards.workers", 1),
+        records_per_second=(r.number(sh["records_per_second"], "shards.records_per_second", 1e-6)
+                            if sh.get("records_per_second") is not None else None),
         max_attempts=r.integer(sh.get("max_attempts", defaults.max_attempts), "shards.max_attempts", 1),
         lease_seconds=r.number(sh.get("lease_seconds", defaults.lease_seconds), "shards.lease_seconds", 0.1),
         renew_seconds=r.number(sh.get("renew_seconds", defaults.renew_seconds), "shards.renew_seconds", 0.05),
@@ -292,13 +368,59 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
             except ValueError:
                 r.fail("deadline", f"{value!r} is not an ISO 8601 time")
 
-    val = r.mapping(top.get("validate", {}) or {}, "validate", allowed={"max_dead_letter_rate"})
-    validate = ValidateSpec(
-        max_dead_letter_rate=r.number(val.get("max_dead_letter_rate", 0.01), "validate.max_dead_letter_rate", 0.0),
-    )
+    validate = _parse_validate(r, top.get("validate", {}) or {}, base_dir, label_field)
+    base = r.optional_string(top.get("base"), "base")
+    ret = r.mapping(top.get("retention", {}) or {}, "retention", allowed={"versions"})
+    retention = RetentionSpec(versions=r.integer(ret.get("versions", 5), "retention.versions", 2))
     return JobSpec(name=name, input=input_spec, model=model_spec, prompt=prompt_spec,
                    decoding=decoding, output_schema=schema, schema_path=schema_path,
-                   shards=shards, deadline=deadline, validate=validate, source=source)
+                   shards=shards, deadline=deadline, validate=validate, source=source,
+                   label_field=label_field, base=base, retention=retention)
+
+
+STORE_ONLY_KEYS = ("base_version",)
+
+
+def spec_from_store(data: Mapping[str, Any]) -> JobSpec:
+    """The spec a version was planned with, from its self-contained stored form."""
+    return parse_spec({k: v for k, v in data.items() if k not in STORE_ONLY_KEYS}, base_dir=Path("/"))
+
+
+def _parse_validate(r: _Reader, raw: Any, base_dir: Path, label_field: str | None) -> ValidateSpec:
+    val = r.mapping(raw, "validate", allowed={"max_dead_letter_rate", "schema_sample", "drift", "eval"})
+    dr = r.mapping(val.get("drift", {}) or {}, "validate.drift",
+                   allowed={"max_psi", "max_new_categories", "max_vanished_categories"})
+    drift = DriftSpec(
+        max_psi=r.number(dr.get("max_psi", 0.25), "validate.drift.max_psi", 0.0),
+        max_new_categories=r.integer(dr.get("max_new_categories", 0), "validate.drift.max_new_categories", 0),
+        max_vanished_categories=r.optional_int(dr.get("max_vanished_categories"),
+                                               "validate.drift.max_vanished_categories", 0),
+    )
+    evaluation = None
+    if val.get("eval") is not None:
+        ev = r.mapping(val["eval"], "validate.eval", required={"labels"},
+                       allowed={"labels", "id_field", "label_field", "field", "sample", "min_accuracy", "grader"})
+        field_name = r.optional_string(ev.get("field"), "validate.eval.field") or label_field
+        if field_name is None:
+            r.fail("validate.eval.field", "is required when output.label_field is not set")
+        grader = r.optional_string(ev.get("grader"), "validate.eval.grader")
+        if grader is not None and ":" not in grader:
+            r.fail("validate.eval.grader", f"{grader!r} must be 'module:function'")
+        evaluation = EvalSpec(
+            labels=(base_dir / r.string(ev["labels"], "validate.eval.labels")).resolve(),
+            id_field=r.string(ev.get("id_field", "id"), "validate.eval.id_field"),
+            label_field=r.string(ev.get("label_field", "label"), "validate.eval.label_field"),
+            field=field_name,
+            sample=r.integer(ev.get("sample", 300), "validate.eval.sample", 1),
+            min_accuracy=r.number(ev.get("min_accuracy", 0.0), "validate.eval.min_accuracy", 0.0),
+            grader=grader,
+        )
+    return ValidateSpec(
+        max_dead_letter_rate=r.number(val.get("max_dead_letter_rate", 0.01), "validate.max_dead_letter_rate", 0.0),
+        schema_sample=r.optional_int(val.get("schema_sample"), "validate.schema_sample", 1),
+        drift=drift,
+        eval=evaluation,
+    )
 
 
 def _input_paths(r: _Reader, value: Any, base_dir: Path) -> tuple[Path, ...]:

@@ -19,10 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+# Runs from a checkout without installing the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from batchline import simulate as sim  # noqa: E402
-from batchline.cli.sizing import print_simulation  # noqa: E402
+from batchline import simulate as sim
+from batchline.cli.sizing import print_simulation
 
 
 def main() -> int:

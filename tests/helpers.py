@@ -105,3 +105,12 @@ def call_counts(call_log: Path) -> dict[str, int]:
         for line in call_log.read_text().split():
             counts[line] = counts.get(line, 0) + 1
     return counts
+
+
+def run_to_seal(store: Store, version: str) -> None:
+    """Runs one in-process worker (with its real engine child) until the version seals."""
+    from batchline.worker.supervisor import Worker
+
+    assert Worker(store, version=version, poll_seconds=0.1).run() == 0
+    job = store.job(version)
+    assert job is not None and job.state == "sealed"

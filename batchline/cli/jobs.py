@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("spec", metavar="JOB.yaml")
     p.add_argument("--workers", type=int, default=1, metavar="N")
     p.add_argument("--log-dir", type=Path, default=None, help="where worker logs go")
+    p.add_argument("--publish", action="store_true", help="validate when done and publish if it passes")
     p.set_defaults(func=cmd_run)
 
     p = command("plan", "plan the job and print its version")
@@ -50,11 +51,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_dead_letters)
 
-    p = command("export", "write a version's results with each record's ACL")
+    p = command("export", "write a version's results with each record's ACL; a published NAME with "
+                          "--format parquet writes a dataset per version and flips NAME/CURRENT")
     p.add_argument("target", metavar="VERSION|NAME")
     p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     p.add_argument("--out", type=Path, default=None, metavar="PATH")
     p.set_defaults(func=cmd_export)
+
+    p = command("validate", "check a sealed version: coverage, schema, dead letters, drift, evaluation")
+    p.add_argument("version", metavar="VERSION")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_validate)
+
+    p = command("publish", "point the job's name (and its view) at a validated version")
+    p.add_argument("version", metavar="VERSION")
+    p.add_argument("--force", action="store_true", help="publish without a passing validation")
+    p.add_argument("--reason", default=None, help="why, recorded with a forced publish")
+    p.set_defaults(func=cmd_publish)
+
+    p = command("rollback", "point NAME back at the version published before the current one")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--reason", default=None)
+    p.set_defaults(func=cmd_rollback)
 
 
 def _store(args: argparse.Namespace) -> Store:
@@ -116,6 +134,17 @@ def cmd_run(args: argparse.Namespace) -> int:
                      f"({tokens[1] / summary.seconds:,.1f} output tokens/s)")
     lines.append(f"  worker logs  {summary.log_dir}")
     print("\n".join(lines), file=sys.stderr)
+    if args.publish and summary.exit_code == 0:
+        from batchline.publish import publish
+        from batchline.validate import validate
+
+        report = validate(store, st.version)
+        print(report.table(), file=sys.stderr)
+        if not report.passed:
+            raise BatchlineError(f"{st.version} failed validation; not published")
+        published = publish(store, st.version, log=lambda m: print(m, file=sys.stderr))
+        print(f"published {st.version} as {published.name}"
+              + (f" (was {published.previous})" if published.previous else ""), file=sys.stderr)
     print(st.version)
     return summary.exit_code
 
@@ -201,10 +230,42 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    from batchline.export import export_jsonl, export_parquet
+def cmd_validate(args: argparse.Namespace) -> int:
+    from batchline.validate import validate
 
     store = _store(args)
+    report = validate(store, _version(store, args.version))
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.table())
+    return 0 if report.passed else 1
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from batchline.publish import publish
+
+    store = _store(args)
+    result = publish(store, args.version, force=args.force, reason=args.reason,
+                     log=lambda m: print(m, file=sys.stderr))
+    print(f"published {result.version} as {result.name}"
+          + (f" (was {result.previous})" if result.previous else ""), file=sys.stderr)
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from batchline.publish import rollback
+
+    old, new = rollback(_store(args), args.name, args.reason)
+    print(f"{args.name}: rolled back from {old} to {new}", file=sys.stderr)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from batchline.export import export_dataset, export_jsonl, export_parquet
+
+    store = _store(args)
+    if store.job(args.target) is None and args.format == "parquet":
+        version, folder = export_dataset(store, args.target, args.out or Path("exports"))
+        print(f"exported {version} to {folder}; {folder.parent / 'CURRENT'} names it", file=sys.stderr)
+        return 0
     version = _version(store, args.target)
     if args.format == "parquet":
         out = args.out or Path(f"{version.replace('@', '-')}.parquet")

@@ -148,12 +148,9 @@ def measured_records_per_second(store_url: str, version: str) -> float:
 
     store = open_store(store_url)
     try:
-        # Looked up rather than called directly while the Store protocol does not
-        # declare it yet, so that a store without it fails in one readable line.
-        run_throughput = getattr(store, "run_throughput", None)
-        if run_throughput is None:
-            raise BatchlineError(f"{store_url}: this store cannot measure a run's throughput yet")
-        measured = float(run_throughput(version))
+        if store.job(version) is None:
+            raise BatchlineError(f"{version}: no such job version in {store_url}")
+        measured = store.run_throughput(version)
     finally:
         store.close()
     if not 0 < measured < math.inf:

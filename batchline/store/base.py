@@ -68,6 +68,7 @@ class ResultRow:
     attempt: int = 1
     input_tokens: int | None = None
     output_tokens: int | None = None
+    label: str | None = None  # the spec's output.label_field, kept as its own column
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class StoredResult:
     created_at: float
     input_tokens: int | None
     output_tokens: int | None
+    label: str | None = None
+    origin: str | None = None  # for a carried result, the version that computed it
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,39 @@ class ChargeResult:
     dead_lettered: bool
 
 
+@dataclass(frozen=True)
+class Coverage:
+    """The anti-join of the snapshot's ids against the stored outcomes."""
+
+    records: int
+    missing: int  # planned ids with neither a result nor a dead letter
+    unexpected: int  # outcomes for ids the snapshot does not have
+    both: int  # ids with a result and a dead letter
+    missing_sample: tuple[str, ...]
+    unexpected_sample: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Publication:
+    id: int
+    name: str
+    version: str
+    previous: str | None
+    action: str  # publish | rollback
+    who: str
+    reason: str | None
+    validation: dict[str, Any] | None
+    ts: float
+
+
+@dataclass(frozen=True)
+class ValidationRecord:
+    version: str
+    passed: bool
+    report: dict[str, Any]
+    ts: float
+
+
 class PlanWriter(Protocol):
     """Writes a plan under the `planning` state; `commit` makes it visible at once."""
 
@@ -166,6 +202,11 @@ class PlanWriter(Protocol):
         ...
 
     def add_dead_letters(self, shard_no: int, rows: Sequence[DeadLetterRow]) -> None: ...
+
+    def carry_from(self, base: str) -> int:
+        """Carries the base version's results for records whose id and content hash
+        are unchanged, by reference (no payload is copied); returns how many."""
+        ...
 
     def commit(self, record_count: int, shard_count: int) -> None: ...
 
@@ -242,6 +283,11 @@ class Store(Protocol):
 
     def shard_rows(self, version: str) -> list[ShardRow]: ...
 
+    def run_throughput(self, version: str) -> float:
+        """Records per second per worker, measured from the event log: the records of
+        each completed shard over the time from its claim to its completion (0 if none)."""
+        ...
+
     def iter_results(self, version: str, page_size: int = 5000) -> Iterator[StoredResult]: ...
 
     def iter_dead_letters(self, version: str) -> Iterator[StoredDeadLetter]: ...
@@ -252,4 +298,32 @@ class Store(Protocol):
 
     def resolve_name(self, name: str) -> str | None:
         """The version published under a name, if any."""
+        ...
+
+    # validation and publication
+    def coverage(self, version: str, sample: int = 10) -> Coverage: ...
+
+    def label_counts(self, version: str) -> dict[str | None, int]: ...
+
+    def results_for(self, version: str, record_ids: Sequence[str]) -> dict[str, StoredResult]: ...
+
+    def record_validation(self, version: str, passed: bool, report: dict[str, Any]) -> None: ...
+
+    def latest_validation(self, version: str) -> ValidationRecord | None: ...
+
+    def publish(self, name: str, version: str, who: str, reason: str | None,
+                validation: dict[str, Any] | None) -> str | None:
+        """Points `name` (and the view named after it) at `version` in one atomic
+        step; returns the version it pointed at before."""
+        ...
+
+    def rollback(self, name: str, who: str, reason: str | None) -> tuple[str, str]:
+        """Points `name` back at the version published before the current one;
+        returns (from, to)."""
+        ...
+
+    def publications(self, name: str) -> list[Publication]: ...
+
+    def remove_version(self, version: str) -> None:
+        """Deletes a version's rows, keeping any result a later version carries."""
         ...

@@ -21,6 +21,7 @@ from batchline.errors import StoreError
 from batchline.store.base import (
     WRITE_BATCH_ROWS,
     ChargeResult,
+    Coverage,
     DeadLetterRow,
     DuplicateRecord,
     Event,
@@ -30,10 +31,12 @@ from batchline.store.base import (
     LeaseLost,
     PlannedRecord,
     PlannedShard,
+    Publication,
     ResultRow,
     ShardRow,
     StoredDeadLetter,
     StoredResult,
+    ValidationRecord,
 )
 
 SCHEMA_VERSION = 1
@@ -49,7 +52,7 @@ INSERT OR IGNORE INTO clock (id, offset_s) VALUES (1, 0);
 CREATE TABLE IF NOT EXISTS jobs (
     version TEXT PRIMARY KEY,
     name TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('planning', 'ready', 'sealed')),
+    state TEXT NOT NULL CHECK (state IN ('planning', 'ready', 'sealed', 'removed')),
     spec TEXT NOT NULL,
     plan_token TEXT,
     record_count INTEGER NOT NULL DEFAULT 0,
@@ -85,7 +88,9 @@ CREATE TABLE IF NOT EXISTS results (
     version TEXT NOT NULL,
     record_id TEXT NOT NULL,
     shard_no INTEGER NOT NULL,
-    output TEXT NOT NULL,
+    output TEXT,  -- NULL for a carried result: the row of version `origin` holds it
+    origin TEXT,
+    label TEXT,
     acl TEXT,
     worker TEXT NOT NULL,
     epoch INTEGER NOT NULL,
@@ -95,6 +100,7 @@ CREATE TABLE IF NOT EXISTS results (
     created_at REAL NOT NULL,
     PRIMARY KEY (version, record_id)
 );
+CREATE INDEX IF NOT EXISTS results_carried ON results (origin, record_id) WHERE origin IS NOT NULL;
 CREATE TABLE IF NOT EXISTS attempts (
     version TEXT NOT NULL,
     record_id TEXT NOT NULL,
@@ -127,6 +133,14 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS events_by_version ON events (version, kind, id);
+CREATE TABLE IF NOT EXISTS validations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    version TEXT NOT NULL,
+    passed INTEGER NOT NULL,
+    report TEXT NOT NULL,
+    ts REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS validations_by_version ON validations (version, id);
 CREATE TABLE IF NOT EXISTS pointers (name TEXT PRIMARY KEY, version TEXT NOT NULL, updated_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS publications (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -152,6 +166,17 @@ def _acl_json(acl: Any) -> str | None:
 
 def _acl_value(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+# A carried result's payload lives in the row of the version that computed it.
+_RESULT_COLUMNS = ("r.record_id, COALESCE(r.output, o.output), r.acl, r.shard_no, r.worker, r.epoch, r.attempt, "
+                   "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin")
+_RESULTS_FROM = ("FROM results r LEFT JOIN results o "
+                 "ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id")
+
+
+def _stored_result(r: Sequence[Any]) -> StoredResult:
+    return StoredResult(r[0], r[1], _acl_value(r[2]), r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11])
 
 
 def _chunks(rows: Sequence[Any], size: int = WRITE_BATCH_ROWS) -> Iterator[Sequence[Any]]:
@@ -254,7 +279,7 @@ class SQLiteStore:
 
     def jobs(self) -> list[JobInfo]:
         rows = self.conn.execute(
-            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state != 'planning' ORDER BY created_at").fetchall()
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'sealed') ORDER BY created_at").fetchall()
         return [self._job(r) for r in rows]
 
     def begin_plan(self, version: str, name: str, spec: dict[str, Any]) -> SQLitePlanWriter:
@@ -423,11 +448,12 @@ class SQLiteStore:
                     now = c.execute(f"SELECT {NOW}").fetchone()[0]
                     c.executemany(
                         "INSERT OR IGNORE INTO results (version, record_id, shard_no, output, acl, worker, epoch, "
-                        "attempt, input_tokens, output_tokens, created_at) "
-                        "SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11 WHERE NOT EXISTS "
+                        "attempt, input_tokens, output_tokens, created_at, label) "
+                        "SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12 WHERE NOT EXISTS "
                         "(SELECT 1 FROM dead_letters WHERE version = ?1 AND record_id = ?2)",
                         [(lease.version, r.record_id, lease.shard_no, r.output, _acl_json(r.acl), lease.owner,
-                          lease.epoch, r.attempt, r.input_tokens, r.output_tokens, now) for r in chunk],
+                          lease.epoch, r.attempt, r.input_tokens, r.output_tokens, now, r.label)
+                         for r in chunk],
                     )
                     n = c.rowcount
                     c.execute("UPDATE shards SET results_count = results_count + ? "
@@ -515,6 +541,14 @@ class SQLiteStore:
                          leases_lost=lost, records_done_last_minutes=recent, window_seconds=window_seconds,
                          now=now)
 
+    def run_throughput(self, version: str) -> float:
+        row = self.conn.execute(
+            "SELECT SUM(json_extract(c.detail, '$.records')), SUM(c.ts - k.ts) FROM events c "
+            "JOIN events k ON k.version = c.version AND k.kind = 'claim' AND k.shard_no = c.shard_no "
+            "AND k.epoch = c.epoch WHERE c.version = ? AND c.kind = 'complete'", (version,)).fetchone()
+        records, seconds = row
+        return float(records) / seconds if records and seconds and seconds > 0 else 0.0
+
     def shard_rows(self, version: str) -> list[ShardRow]:
         rows = self.conn.execute(
             "SELECT shard_no, state, owner, epoch, lease_expires, claims, record_count, results_count, dead_count "
@@ -525,14 +559,19 @@ class SQLiteStore:
         last = ""
         while True:
             rows = self.conn.execute(
-                "SELECT record_id, output, acl, shard_no, worker, epoch, attempt, created_at, input_tokens, "
-                "output_tokens FROM results WHERE version = ? AND record_id > ? ORDER BY record_id LIMIT ?",
-                (version, last, page_size)).fetchall()
+                f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = ? AND r.record_id > ? "
+                f"ORDER BY r.record_id LIMIT ?", (version, last, page_size)).fetchall()
             if not rows:
                 return
             for r in rows:
-                yield StoredResult(r[0], r[1], _acl_value(r[2]), r[3], r[4], r[5], r[6], r[7], r[8], r[9])
+                yield _stored_result(r)
             last = rows[-1][0]
+
+    def results_for(self, version: str, record_ids: Sequence[str]) -> dict[str, StoredResult]:
+        rows = self._ids_query(
+            f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = ? AND r.record_id IN ({{ids}})",
+            version, record_ids)
+        return {r[0]: _stored_result(r) for r in rows}
 
     def iter_dead_letters(self, version: str) -> Iterator[StoredDeadLetter]:
         rows = self.conn.execute(
@@ -549,6 +588,107 @@ class SQLiteStore:
     def resolve_name(self, name: str) -> str | None:
         row = self.conn.execute("SELECT version FROM pointers WHERE name = ?", (name,)).fetchone()
         return row[0] if row else None
+
+
+    # --- validation and publication ----------------------------------------------
+
+    def coverage(self, version: str, sample: int = 10) -> Coverage:
+        c = self.conn.cursor()
+        records = c.execute("SELECT COUNT(*) FROM records WHERE version = ?", (version,)).fetchone()[0]
+        missing_sql = ("FROM records p WHERE p.version = ?1 "
+                       "AND NOT EXISTS (SELECT 1 FROM results r WHERE r.version = ?1 AND r.record_id = p.record_id) "
+                       "AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = ?1 "
+                       "AND d.record_id = p.record_id)")
+        unexpected_sql = ("FROM (SELECT record_id FROM results WHERE version = ?1 UNION ALL "
+                          "SELECT record_id FROM dead_letters WHERE version = ?1) x WHERE NOT EXISTS "
+                          "(SELECT 1 FROM records p WHERE p.version = ?1 AND p.record_id = x.record_id)")
+        missing = c.execute(f"SELECT COUNT(*) {missing_sql}", (version,)).fetchone()[0]
+        unexpected = c.execute(f"SELECT COUNT(*) {unexpected_sql}", (version,)).fetchone()[0]
+        both = c.execute("SELECT COUNT(*) FROM dead_letters d WHERE d.version = ?1 AND EXISTS "
+                         "(SELECT 1 FROM results r WHERE r.version = ?1 AND r.record_id = d.record_id)",
+                         (version,)).fetchone()[0]
+        missing_sample = tuple(r[0] for r in c.execute(
+            f"SELECT p.record_id {missing_sql} LIMIT {int(sample)}", (version,))) if missing else ()
+        unexpected_sample = tuple(r[0] for r in c.execute(
+            f"SELECT x.record_id {unexpected_sql} LIMIT {int(sample)}", (version,))) if unexpected else ()
+        return Coverage(records, missing, unexpected, both, missing_sample, unexpected_sample)
+
+    def label_counts(self, version: str) -> dict[str | None, int]:
+        return dict(self.conn.execute(
+            "SELECT label, COUNT(*) FROM results WHERE version = ? GROUP BY label", (version,)).fetchall())
+
+    def record_validation(self, version: str, passed: bool, report: dict[str, Any]) -> None:
+        with self._write() as c:
+            c.execute(f"INSERT INTO validations (version, passed, report, ts) VALUES (?, ?, ?, {NOW})",
+                      (version, int(passed), json.dumps(report, default=str)))
+            self._event(c, "validate", version, None, None, None, {"passed": passed})
+
+    def latest_validation(self, version: str) -> ValidationRecord | None:
+        row = self.conn.execute("SELECT passed, report, ts FROM validations WHERE version = ? "
+                                "ORDER BY id DESC LIMIT 1", (version,)).fetchone()
+        return ValidationRecord(version, bool(row[0]), json.loads(row[1]), row[2]) if row else None
+
+    def publish(self, name: str, version: str, who: str, reason: str | None,
+                validation: dict[str, Any] | None) -> str | None:
+        with self._write() as c:
+            previous = self._point(c, name, version)
+            c.execute(f"INSERT INTO publications (name, version, previous, action, who, reason, validation, ts) "
+                      f"VALUES (?, ?, ?, 'publish', ?, ?, ?, {NOW})",
+                      (name, version, previous, who, reason, json.dumps(validation) if validation else None))
+            self._event(c, "publish", version, None, None, None, {"name": name, "previous": previous,
+                                                                   "who": who, "reason": reason})
+        return previous
+
+    def _point(self, c: sqlite3.Cursor, name: str, version: str) -> str | None:
+        """Moves the pointer in one UPDATE; the view reads through it, so readers
+        switch from the whole old version to the whole new one at once."""
+        row = c.execute("SELECT version FROM pointers WHERE name = ?", (name,)).fetchone()
+        c.execute(f"INSERT INTO pointers (name, version, updated_at) VALUES (?, ?, {NOW}) "
+                  f"ON CONFLICT (name) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at",
+                  (name, version))
+        c.execute(f'CREATE VIEW IF NOT EXISTS "{name}" AS SELECT r.record_id AS id, '
+                  f"COALESCE(r.output, o.output) AS output, r.acl AS acl, r.label AS label, r.version AS version "
+                  f"FROM pointers p JOIN results r ON r.version = p.version LEFT JOIN results o "
+                  f"ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id "
+                  f"WHERE p.name = '{name}'")
+        return row[0] if row else None
+
+    def rollback(self, name: str, who: str, reason: str | None) -> tuple[str, str]:
+        with self._write() as c:
+            row = c.execute("SELECT version FROM pointers WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise StoreError(f"nothing is published under {name!r}")
+            current = row[0]
+            prev = c.execute("SELECT previous FROM publications WHERE name = ? AND version = ? AND action = 'publish' "
+                             "ORDER BY id DESC LIMIT 1", (name, current)).fetchone()
+            if prev is None or prev[0] is None:
+                raise StoreError(f"{name!r} has no earlier version to roll back to (current: {current})")
+            target = prev[0]
+            if c.execute("SELECT 1 FROM jobs WHERE version = ? AND state = 'sealed'", (target,)).fetchone() is None:
+                raise StoreError(f"cannot roll {name!r} back to {target}: that version was removed")
+            self._point(c, name, target)
+            c.execute(f"INSERT INTO publications (name, version, previous, action, who, reason, ts) "
+                      f"VALUES (?, ?, ?, 'rollback', ?, ?, {NOW})", (name, target, current, who, reason))
+            self._event(c, "rollback", target, None, None, None, {"name": name, "from": current, "who": who})
+        return current, target
+
+    def publications(self, name: str) -> list[Publication]:
+        rows = self.conn.execute("SELECT id, name, version, previous, action, who, reason, validation, ts "
+                                 "FROM publications WHERE name = ? ORDER BY id", (name,)).fetchall()
+        return [Publication(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]) if r[7] else None, r[8])
+                for r in rows]
+
+    def remove_version(self, version: str) -> None:
+        with self._write() as c:
+            if c.execute("SELECT 1 FROM pointers WHERE version = ?", (version,)).fetchone():
+                raise StoreError(f"{version} is published; it cannot be removed")
+            # Rows that a later version carries stay: they hold that version's payload.
+            c.execute("DELETE FROM results WHERE version = ?1 AND NOT EXISTS (SELECT 1 FROM results c "
+                      "WHERE c.origin = ?1 AND c.record_id = results.record_id)", (version,))
+            for table in ("shards", "records", "attempts", "dead_letters", "validations"):
+                c.execute(f"DELETE FROM {table} WHERE version = ?", (version,))
+            c.execute("UPDATE jobs SET state = 'removed' WHERE version = ?", (version,))
+            self._event(c, "remove", version, None, None, None)
 
 
 class SQLitePlanWriter:
@@ -604,13 +744,33 @@ class SQLitePlanWriter:
             c.execute("UPDATE shards SET dead_count = dead_count + ? WHERE version = ? AND shard_no = ?",
                       (len(rows), self.version, shard_no))
 
+    def carry_from(self, base: str) -> int:
+        with self._planning() as c:
+            c.execute(
+                f"INSERT INTO results (version, record_id, shard_no, output, origin, label, acl, worker, epoch, "
+                f"attempt, input_tokens, output_tokens, created_at) "
+                f"SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label, b.acl, "
+                f"'carried', 0, b.attempt, b.input_tokens, b.output_tokens, {NOW} "
+                f"FROM records n JOIN records p ON p.version = ?2 AND p.record_id = n.record_id "
+                f"AND p.content_hash = n.content_hash "
+                f"JOIN results b ON b.version = ?2 AND b.record_id = n.record_id "
+                f"WHERE n.version = ?1", (self.version, base))
+            carried = c.rowcount
+            c.execute("UPDATE shards SET results_count = (SELECT COUNT(*) FROM results r WHERE r.version = ?1 "
+                      "AND r.shard_no = shards.shard_no) WHERE version = ?1", (self.version,))
+            c.execute(f"UPDATE shards SET state = 'done', done_at = {NOW} WHERE version = ? "
+                      f"AND results_count + dead_count = record_count", (self.version,))
+            self.store._event(c, "carry", self.version, None, None, None, {"base": base, "records": carried})
+            return carried
+
     def commit(self, record_count: int, shard_count: int) -> None:
         with self._planning() as c:
             c.execute("UPDATE jobs SET state = 'ready', record_count = ?, shard_count = ?, plan_token = NULL "
                       "WHERE version = ?", (record_count, shard_count, self.version))
             self.store._event(c, "plan", self.version, None, None, None,
                               {"records": record_count, "shards": shard_count})
-            if shard_count == 0:
+            if c.execute(f"SELECT 1 FROM shards WHERE version = ? AND state IN {_OPEN} LIMIT 1",
+                         (self.version,)).fetchone() is None:
                 c.execute(f"UPDATE jobs SET state = 'sealed', sealed_at = {NOW} WHERE version = ?",
                           (self.version,))
 

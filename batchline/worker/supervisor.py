@@ -13,6 +13,7 @@ flight within the grace period, writes it, and gives the lease back (I5).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import threading
@@ -21,14 +22,13 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from batchline.errors import EngineFatal, InputError
 from batchline.outputs import OutputChecker
 from batchline.prompt import render, split_template
 from batchline.snapshot import Record, Slice, read_slice
-from batchline.spec import JobSpec, parse_spec
+from batchline.spec import JobSpec, spec_from_store
 from batchline.store import DeadLetterRow, Lease, LeaseLost, ResultRow, Store
 from batchline.worker.engine_process import EngineProcess
 
@@ -123,7 +123,7 @@ class Worker:
         if version not in self._jobs:
             info = self.store.job(version)
             assert info is not None
-            spec = parse_spec(info.spec, base_dir=Path("/"))
+            spec = spec_from_store(info.spec)
             prefix, suffix = split_template(spec.prompt.text)
             init = {
                 "model": {"engine": spec.model.engine, "path": spec.model.path, "digest": spec.model.digest,
@@ -293,7 +293,17 @@ class _ShardRun:
                 self._charge(record, "invalid_output", problem or "invalid output")
             else:
                 self._buffer(ResultRow(record.id, canonical, record.acl, self.attempts.get(record.id, 0) + 1,
-                                       msg.get("in"), msg.get("outt")))
+                                       msg.get("in"), msg.get("outt"), self._label(canonical)))
+
+    def _label(self, canonical: str) -> str | None:
+        field_name = self.job.spec.label_field
+        if field_name is None:
+            return None
+        value = json.loads(canonical)
+        if not isinstance(value, dict) or value.get(field_name) is None:
+            return None
+        label = value[field_name]
+        return label if isinstance(label, str) else json.dumps(label)
 
     def _buffer(self, row: ResultRow) -> None:
         if not self.results and not self.too_long:

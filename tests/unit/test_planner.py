@@ -180,3 +180,24 @@ def test_multiple_inputs_form_one_snapshot(job_factory: Any, store: Store, tmp_p
     spec = load_spec(spec_path)
     result = plan(spec, store)
     assert (result.records, result.shards) == (70, 3)  # slices never cross files
+
+
+def test_auto_shard_size_asks_the_simulator_and_says_so(job_factory: Any, store: Store) -> None:
+    spec = load_spec(job_factory(n=2000, shards={"size": "auto", "interruptions_per_hour": 1.0, "workers": 4,
+                                                 "records_per_second": 2.0}))
+    said: list[str] = []
+    result = plan(spec, store, log=said.append)
+    from batchline.simulate import recommend_shard_size
+
+    expected = recommend_shard_size(2000, 4, 2.0, 1.0, lease_seconds=30)
+    assert result.shards == -(-2000 // expected)
+    assert any(f"shards.size auto: {expected} " in line and "estimated" in line for line in said)
+    info = store.job(result.version)
+    assert info is not None and info.spec["shards"]["size"] == expected
+
+
+def test_auto_shard_size_needs_its_inputs(job_factory: Any) -> None:
+    from batchline.errors import SpecError
+
+    with pytest.raises(SpecError, match="shards.interruptions_per_hour: is required with shards.size: auto"):
+        load_spec(job_factory(n=10, shards={"size": "auto"}))

@@ -1,0 +1,148 @@
+"""`batchline capacity` and `batchline simulate`, through their argparse registration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import pytest
+
+from batchline.cli import sizing
+from batchline.errors import BatchlineError
+
+SMALL = ["--items", "100000", "--workers", "4", "--shard-sizes", "1000,5000", "--seeds", "2",
+         "--interruptions-per-hour", "4", "--stall-share", "0.5"]
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="batchline")
+    sizing.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+def run_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Any:
+    assert run([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_capacity_defaults_are_the_reference_case(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(["capacity"], capsys)
+    assert round(out["roofline"]["prefill_tokens_per_second"], -2) == 30_900
+    assert round(out["roofline"]["decode_tokens_per_second"], -2) == 10_200
+    assert round(out["estimate"]["milliseconds_per_record"], 1) == 53.5
+    assert round(out["estimate"]["gpu_hours"]) == 743
+    assert out["estimate"]["gpus_whole"] == 38
+    assert out["estimate"]["gpus_with_allowance"] == 45
+    assert round(out["estimate_prefix_cached"]["milliseconds_per_record"], 1) == 37.3
+    assert out["api_cost"] == pytest.approx(6_750)
+
+
+def test_capacity_table_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["capacity"]) == 0
+    text = capsys.readouterr().out
+    for figure in ("30,906 tokens/s", "10,213 tokens/s", "58.8 GB", "53.5", "37.3", "$2,601", "$6,750"):
+        assert figure in text
+    assert "datasheet" in text  # the GPU figures say where they come from
+
+
+def test_capacity_takes_counts_as_people_write_them(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(["capacity", "--records", "5M", "--params", "8B", "--gpu", "h200", "--api", "none"], capsys)
+    assert out["workload"]["records"] == 5_000_000
+    assert out["model"]["parameters"] == 8e9
+    assert out["gpu"]["memory_bandwidth"] == 4.8e12
+    assert out["api_cost"] is None
+
+
+def test_capacity_warns_when_the_batch_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["capacity", "--gpu", "l4"]) == 0
+    assert "does not fit" in capsys.readouterr().out
+
+
+def test_capacity_refuses_a_prefix_longer_than_the_input() -> None:
+    with pytest.raises(BatchlineError, match="prefix"):
+        run(["capacity", "--input-tokens", "100", "--prefix-tokens", "200"])
+
+
+def test_capacity_needs_both_api_prices() -> None:
+    with pytest.raises(BatchlineError, match="both"):
+        run(["capacity", "--api-input-price", "0.1"])
+
+
+@pytest.mark.parametrize("argv", [["capacity", "--records", "lots"], ["capacity", "--mfu", "1.5"],
+                                  ["simulate", "--strategies", "append-forever"]])
+def test_bad_arguments_are_usage_errors(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        run(argv)
+    assert exc.value.code == 2
+
+
+def test_from_run_uses_the_throughput_a_real_run_measured(job_factory: Any, store: Any, store_url: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.helpers import planned, run_to_seal
+
+    _spec, version = planned(job_factory(n=150, options={"seconds_per_record": 0.01}), store)
+    run_to_seal(store, version)
+    measured = store.run_throughput(version)
+    # one worker at 10 ms a record: at most 100 records/s, less the pipeline's own time
+    assert 40 < measured < 100
+    out = run_json(["capacity", "--from-run", version, "--store", store_url], capsys)
+    assert out["roofline"] is None
+    assert out["measured_from"] == version
+    assert out["estimate"]["records_per_second"] == pytest.approx(measured)
+    assert out["estimate"]["gpu_hours"] == pytest.approx(50_000_000 / measured / 3600)
+
+
+def test_from_run_of_a_version_that_has_not_run_is_one_readable_error(job_factory: Any, store: Any,
+                                                                     store_url: str) -> None:
+    from tests.helpers import planned
+
+    _spec, version = planned(job_factory(n=10), store)
+    with pytest.raises(BatchlineError, match="no measured throughput"):
+        sizing.measured_records_per_second(store_url, version)
+    with pytest.raises(BatchlineError, match="unknown@1"):
+        sizing.measured_records_per_second(store_url, "unknown@1")
+
+
+def test_simulate_json(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(["simulate", *SMALL, "--recommend-shard-size"], capsys)
+    assert out["seeds"] == [0, 1]
+    assert len(out["rows"]) == 3 * 2
+    by = {(r["strategy"], r["shard_size"]): r for r in out["rows"]}
+    assert by["append-per-shard", 5000]["duplicate_rows"] > 0
+    assert by["keyed-per-record", 5000]["duplicate_rows"] == 0
+    for row in out["rows"]:
+        assert row["makespan_hours"] >= out["ideal_hours"]
+        assert row["over_ideal"] == pytest.approx(row["makespan_hours"] / out["ideal_hours"], rel=0.05)
+    rec = out["recommendation"]
+    assert rec["shard_size"] in [point["shard_size"] for point in rec["curve"]]
+
+
+def test_simulate_compare_runs_with_and_without_batchline(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(["simulate", *SMALL, "--strategies", "keyed-per-record", "--compare"], capsys)
+    flags = [(r["notice"], r["tail_split"]) for r in out["rows"]]
+    assert flags == [(False, False)] * 2 + [(True, True)] * 2
+
+
+def test_simulate_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["simulate", *SMALL, "--batchline"]) == 0
+    text = capsys.readouterr().out
+    assert "notice + tail split" in text
+    assert "keyed-per-record" in text and "duplicate rows" in text
+    assert "ideal" in text
+
+
+def test_simulate_plot(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "sweep.png"
+    assert run(["simulate", *SMALL, "--compare", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert str(png) in capsys.readouterr().out
+
+
+def test_simulate_refuses_a_job_that_never_finishes() -> None:
+    with pytest.raises(BatchlineError, match="interruptions"):
+        run(["simulate", "--items", "20000", "--workers", "2", "--interruptions-per-hour", "200",
+             "--shard-sizes", "1000", "--seeds", "1", "--strategies", "keyed-per-record"])
