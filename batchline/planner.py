@@ -97,7 +97,7 @@ def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, log: Callabl
     except SimulationDiverged as exc:
         raise SpecError(f"shards.size: auto: {exc}") from None
     log(f"shards.size auto: {size} for {sh.interruptions_per_hour:g} interruptions per worker-hour at "
-        f"{rate:.1f} records/s ({'measured on ' + base if measured else 'estimated'}) on {sh.workers} workers, "
+        f"{rate:.1f} records/s ({f'measured on {base}' if measured else 'estimated'}) on {sh.workers} workers, "
         f"~{records:,} records")
     return replace(spec, shards=replace(sh, size=size, size_auto=False))
 

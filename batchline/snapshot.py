@@ -95,8 +95,28 @@ class ScannedRecord:
     end: int  # where it ends (exclusive)
 
 
+_COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2",
+                     b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip"}
+
+
+def refuse_compressed(path: Path) -> None:
+    """A compressed stream cannot be read from a byte offset, so a shard's slice
+    of it could not be read on its own: refuse it whatever its name says."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read input: {exc.strerror or exc}") from None
+    for magic, kind in _COMPRESSED_MAGIC.items():
+        if head.startswith(magic):
+            raise InputError(f"{path} is {kind}-compressed; decompress it (or convert it to Parquet) first: "
+                             "each shard reads its own byte range")
+
+
 def scan(path: Path, spec: InputSpec) -> Iterator[ScannedRecord]:
     """Every record of one input file in order, with its position, validated."""
+    if spec.format != "parquet":
+        refuse_compressed(path)
     if spec.format == "jsonl":
         yield from _scan_jsonl(path, spec)
     elif spec.format == "csv":

@@ -266,6 +266,10 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
                     allowed={"path", "id_field", "text_field", "acl_field", "max_input_tokens",
                              "max_bytes_per_token", "format"})
     paths = _input_paths(r, inp["path"], base_dir)
+    for p in paths:
+        if p.suffix.lower() in COMPRESSED_SUFFIXES:
+            r.fail("input.path", f"{p} is compressed ({p.suffix.lower()}); batchline reads byte ranges of each "
+                                 "shard directly, so decompress it (or convert it to Parquet) first")
     fmt = inp.get("format")
     if fmt is None:
         fmt = _format_of(r, paths)
@@ -445,9 +449,6 @@ def _format_of(r: _Reader, paths: tuple[Path, ...]) -> str:
     formats: set[str] = set()
     for p in paths:
         suffix = p.suffix.lower()
-        if suffix in COMPRESSED_SUFFIXES:
-            r.fail("input.path", f"{p} is compressed ({suffix}); batchline reads byte ranges of each "
-                                 "shard directly, so decompress it (or convert it to Parquet) first")
         fmt = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}.get(suffix)
         if fmt is None:
             r.fail("input.path", f"{p}: cannot tell the format from {suffix or 'no suffix'!r}; "

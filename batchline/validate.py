@@ -96,21 +96,29 @@ def _sampled(rows: Iterator[Any], total: int, sample: int | None) -> Iterator[An
 
 
 def check_schema(store: Store, version: str, spec: JobSpec) -> Check:
+    """Re-checks the results this version computed. A carried result was checked
+    when its own version was validated, against the same schema: carrying is
+    allowed only between versions with the same model, prompt and schema."""
     checker = OutputChecker(spec.output_schema)
-    total = store.status(version).results
+    carried = sum(int(e.detail.get("records", 0)) for e in store.events(version, ["carry"]))
+    total = store.status(version).results - carried
     sample = spec.validate.schema_sample
     checked = invalid = 0
     examples: list[str] = []
-    for r in _sampled(store.iter_results(version), total, sample):
+    for r in _sampled(store.iter_results(version, computed_only=True), total, sample):
         checked += 1
         _, problem = checker.check(r.output)
         if problem is not None:
             invalid += 1
             if len(examples) < 5:
                 examples.append(f"{r.record_id}: {problem}")
-    scope = "every stored result" if sample is None or sample >= total else f"a sample of {checked:,} of {total:,}"
+    sampled = sample is not None and sample < total
+    scope = f"a sample of {checked:,} of {total:,}" if sampled else "every result computed in this version"
+    if carried:
+        scope += f"; {carried:,} carried results were checked in the version that computed them"
     return Check("schema", invalid == 0, f"{invalid} invalid of {checked:,} checked ({scope})",
-                 {"checked": checked, "invalid": invalid, "examples": examples, "sampled": scope != "every stored result"})
+                 {"checked": checked, "invalid": invalid, "examples": examples, "sampled": sampled,
+                  "carried": carried})
 
 
 def check_dead_letters(store: Store, version: str, spec: JobSpec) -> Check:

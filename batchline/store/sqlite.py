@@ -555,11 +555,13 @@ class SQLiteStore:
             "FROM shards WHERE version = ? ORDER BY shard_no", (version,)).fetchall()
         return [ShardRow(*r) for r in rows]
 
-    def iter_results(self, version: str, page_size: int = 5000) -> Iterator[StoredResult]:
+    def iter_results(self, version: str, page_size: int = 5000, *,
+                     computed_only: bool = False) -> Iterator[StoredResult]:
         last = ""
+        only = " AND r.origin IS NULL" if computed_only else ""
         while True:
             rows = self.conn.execute(
-                f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = ? AND r.record_id > ? "
+                f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = ? AND r.record_id > ?{only} "
                 f"ORDER BY r.record_id LIMIT ?", (version, last, page_size)).fetchall()
             if not rows:
                 return
@@ -595,22 +597,31 @@ class SQLiteStore:
     def coverage(self, version: str, sample: int = 10) -> Coverage:
         c = self.conn.cursor()
         records = c.execute("SELECT COUNT(*) FROM records WHERE version = ?", (version,)).fetchone()[0]
-        missing_sql = ("FROM records p WHERE p.version = ?1 "
-                       "AND NOT EXISTS (SELECT 1 FROM results r WHERE r.version = ?1 AND r.record_id = p.record_id) "
-                       "AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = ?1 "
-                       "AND d.record_id = p.record_id)")
-        unexpected_sql = ("FROM (SELECT record_id FROM results WHERE version = ?1 UNION ALL "
-                          "SELECT record_id FROM dead_letters WHERE version = ?1) x WHERE NOT EXISTS "
-                          "(SELECT 1 FROM records p WHERE p.version = ?1 AND p.record_id = x.record_id)")
-        missing = c.execute(f"SELECT COUNT(*) {missing_sql}", (version,)).fetchone()[0]
-        unexpected = c.execute(f"SELECT COUNT(*) {unexpected_sql}", (version,)).fetchone()[0]
+        results = c.execute("SELECT COUNT(*) FROM results WHERE version = ?", (version,)).fetchone()[0]
+        dead = c.execute("SELECT COUNT(*) FROM dead_letters WHERE version = ?", (version,)).fetchone()[0]
+        # One join per outcome table gives the outcomes whose id the snapshot has
+        # (ids are unique on both sides); the anti-join's rows follow from it, and
+        # are listed only when there are any.
+        matched = c.execute(
+            "SELECT (SELECT COUNT(*) FROM results r JOIN records p ON p.version = r.version "
+            "AND p.record_id = r.record_id WHERE r.version = ?1) + (SELECT COUNT(*) FROM dead_letters d "
+            "JOIN records p ON p.version = d.version AND p.record_id = d.record_id WHERE d.version = ?1)",
+            (version,)).fetchone()[0]
         both = c.execute("SELECT COUNT(*) FROM dead_letters d WHERE d.version = ?1 AND EXISTS "
                          "(SELECT 1 FROM results r WHERE r.version = ?1 AND r.record_id = d.record_id)",
                          (version,)).fetchone()[0]
+        missing = records - (matched - both)
+        unexpected = results + dead - matched
         missing_sample = tuple(r[0] for r in c.execute(
-            f"SELECT p.record_id {missing_sql} LIMIT {int(sample)}", (version,))) if missing else ()
+            "SELECT p.record_id FROM records p WHERE p.version = ?1 "
+            "AND NOT EXISTS (SELECT 1 FROM results r WHERE r.version = ?1 AND r.record_id = p.record_id) "
+            "AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = ?1 AND d.record_id = p.record_id) "
+            "LIMIT ?2", (version, sample))) if missing else ()
         unexpected_sample = tuple(r[0] for r in c.execute(
-            f"SELECT x.record_id {unexpected_sql} LIMIT {int(sample)}", (version,))) if unexpected else ()
+            "SELECT x.record_id FROM (SELECT record_id FROM results WHERE version = ?1 UNION ALL "
+            "SELECT record_id FROM dead_letters WHERE version = ?1) x WHERE NOT EXISTS "
+            "(SELECT 1 FROM records p WHERE p.version = ?1 AND p.record_id = x.record_id) LIMIT ?2",
+            (version, sample))) if unexpected else ()
         return Coverage(records, missing, unexpected, both, missing_sample, unexpected_sample)
 
     def label_counts(self, version: str) -> dict[str | None, int]:

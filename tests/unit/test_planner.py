@@ -199,5 +199,16 @@ def test_auto_shard_size_asks_the_simulator_and_says_so(job_factory: Any, store:
 def test_auto_shard_size_needs_its_inputs(job_factory: Any) -> None:
     from batchline.errors import SpecError
 
-    with pytest.raises(SpecError, match="shards.interruptions_per_hour: is required with shards.size: auto"):
+    with pytest.raises(SpecError, match=r"shards\.interruptions_per_hour: is required with shards\.size: auto"):
         load_spec(job_factory(n=10, shards={"size": "auto"}))
+
+
+def test_a_compressed_input_is_refused_whatever_its_name(job_factory: Any, store: Store, tmp_path: Path) -> None:
+    import gzip
+
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(gzip.compress(b'{"id": "a", "text": "x"}\n'))
+    spec = load_spec(job_factory(input_path=path))
+    with pytest.raises(InputError, match="is gzip-compressed; decompress it"):
+        plan(spec, store)
+    assert store.jobs() == []
