@@ -67,7 +67,12 @@ class Slice:
 
 def content_hash(text: str, acl: Any) -> str:
     """What decides a record's result: its text and its access rules, not other fields."""
-    return hashlib.sha256(canonical_json([text, acl]).encode()).hexdigest()[:32]
+    data = text.encode()
+    h = hashlib.sha256(len(data).to_bytes(8, "big"))
+    h.update(data)
+    if acl is not None:
+        h.update(canonical_json(acl).encode())
+    return h.hexdigest()[:32]
 
 
 def file_digest(paths: Sequence[Path]) -> str:

@@ -100,7 +100,8 @@ def check_schema(store: Store, version: str, spec: JobSpec) -> Check:
     when its own version was validated, against the same schema: carrying is
     allowed only between versions with the same model, prompt and schema."""
     checker = OutputChecker(spec.output_schema)
-    carried = sum(int(e.detail.get("records", 0)) for e in store.events(version, ["carry"]))
+    info = store.job(version)
+    carried = info.carried if info else 0
     total = store.status(version).results - carried
     sample = spec.validate.schema_sample
     checked = invalid = 0

@@ -47,7 +47,7 @@ def make_version(store: Store, name: str, records: int, variant: int) -> str:
         ids = [f"t-{n:09d}" for n in range(s * SHARD, min((s + 1) * SHARD, records))]
         writer.add_records([PlannedRecord(rid, s, "h") for rid in ids])
     writer.commit(records, shards)
-    for s in range(shards):
+    for _ in range(shards):
         lease = store.claim("bench", version)
         assert lease is not None
         ids = [f"t-{n:09d}" for n in range(lease.shard_no * SHARD, min((lease.shard_no + 1) * SHARD, records))]

@@ -117,12 +117,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                          deadline=spec.deadline.timestamp() if spec.deadline else None)
     summary = runner.run()
     st = summary.status
+    info = store.job(st.version)
+    assert info is not None
     rate = (st.results + st.dead_letters) / summary.seconds if summary.seconds > 0 else 0.0
-    tokens = _token_totals(store, st.version)
+    tokens = store.token_totals(st.version)
     lines = [
         f"{st.state}: {st.version}",
         f"  records      {st.records:,}",
-        f"  results      {st.results:,}",
+        f"  results      {st.results:,}" + (f" ({info.carried:,} carried from the base)" if info.carried else ""),
         f"  dead letters {st.dead_letters:,}"
         + (f" ({', '.join(f'{k} {v}' for k, v in sorted(st.dead_letters_by_kind.items()))})"
            if st.dead_letters else ""),
@@ -147,14 +149,6 @@ def cmd_run(args: argparse.Namespace) -> int:
               + (f" (was {published.previous})" if published.previous else ""), file=sys.stderr)
     print(st.version)
     return summary.exit_code
-
-
-def _token_totals(store: Store, version: str) -> tuple[int, int]:
-    tin = tout = 0
-    for r in store.iter_results(version):
-        tin += r.input_tokens or 0
-        tout += r.output_tokens or 0
-    return tin, tout
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

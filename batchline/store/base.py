@@ -44,6 +44,7 @@ class JobInfo:
     shard_count: int
     created_at: float
     sealed_at: float | None
+    carried: int = 0  # results carried from a base version at planning
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,10 @@ class Store(Protocol):
     def status(self, version: str, window_seconds: float = 300.0) -> JobStatus: ...
 
     def shard_rows(self, version: str) -> list[ShardRow]: ...
+
+    def token_totals(self, version: str) -> tuple[int, int]:
+        """Input and output tokens of the results this version computed."""
+        ...
 
     def run_throughput(self, version: str) -> float:
         """Records per second per worker, measured from the event log: the records of

@@ -57,6 +57,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     plan_token TEXT,
     record_count INTEGER NOT NULL DEFAULT 0,
     shard_count INTEGER NOT NULL DEFAULT 0,
+    carried_count INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
     sealed_at REAL
 );
@@ -155,7 +156,7 @@ CREATE TABLE IF NOT EXISTS publications (
 );
 """
 
-_JOB_COLUMNS = "version, name, state, spec, record_count, shard_count, created_at, sealed_at"
+_JOB_COLUMNS = "version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count"
 _OPEN = "('ready', 'leased', 'submitted')"
 _FENCE = "version = ? AND shard_no = ? AND owner = ? AND epoch = ? AND state = 'leased'"
 
@@ -271,7 +272,8 @@ class SQLiteStore:
     @staticmethod
     def _job(row: Sequence[Any]) -> JobInfo:
         return JobInfo(version=row[0], name=row[1], state=row[2], spec=json.loads(row[3]),
-                       record_count=row[4], shard_count=row[5], created_at=row[6], sealed_at=row[7])
+                       record_count=row[4], shard_count=row[5], created_at=row[6], sealed_at=row[7],
+                       carried=row[8])
 
     def job(self, version: str) -> JobInfo | None:
         row = self.conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE version = ?", (version,)).fetchone()
@@ -298,7 +300,9 @@ class SQLiteStore:
 
     @staticmethod
     def _delete_version(c: sqlite3.Cursor, version: str) -> None:
-        for table in ("shards", "records", "results", "attempts", "dead_letters", "jobs"):
+        # Only a version still in 'planning' is ever deleted whole: it never existed
+        # for anyone, so its rows and its events go.
+        for table in ("shards", "records", "results", "attempts", "dead_letters", "events", "jobs"):
             c.execute(f"DELETE FROM {table} WHERE version = ?", (version,))
 
     # --- leases ---------------------------------------------------------------
@@ -541,6 +545,11 @@ class SQLiteStore:
                          leases_lost=lost, records_done_last_minutes=recent, window_seconds=window_seconds,
                          now=now)
 
+    def token_totals(self, version: str) -> tuple[int, int]:
+        row = self.conn.execute("SELECT COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0) "
+                                "FROM results WHERE version = ? AND origin IS NULL", (version,)).fetchone()
+        return int(row[0]), int(row[1])
+
     def run_throughput(self, version: str) -> float:
         row = self.conn.execute(
             "SELECT SUM(json_extract(c.detail, '$.records')), SUM(c.ts - k.ts) FROM events c "
@@ -767,6 +776,7 @@ class SQLitePlanWriter:
                 f"JOIN results b ON b.version = ?2 AND b.record_id = n.record_id "
                 f"WHERE n.version = ?1", (self.version, base))
             carried = c.rowcount
+            c.execute("UPDATE jobs SET carried_count = ? WHERE version = ?", (carried, self.version))
             c.execute("UPDATE shards SET results_count = (SELECT COUNT(*) FROM results r WHERE r.version = ?1 "
                       "AND r.shard_no = shards.shard_no) WHERE version = ?1", (self.version,))
             c.execute(f"UPDATE shards SET state = 'done', done_at = {NOW} WHERE version = ? "
