@@ -777,8 +777,11 @@ class SQLitePlanWriter:
                 f"WHERE n.version = ?1", (self.version, base))
             carried = c.rowcount
             c.execute("UPDATE jobs SET carried_count = ? WHERE version = ?", (carried, self.version))
-            c.execute("UPDATE shards SET results_count = (SELECT COUNT(*) FROM results r WHERE r.version = ?1 "
-                      "AND r.shard_no = shards.shard_no) WHERE version = ?1", (self.version,))
+            # One pass over the carried rows, not one per shard.
+            c.execute("UPDATE shards SET results_count = results_count + carried.n FROM "
+                      "(SELECT shard_no, COUNT(*) AS n FROM results WHERE version = ?1 AND origin IS NOT NULL "
+                      "GROUP BY shard_no) AS carried WHERE shards.version = ?1 AND shards.shard_no = carried.shard_no",
+                      (self.version,))
             c.execute(f"UPDATE shards SET state = 'done', done_at = {NOW} WHERE version = ? "
                       f"AND results_count + dead_count = record_count", (self.version,))
             self.store._event(c, "carry", self.version, None, None, None, {"base": base, "records": carried})
