@@ -14,6 +14,7 @@ run over it exercises validation like a real model would. Options:
 - ``call_log``: a file to which every record id the engine is asked about is
   appended, one per line, so tests can count how often each was computed.
 - ``fail_load``: raise a fatal error when loading (a broken model).
+- ``load_seconds``: how long loading takes (a large model).
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ class SyntheticEngine:
         self.hang_on = {str(x) for x in opts.get("hang_on", ())}
         self.call_log = opts.get("call_log")
         self.fail_load = bool(opts.get("fail_load", False))
+        self.load_seconds = float(opts.get("load_seconds", 0.0))
         self.batch_size = int(opts.get("batch_size", 16))
         self._log_fd: int | None = None
 
     def load(self) -> None:
+        time.sleep(self.load_seconds)
         if self.fail_load:
             raise EngineFatal("synthetic engine told to fail while loading (fail_load)")
         if self.call_log:

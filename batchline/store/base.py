@@ -255,6 +255,10 @@ class Store(Protocol):
         shard still has records without an outcome."""
         ...
 
+    def open_versions(self) -> list[str]:
+        """Ready versions with shards not yet done, oldest first."""
+        ...
+
     def has_open_shards(self, version: str | None = None) -> bool:
         """True while any shard of a ready version is not done."""
         ...

@@ -400,6 +400,11 @@ class SQLiteStore:
             if c.rowcount == 1:
                 self._event(c, "seal", lease.version, lease.owner, None, None)
 
+    def open_versions(self) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            f"SELECT j.version FROM jobs j WHERE j.state = 'ready' AND EXISTS (SELECT 1 FROM shards s "
+            f"WHERE s.version = j.version AND s.state IN {_OPEN}) ORDER BY j.created_at")]
+
     def has_open_shards(self, version: str | None = None) -> bool:
         row = self.conn.execute(
             "SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version "

@@ -15,6 +15,10 @@ from batchline.errors import EngineFatal
 EOF_MESSAGE: dict[str, Any] = {"op": "eof"}
 
 
+class EngineStopped(Exception):
+    """The worker was asked to stop while its engine was loading."""
+
+
 class EngineProcess:
     """Starts the child, sends it requests without ever blocking the supervisor,
     and delivers its messages through a queue (`eof` when it is gone)."""
@@ -26,7 +30,7 @@ class EngineProcess:
         self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
         self._outbox: queue.Queue[str | None] = queue.Queue()
 
-    def start(self) -> None:
+    def start(self, stop: threading.Event | None = None) -> None:
         self.messages = queue.Queue()
         self._outbox = queue.Queue()
         self.proc = subprocess.Popen(
@@ -40,11 +44,14 @@ class EngineProcess:
         deadline = time.monotonic() + self.load_timeout
         while True:
             remaining = deadline - time.monotonic()
+            if stop is not None and stop.is_set():
+                self.kill()
+                raise EngineStopped
             if remaining <= 0:
                 self.kill()
                 raise EngineFatal(f"engine did not load within {self.load_timeout:.0f}s")
             try:
-                msg = self.messages.get(timeout=min(remaining, 1.0))
+                msg = self.messages.get(timeout=min(remaining, 0.2))
             except queue.Empty:
                 continue
             if msg["op"] == "ready":

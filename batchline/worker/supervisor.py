@@ -30,7 +30,7 @@ from batchline.prompt import render, split_template
 from batchline.snapshot import Record, Slice, read_slice
 from batchline.spec import JobSpec, spec_from_store
 from batchline.store import DeadLetterRow, Lease, LeaseLost, ResultRow, Store
-from batchline.worker.engine_process import EngineProcess
+from batchline.worker.engine_process import EngineProcess, EngineStopped
 
 EXIT_DONE = 0
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped early with work left; start another
@@ -91,8 +91,10 @@ class Worker:
         while True:
             if self.stop.is_set():
                 return EXIT_PREEMPTED if self.store.has_open_shards(self.version) else EXIT_DONE
-            lease = self.store.claim(self.worker_id, self.version)
+            lease = self._claim()
             if lease is None:
+                if self.stop.is_set():
+                    continue
                 if not self.store.has_open_shards(self.version):
                     self.log("no work left")
                     return EXIT_DONE
@@ -101,9 +103,7 @@ class Worker:
                 continue
             self.log(f"claimed shard {lease.shard_no} of {lease.version} (epoch {lease.epoch})")
             try:
-                job = self._job(lease.version)
-                self._ensure_engine(lease.version, job)
-                outcome = _ShardRun(self, lease, job).run()
+                outcome = _ShardRun(self, lease, self._job(lease.version)).run()
             except InputError as exc:
                 self._give_back(lease, "input_changed", str(exc))
                 raise
@@ -113,6 +113,28 @@ class Worker:
             self.log(f"shard {lease.shard_no}: {outcome}")
             if outcome == "stopped":
                 return EXIT_PREEMPTED
+
+    def _claim(self) -> Lease | None:
+        """Claims a shard of the first version with open work, loading its engine
+        first: a model that fails to load or to match its digest takes no shard,
+        and a shard's lease is never spent waiting for weights to load."""
+        versions = [self.version] if self.version else self.store.open_versions()
+        for version in versions:
+            if not self.store.has_open_shards(version):
+                continue
+            job = self._job(version)
+            try:
+                self._ensure_engine(version, job)
+            except EngineFatal as exc:
+                self.store.log_event("engine_fatal", version=version, worker=self.worker_id,
+                                     detail={"error": str(exc)})
+                raise
+            except EngineStopped:
+                return None
+            lease = self.store.claim(self.worker_id, version)
+            if lease is not None:
+                return lease
+        return None
 
     def _give_back(self, lease: Lease, reason: str, error: str) -> None:
         self.store.log_event(reason, version=lease.version, worker=self.worker_id, shard_no=lease.shard_no,
@@ -143,7 +165,7 @@ class Worker:
             self._engine.close()
         self._engine = EngineProcess(job.init, LOAD_TIMEOUT_SECONDS)
         self._engine_version = version
-        self._engine.start()
+        self._engine.start(self.stop)
         return self._engine
 
     def restart_engine(self) -> EngineProcess:

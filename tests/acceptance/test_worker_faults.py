@@ -254,5 +254,18 @@ def test_an_engine_that_cannot_load_stops_the_worker_and_keeps_no_shard(
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 5
     assert "fail_load" in proc.stderr
-    assert all(r.state == "ready" and r.owner is None for r in store.shard_rows(version))
-    assert [e.detail["reason"] for e in store.events(version, ["release"])] == ["engine_fatal"]
+    assert all(r.state == "ready" and r.owner is None and r.epoch == 0 for r in store.shard_rows(version))
+    assert not store.events(version, ["claim"])
+    [fatal] = store.events(version, ["engine_fatal"])
+    assert "fail_load" in fatal.detail["error"]
+
+
+def test_sigterm_while_the_model_loads_stops_at_once_without_taking_a_shard(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    _spec, version = planned(job_factory(n=20, options={"load_seconds": 60}), store)
+    log = tmp_path / "w.log"
+    proc = start_worker(store_url, version, log)
+    wait_for(lambda: "load" in log.read_text() or children(proc.pid), what="the engine child to start")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 75
+    assert not store.events(version, ["claim"])
