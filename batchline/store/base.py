@@ -22,6 +22,10 @@ WRITE_BATCH_ROWS = 2000
 class LeaseLost(StoreError):
     """The (owner, epoch) a fenced write carried is no longer current."""
 
+    def __init__(self, message: str, op: str = "") -> None:
+        super().__init__(message)
+        self.op = op  # put | completion | charge | dead_letter | renew
+
 
 @dataclass(frozen=True)
 class Lease:

@@ -446,7 +446,7 @@ class SQLiteStore:
     @staticmethod
     def _lost(lease: Lease, op: str) -> LeaseLost:
         return LeaseLost(f"lease on shard {lease.shard_no} of {lease.version} lost (epoch {lease.epoch}); "
-                         f"{op} refused")
+                         f"{op} refused", op)
 
     def put_results(self, lease: Lease, rows: Sequence[ResultRow]) -> int:
         inserted = 0

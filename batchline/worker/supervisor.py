@@ -30,6 +30,7 @@ from batchline.prompt import render, split_template
 from batchline.snapshot import Record, Slice, read_slice
 from batchline.spec import JobSpec, spec_from_store
 from batchline.store import DeadLetterRow, Lease, LeaseLost, ResultRow, Store
+from batchline.telemetry import WorkerTelemetry
 from batchline.worker.engine_process import EngineProcess, EngineStopped
 
 EXIT_DONE = 0
@@ -53,6 +54,10 @@ class _Group:
     remaining: dict[str, Record]
     deadline: float
     isolated: bool
+    sent: float = 0.0
+    size: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
 
 
 @dataclass
@@ -67,8 +72,10 @@ class _Job:
 class Worker:
     def __init__(self, store: Store, *, version: str | None = None, worker_id: str | None = None,
                  stop: threading.Event | None = None, poll_seconds: float = 1.0,
-                 log: Callable[[str], None] = lambda _m: None) -> None:
+                 log: Callable[[str], None] = lambda _m: None,
+                 telemetry: WorkerTelemetry | None = None) -> None:
         self.store = store
+        self.telemetry = telemetry or WorkerTelemetry()
         self.version = version
         self.worker_id = worker_id or new_worker_id()
         self.stop = stop or threading.Event()
@@ -133,6 +140,7 @@ class Worker:
                 return None
             lease = self.store.claim(self.worker_id, version)
             if lease is not None:
+                self.telemetry.claimed(version)
                 return lease
         return None
 
@@ -200,6 +208,7 @@ class _ShardRun:
             return self._run()
         except LeaseLost as exc:
             self.w.log(str(exc))
+            self.w.telemetry.stale_epoch(exc.op)
             if self._in_flight():
                 self.w.restart_engine()  # its records belong to a shard we no longer hold
             return "lost"
@@ -285,26 +294,33 @@ class _ShardRun:
     def _send(self, records: list[Record], *, isolated: bool, now: float) -> None:
         start = max([now] + [g.deadline for g in self.groups])
         deadline = start + self.shards.batch_timeout_seconds + len(records) * self.shards.record_timeout_seconds
-        self.groups.append(_Group({r.id: r for r in records}, deadline, isolated))
+        self.groups.append(_Group({r.id: r for r in records}, deadline, isolated, now, len(records)))
+        self.w.telemetry.in_flight(self._in_flight())
         self.engine.send([{"id": r.id, "prompt": render(self.job.prefix, self.job.suffix, r.text),
                            "prefix": self.job.prefix, "text": r.text} for r in records])
 
     # -- receiving --
 
-    def _take(self, record_id: str) -> Record | None:
+    def _take(self, msg: dict[str, Any]) -> Record | None:
         for i, g in enumerate(self.groups):
-            record = g.remaining.pop(record_id, None)
+            record = g.remaining.pop(msg["id"], None)
             if record is not None:
+                g.input_tokens += msg.get("in") or 0
+                g.output_tokens += msg.get("outt") or 0
                 if not g.remaining:
                     del self.groups[i]
+                    self.w.telemetry.engine_batch(g.size, time.monotonic() - g.sent, g.input_tokens,
+                                                  g.output_tokens)
+                self.w.telemetry.in_flight(self._in_flight())
                 return record
         return None
 
     def _outcome(self, msg: dict[str, Any]) -> None:
-        record = self._take(msg["id"])
+        record = self._take(msg)
         if record is None:
             return  # an answer from a batch already given up on
         if msg.get("kind") == "too_long":
+            self.w.telemetry.outcome("too_long")
             self._buffer_dead(DeadLetterRow(record.id, "too_long", msg["error"], record.acl,
                                             self.attempts.get(record.id, 0)))
         elif msg.get("error"):
@@ -314,6 +330,7 @@ class _ShardRun:
             if canonical is None:
                 self._charge(record, "invalid_output", problem or "invalid output")
             else:
+                self.w.telemetry.outcome("result")
                 self._buffer(ResultRow(record.id, canonical, record.acl, self.attempts.get(record.id, 0) + 1,
                                        msg.get("in"), msg.get("outt"), self._label(canonical)))
 
@@ -343,6 +360,7 @@ class _ShardRun:
         if result.attempts == 0:
             return  # answered meanwhile
         self.attempts[record.id] = result.attempts
+        self.w.telemetry.outcome("dead_letter" if result.dead_lettered else "retry")
         if result.dead_lettered:
             self.w.log(f"record {record.id}: dead letter after {result.attempts} attempts ({kind})")
         elif kind in ("crash", "hang"):
@@ -353,6 +371,7 @@ class _ShardRun:
     def _failure(self, kind: str, detail: str | None) -> None:
         suspects = [r for g in self.groups for r in g.remaining.values()]
         self.groups.clear()
+        self.w.telemetry.engine_failure(kind)
         code = self.engine.exit_code
         self.store.log_event(f"engine_{kind}", version=self.lease.version, worker=self.w.worker_id,
                              shard_no=self.lease.shard_no, epoch=self.lease.epoch,
@@ -392,7 +411,8 @@ class _ShardRun:
         if self.groups and self.groups[0].deadline <= now:
             return
         renewed = self.store.renew(self.lease)
+        self.w.telemetry.renewed(renewed is not None)
         if renewed is None:
-            raise LeaseLost(f"lease on shard {self.lease.shard_no} of {self.lease.version} lost at renewal")
+            raise LeaseLost(f"lease on shard {self.lease.shard_no} of {self.lease.version} lost at renewal", "renew")
         self.lease = renewed
         self.last_renew = now
