@@ -66,9 +66,12 @@ class LocalRunner:
         slot.starts += 1
         slot.log = self.log_dir / f"worker-{slot.index}.log"
         log = slot.log.open("ab")
+        # The URL goes in the environment, not on the command line, where any user of
+        # the machine could read a PostgreSQL password in the process list.
         slot.proc = subprocess.Popen(
-            [sys.executable, "-m", "batchline", "worker", "--store", self.store.url, "--job", self.version],
+            [sys.executable, "-m", "batchline", "worker", "--job", self.version],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            env={**os.environ, "BATCHLINE_STORE": self.store.url},
         )
         log.close()
 

@@ -22,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     jobs.register(sub)
+    from batchline.cli import fleet
+
+    fleet.register(sub)
     try:
         from batchline.cli import sizing
     except ImportError:

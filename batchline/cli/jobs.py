@@ -39,6 +39,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--job", default=None, metavar="VERSION", help="work on this version only")
     p.add_argument("--poll-seconds", type=float, default=1.0,
                    help="how often to look for shards while others hold the leases")
+    p.add_argument("--preemption-notice", choices=("none", "aws", "gcp"),
+                   default=os.environ.get("BATCHLINE_PREEMPTION_NOTICE", "none"),
+                   help="also stop on the cloud's preemption notice (AWS spot interruption via IMDSv2, "
+                        "Google Cloud's preempted value), as on SIGTERM")
+    # The notice tests' stand-in for the metadata service; not for users.
+    p.add_argument("--metadata-url", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_worker)
 
     p = command("status", "progress of a job version (or a list of jobs)")
@@ -168,9 +174,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    from batchline.notices import start_watcher
+
+    watcher = start_watcher(args.preemption_notice, stop, base_url=args.metadata_url, log=log.info)
     worker = Worker(_store(args), version=args.job, worker_id=worker_id, stop=stop,
                     poll_seconds=args.poll_seconds, log=log.info)
     code = worker.run()
+    if watcher is not None:
+        watcher.close()
     log.info("exit %d", code)
     return code
 

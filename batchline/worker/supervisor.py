@@ -257,7 +257,9 @@ class _ShardRun:
     def _stop(self) -> str:
         self._flush(force=True)
         if self.groups:
-            self.w.restart_engine()  # unfinished records are lost, not charged
+            # Unfinished records are lost, not charged. The worker is stopping, so no
+            # new engine is started: the GPU is free as soon as this child is gone.
+            self.engine.kill()
             self.groups.clear()
         if not self.pending and not self.isolation:
             self.store.complete(self.lease)

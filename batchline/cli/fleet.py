@@ -1,0 +1,141 @@
+"""Commands for running across machines: `launch ray`, `launch k8s`, `grants`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from batchline.errors import BatchlineError
+from batchline.store import default_url, open_store
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    store_help = f"sqlite:///path.db or postgresql://... (default: $BATCHLINE_STORE or {default_url()})"
+
+    launch = sub.add_parser("launch", help="place N workers on a cluster (Ray or Kubernetes)",
+                            description="Place N workers on a cluster; all coordination stays in the store.")
+    targets = launch.add_subparsers(dest="target", required=True, metavar="TARGET")
+
+    p = targets.add_parser("ray", help="run N worker loops on a Ray cluster, restarting lost ones",
+                           description="Run N worker loops on a Ray cluster, one per GPU where GPUs exist; a "
+                                       "worker whose actor or node died, or that exited 75, is replaced.")
+    p.add_argument("--store", default=None, metavar="URL", help=store_help)
+    p.add_argument("--job", required=True, metavar="VERSION")
+    p.add_argument("--workers", type=int, default=1, metavar="N")
+    p.add_argument("--address", default="auto",
+                   help="the Ray cluster ('auto': the one this machine belongs to; 'local': start one here)")
+    p.add_argument("--gpus-per-worker", type=float, default=None, metavar="G",
+                   help="default: 1 where the cluster has GPUs, else 0")
+    p.add_argument("--cpus-per-worker", type=float, default=1.0, metavar="C")
+    p.add_argument("--max-restarts", type=int, default=None, metavar="M")
+    p.set_defaults(func=cmd_launch_ray)
+
+    p = targets.add_parser("k8s", help="print Kubernetes manifests for N workers queued through Kueue",
+                           description="Print manifests for N workers queued through Kueue: one Job per worker "
+                                       "at the lowest priority, the store URL from a Secret.")
+    p.add_argument("--store", default=None, metavar="URL",
+                   help="read the job's grace period from here and check the version exists "
+                        "(the pods read the store URL from --store-secret, never from the manifest)")
+    p.add_argument("--job", required=True, metavar="VERSION")
+    p.add_argument("--workers", type=int, default=1, metavar="N")
+    p.add_argument("--image", required=True)
+    p.add_argument("--queue", required=True, metavar="LOCALQUEUE", help="the Kueue LocalQueue to submit to")
+    p.add_argument("--store-secret", required=True, metavar="NAME",
+                   help="a Secret whose key (--store-secret-key) holds the store URL")
+    p.add_argument("--store-secret-key", default="url", metavar="KEY")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--gpus-per-worker", type=int, default=1, metavar="G")
+    p.add_argument("--gpu-resource", default="nvidia.com/gpu")
+    p.add_argument("--cpu", default="1")
+    p.add_argument("--memory", default="8Gi")
+    p.add_argument("--priority-class", default="batchline-batch")
+    p.add_argument("--preemption-notice", choices=("none", "aws", "gcp"), default="none",
+                   help="also watch the cloud's preemption notice (SIGTERM on eviction always works)")
+    p.add_argument("--out", type=Path, default=None, metavar="PATH", help="write here instead of stdout")
+    p.set_defaults(func=cmd_launch_k8s)
+
+    p = sub.add_parser("grants", help="a PostgreSQL role that can work one job version and nothing else",
+                       description="Create (or print, with --dry-run) a worker role that can claim and renew "
+                                   "the version's shards and insert its results, dead letters and events, and "
+                                   "nothing else; print the access the worker needs outside the database.")
+    p.add_argument("version", metavar="VERSION")
+    p.add_argument("--store", default=None, metavar="URL", help="postgresql://... as the store's owner")
+    p.add_argument("--role", default=None, metavar="NAME", help="default: derived from the version")
+    p.add_argument("--password-env", default=None, metavar="VAR",
+                   help="set the role's password from this environment variable")
+    p.add_argument("--dry-run", action="store_true", help="print the SQL, change nothing")
+    p.set_defaults(func=cmd_grants)
+
+
+def cmd_launch_ray(args: argparse.Namespace) -> int:
+    from batchline.launch.ray import RayLauncher
+
+    url = args.store or default_url()
+    store = open_store(url)
+    try:
+        if store.job(args.job) is None:
+            raise BatchlineError(f"no job version {args.job!r} in the store")
+    finally:
+        store.close()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s launch %(message)s", stream=sys.stderr)
+    log = logging.getLogger("batchline.launch")
+    launcher = RayLauncher(url, args.job, args.workers, address=args.address,
+                           gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
+                           max_restarts=args.max_restarts, log=log.info)
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s: stopping every worker", signal.Signals(signum).name)
+        launcher.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    summary = launcher.run()
+    log.info("done: exit %d, %d worker starts, %d restarts, %d actors lost", summary.exit_code, summary.starts,
+             summary.restarts, summary.actor_deaths)
+    return summary.exit_code
+
+
+def cmd_launch_k8s(args: argparse.Namespace) -> int:
+    from batchline.launch.k8s import K8sOptions, render, to_yaml
+
+    grace = 30.0
+    if args.store:
+        store = open_store(args.store)
+        try:
+            job = store.job(args.job)
+        finally:
+            store.close()
+        if job is None:
+            raise BatchlineError(f"no job version {args.job!r} in the store")
+        grace = float(job.spec.get("shards", {}).get("grace_seconds", grace))
+    text = to_yaml(render(K8sOptions(
+        version=args.job, workers=args.workers, image=args.image, queue=args.queue,
+        store_secret=args.store_secret, store_secret_key=args.store_secret_key, namespace=args.namespace,
+        gpus_per_worker=args.gpus_per_worker, gpu_resource=args.gpu_resource, cpu=args.cpu, memory=args.memory,
+        grace_seconds=grace, priority_class=args.priority_class, preemption_notice=args.preemption_notice)))
+    if args.out:
+        args.out.write_text(text)
+        print(f"wrote {args.workers} worker Jobs to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_grants(args: argparse.Namespace) -> int:
+    from batchline.grants import grant
+
+    plan = grant(args.store or default_url(), args.version, role=args.role, dry_run=args.dry_run,
+                 password_env=args.password_env)
+    print(f"-- {'would run' if args.dry_run else 'ran'}, for role {plan.role} on {plan.version}:")
+    for statement in plan.statements:
+        print(statement + ";")
+    print("-- outside the database, the worker needs:")
+    for line in plan.access:
+        print(f"--   {line}")
+    verb = "would get" if args.dry_run else "has"
+    print(f"role {plan.role} {verb} the rights of a worker on {plan.version} only", file=sys.stderr)
+    return 0

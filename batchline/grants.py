@@ -1,0 +1,176 @@
+"""Narrow credentials for workers: a PostgreSQL role bound to one job version.
+
+A worker on a shared node holds the store's credentials, so what those
+credentials allow is what a compromised or buggy worker can do. The role made
+here can claim and renew its version's shards, insert results, dead letters,
+attempts and events for that version, and seal it when its last shard
+completes; nothing else. It cannot update or delete a result, publish (the
+`pointers`, `publications` and `validations` tables are closed to it), read
+the planned records, or see any row of another version: every table that holds
+many jobs has row-level security, and the policies made here admit this role
+to this version's rows only. The store's owner is not subject to row-level
+security and keeps doing planning, validation and publication.
+
+What the database cannot guard (the input snapshot, the model weights) is
+printed as the read access the worker needs, to be granted where they live.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from batchline.errors import BatchlineError, StoreError
+from batchline.store.postgres import redact
+
+# (table, privileges, command the policy is for, USING, WITH CHECK). The
+# expressions are SQL templates where {v} is the version as a literal.
+_POLICIES: list[tuple[str, str, str, str | None, str | None]] = [
+    ("jobs", "SELECT", "SELECT", "version = {v}", None),
+    # Sealing is the one change a worker makes to its job: the completion of the last shard.
+    ("jobs", "UPDATE (state, sealed_at)", "UPDATE", "version = {v} AND state = 'ready'",
+     "version = {v} AND state IN ('ready', 'sealed')"),
+    ("shards", "SELECT", "SELECT", "version = {v}", None),
+    ("shards", "UPDATE (state, owner, epoch, lease_expires, claims, results_count, dead_count, done_at)",
+     "UPDATE", "version = {v}", "version = {v}"),
+    # Results are read (what is already answered) and inserted, never changed;
+    # a worker cannot forge a carried result.
+    ("results", "SELECT", "SELECT", "version = {v}", None),
+    ("results", "INSERT", "INSERT", None, "version = {v} AND origin IS NULL"),
+    ("dead_letters", "SELECT", "SELECT", "version = {v}", None),
+    ("dead_letters", "INSERT", "INSERT", None, "version = {v}"),
+    ("attempts", "SELECT", "SELECT", "version = {v}", None),
+    ("attempts", "INSERT", "INSERT", None, "version = {v}"),
+    ("attempts", "UPDATE (attempts, last_kind, last_error)", "UPDATE", "version = {v}", "version = {v}"),
+    # Events are read back only to learn whether a write retried after a lost
+    # connection had committed.
+    ("events", "SELECT", "SELECT", "version = {v}", None),
+    ("events", "INSERT", "INSERT", None, "version = {v}"),
+]
+# Tables without a version column that every worker reads: the schema version and the test clock.
+_READ_ONLY = ("schema_migrations", "clock")
+
+
+def role_name(version: str) -> str:
+    # Role names are at most 63 bytes and versions are free text: name by digest.
+    return f"batchline_worker_{hashlib.sha256(version.encode()).hexdigest()[:16]}"
+
+
+@dataclass
+class GrantPlan:
+    version: str
+    role: str
+    statements: list[str]
+    access: list[str] = field(default_factory=list)
+    created: bool = False
+
+
+def _policy_name(role: str, table: str, command: str) -> str:
+    # Short whatever the role's name, so PostgreSQL never truncates two policies to one name.
+    return f"bl_{hashlib.sha256(role.encode()).hexdigest()[:12]}_{table}_{command.lower()}"
+
+
+def statements(version: str, role: str, schema: str, *, role_exists: bool,
+               password: str | None) -> list[sql.Composed]:
+    """Idempotent: run again, it leaves the same role, rights and policies."""
+    r = sql.Identifier(role)
+    s = sql.Identifier(schema)
+    v = sql.Literal(version)
+    out: list[sql.Composed] = []
+    options: sql.Composable = sql.SQL("LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT")
+    if password is not None:
+        options = sql.SQL("{} PASSWORD {}").format(options, sql.Literal(password))
+    out.append(sql.SQL("{} ROLE {} {}").format(sql.SQL("ALTER" if role_exists else "CREATE"), r, options))
+    # Start from nothing, so a re-run after a change of this file removes what was dropped from it.
+    out.append(sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA {} FROM {}").format(s, r))
+    out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, r))
+    out.append(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.SQL(", ").join(map(sql.Identifier, _READ_ONLY)), r))
+    for table, privileges, command, using, check in _POLICIES:
+        out.append(sql.SQL("GRANT {} ON {} TO {}").format(sql.SQL(privileges), sql.Identifier(table), r))
+        name = sql.Identifier(_policy_name(role, table, command))
+        out.append(sql.SQL("DROP POLICY IF EXISTS {} ON {}").format(name, sql.Identifier(table)))
+        clauses: list[sql.Composable] = []
+        if using is not None:
+            clauses.append(sql.SQL("USING ({})").format(sql.SQL(using).format(v=v)))
+        if check is not None:
+            clauses.append(sql.SQL("WITH CHECK ({})").format(sql.SQL(check).format(v=v)))
+        out.append(sql.SQL("CREATE POLICY {} ON {} FOR {} TO {} {}").format(
+            name, sql.Identifier(table), sql.SQL(command), r, sql.SQL(" ").join(clauses)))
+    return out
+
+
+def snapshot_access(spec: dict[str, Any]) -> list[str]:
+    """What the worker must be able to read outside the database, and how to grant it."""
+    lines: list[str] = []
+    paths = spec.get("input", {}).get("path", [])
+    for path in [paths] if isinstance(paths, str) else paths:
+        lines.extend(_access_for(str(path), "input snapshot"))
+    model_path = spec.get("model", {}).get("path")
+    if model_path and not str(model_path).startswith(("http://", "https://")):
+        lines.extend(_access_for(str(model_path), "model weights"))
+    return lines
+
+
+def _access_for(path: str, what: str) -> list[str]:
+    if path.startswith("s3://"):
+        bucket, _, key = path[len("s3://"):].partition("/")
+        policy = {"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"arn:aws:s3:::{bucket}/{key}*"]}]}
+        return [f"{what} {path}: the database cannot guard it; give the worker's IAM role read-only access, "
+                f"e.g. {json.dumps(policy, separators=(',', ':'))}"]
+    if path.startswith("gs://"):
+        bucket, _, key = path[len("gs://"):].partition("/")
+        return [f"{what} {path}: the database cannot guard it; give the worker's service account "
+                f"roles/storage.objectViewer on gs://{bucket} with the IAM condition "
+                f"resource.name.startsWith(\"projects/_/buckets/{bucket}/objects/{key}\")"]
+    return [f"{what} {path}: the database cannot guard it; mount it read-only into the worker "
+            f"(a volume of its own, not a host path shared with other workloads), readable by the "
+            f"worker's user and writable by no worker"]
+
+
+def grant(store_url: str, version: str, *, role: str | None = None, dry_run: bool = False,
+          password_env: str | None = None) -> GrantPlan:
+    if not store_url.startswith(("postgresql://", "postgres://")):
+        raise BatchlineError("grants needs a PostgreSQL store (--store postgresql://...): a SQLite file "
+                             "can only be guarded by the file's own permissions")
+    role = role or role_name(version)
+    password = None
+    if password_env:
+        password = os.environ.get(password_env)
+        if password is None:
+            raise BatchlineError(f"--password-env names {password_env}, which is not set")
+    from batchline.store.postgres import PostgresStore
+
+    # Opening the store as its owner also brings the schema (and row-level security) up to date.
+    store = PostgresStore(store_url)
+    try:
+        job = store.job(version)
+        if job is None:
+            raise StoreError(f"no job version {version!r} in {redact(store_url)}")
+        spec = job.spec
+    finally:
+        store.close()
+    try:
+        with psycopg.connect(store_url, autocommit=True) as conn:
+            exists = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s)", (role,)).fetchone()
+            role_exists = bool(exists and exists[0])
+            schema_row = conn.execute("SELECT current_schema()").fetchone()
+            schema = str(schema_row[0]) if schema_row and schema_row[0] else "public"
+            todo = statements(version, role, schema, role_exists=role_exists, password=password)
+            shown = [s.as_string(conn) for s in statements(version, role, schema, role_exists=role_exists,
+                                                           password="********" if password else None)]
+            plan = GrantPlan(version, role, shown, snapshot_access(spec))
+            if not dry_run:
+                with conn.transaction():
+                    for statement in todo:
+                        conn.execute(statement)
+                plan.created = True
+    except psycopg.Error as exc:
+        raise StoreError(f"grants on {redact(store_url)}: {str(exc).strip().splitlines()[0]}") from None
+    return plan

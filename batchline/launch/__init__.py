@@ -1,0 +1,21 @@
+"""Launchers that place worker processes on a cluster: Ray or Kubernetes.
+
+They only place processes. Every decision about who works on what is made in
+the store (claims, leases, epochs), so a worker that a launcher loses, or that
+a cluster preempts, behaves exactly as one killed anywhere else: its lease
+expires or was given back, and another worker picks the shard up.
+"""
+
+from __future__ import annotations
+
+# Worker exits that mean the job itself is wrong (bad spec, input changed,
+# engine or weights broken): starting another worker would only repeat them.
+FATAL_EXITS = frozenset({2, 3, 5})
+
+
+def slug(text: str, limit: int = 40) -> str:
+    """A DNS-label-safe form of a job version for object and actor names."""
+    out = "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+    while "--" in out:
+        out = out.replace("--", "-")
+    return out[:limit].rstrip("-") or "job"

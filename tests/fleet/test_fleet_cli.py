@@ -1,0 +1,49 @@
+"""The `launch` and `grants` commands, parsed as `batchline` parses them."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from batchline.cli import fleet
+from batchline.errors import BatchlineError
+from batchline.store import Store
+from tests.helpers import planned
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="batchline")
+    fleet.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+def test_launch_k8s_prints_one_job_per_worker_with_the_jobs_grace_period(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    _spec, version = planned(job_factory(n=10, shards={"grace_seconds": 90}), store)
+    out = tmp_path / "fleet.yaml"
+    assert run(["launch", "k8s", "--store", store_url, "--job", version, "--workers", "4", "--image", "img:1",
+                "--queue", "gpu", "--store-secret", "bl-store", "--out", str(out)]) == 0
+    docs = list(yaml.safe_load_all(out.read_text()))
+    jobs = [d for d in docs if d["kind"] == "Job"]
+    assert len(jobs) == 4
+    assert {j["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] for j in jobs} == {90 + 30}
+    assert store_url not in out.read_text()
+
+
+def test_launch_refuses_a_version_the_store_does_not_have(store_url: str, store: Store) -> None:
+    with pytest.raises(BatchlineError, match="no job version"):
+        run(["launch", "k8s", "--store", store_url, "--job", "nope@1", "--image", "i", "--queue", "q",
+             "--store-secret", "s"])
+    with pytest.raises(BatchlineError, match="no job version"):
+        run(["launch", "ray", "--store", store_url, "--job", "nope@1"])
+
+
+def test_grants_refuses_a_sqlite_store(store_url: str, store: Store) -> None:
+    with pytest.raises(BatchlineError, match="needs a PostgreSQL store"):
+        run(["grants", "v@1", "--store", store_url, "--dry-run"])

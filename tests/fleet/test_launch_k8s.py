@@ -1,0 +1,105 @@
+"""`batchline launch k8s`: the manifests parse as Kubernetes objects (with the
+official client's models, which drop any field they do not know) and carry the
+fields that make preemption take one worker and replace it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from batchline.errors import BatchlineError
+from batchline.launch.k8s import K8sOptions, render, to_yaml
+
+kubernetes = pytest.importorskip("kubernetes")
+
+MODELS = {"PriorityClass": "V1PriorityClass", "ServiceAccount": "V1ServiceAccount", "Job": "V1Job"}
+
+
+def parse(obj: dict[str, Any]) -> Any:
+    client = kubernetes.client.ApiClient()
+    model = client.deserialize(json.dumps(obj), MODELS[obj["kind"]], "application/json")
+    # A misspelt or unknown field does not survive the round trip through the model.
+    assert client.sanitize_for_serialization(model) == obj, f"{obj['kind']} has fields Kubernetes does not know"
+    return model
+
+
+@pytest.fixture
+def objects() -> list[dict[str, Any]]:
+    options = K8sOptions(version="ticket-triage@3f9a0c1d2e", workers=3, image="registry.example/batchline:1",
+                         queue="batch-gpu", store_secret="batchline-store", grace_seconds=45)
+    return list(yaml.safe_load_all(to_yaml(render(options))))
+
+
+def test_every_manifest_parses_as_a_kubernetes_object(objects: list[dict[str, Any]]) -> None:
+    assert [o["kind"] for o in objects] == ["PriorityClass", "ServiceAccount", "Job", "Job", "Job"]
+    for obj in objects:
+        parse(obj)
+
+
+def test_one_single_pod_job_per_worker_so_kueue_preempts_one_at_a_time(objects: list[dict[str, Any]]) -> None:
+    jobs = [parse(o) for o in objects if o["kind"] == "Job"]
+    assert len({j.metadata.name for j in jobs}) == 3
+    for job in jobs:
+        assert job.metadata.labels["kueue.x-k8s.io/queue-name"] == "batch-gpu"
+        assert (job.spec.parallelism, job.spec.completions, job.spec.suspend) == (1, 1, True)
+        assert job.spec.completion_mode in (None, "NonIndexed")
+
+
+def test_exit_75_is_replaced_not_finished_and_a_broken_job_fails_at_once(objects: list[dict[str, Any]]) -> None:
+    job = parse(next(o for o in objects if o["kind"] == "Job"))
+    assert job.spec.template.spec.restart_policy == "Never"
+    assert job.spec.pod_replacement_policy == "Failed"
+    rules = {(r.action, tuple(r.on_exit_codes.values) if r.on_exit_codes else None,
+              tuple(c.type for c in r.on_pod_conditions or ())) for r in job.spec.pod_failure_policy.rules}
+    assert ("Ignore", (75,), ()) in rules
+    assert ("FailJob", (2, 3, 5), ()) in rules
+    assert ("Ignore", None, ("DisruptionTarget",)) in rules
+
+
+def test_lowest_priority_that_never_preempts(objects: list[dict[str, Any]]) -> None:
+    pc = parse(objects[0])
+    assert pc.value < 0 and pc.preemption_policy == "Never" and not pc.global_default
+    for obj in objects[2:]:
+        assert parse(obj).spec.template.spec.priority_class_name == pc.metadata.name
+
+
+def test_the_store_url_comes_from_a_secret_and_nowhere_else(objects: list[dict[str, Any]]) -> None:
+    text = to_yaml(objects)
+    assert "postgresql://" not in text
+    pod = parse(objects[2]).spec.template.spec
+    [container] = pod.containers
+    env = {e.name: e for e in container.env}
+    ref = env["BATCHLINE_STORE"].value_from.secret_key_ref
+    assert (ref.name, ref.key) == ("batchline-store", "url")
+    assert container.args == ["worker", "--job", "ticket-triage@3f9a0c1d2e"]
+
+
+def test_a_worker_is_kept_away_from_the_rest_of_a_shared_node(objects: list[dict[str, Any]]) -> None:
+    sa = parse(objects[1])
+    assert sa.automount_service_account_token is False
+    assert not [o for o in objects if o["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
+    pod = parse(objects[2]).spec.template.spec
+    assert pod.service_account_name == sa.metadata.name and pod.automount_service_account_token is False
+    assert not (pod.host_network or pod.host_pid or pod.host_ipc) and pod.enable_service_links is False
+    assert pod.security_context.run_as_non_root and pod.security_context.run_as_user != 0
+    assert pod.security_context.seccomp_profile.type == "RuntimeDefault"
+    [container] = pod.containers
+    sc = container.security_context
+    assert sc.allow_privilege_escalation is False and sc.privileged is False and sc.read_only_root_filesystem
+    assert sc.capabilities.drop == ["ALL"]
+    # The only volume is the pod's own scratch space: no host path, nothing shared.
+    assert [(v.name, v.empty_dir is not None, v.host_path, v.persistent_volume_claim) for v in pod.volumes] == [
+        ("scratch", True, None, None)]
+    assert container.resources.limits["nvidia.com/gpu"] == "1"
+    assert pod.termination_grace_period_seconds >= 45 + 10
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(BatchlineError, match="at least 1"):
+        render(K8sOptions(version="v@1", workers=0, image="i", queue="q", store_secret="s"))
+    with pytest.raises(BatchlineError, match="aws, gcp or none"):
+        render(K8sOptions(version="v@1", workers=1, image="i", queue="q", store_secret="s",
+                          preemption_notice="azure"))

@@ -1,0 +1,50 @@
+"""PostgreSQL variants: every test here gets its own database on the real server.
+
+Overriding `store_url` makes the shared fixtures (`store`, `job_factory`) and
+any test imported from the SQLite suites run against PostgreSQL unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+PG_ADMIN_URL = os.environ.get("BATCHLINE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def pg_available() -> bool:
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    try:
+        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
+            return True
+    except psycopg.Error:
+        return False
+
+
+def database_url(name: str) -> str:
+    return f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    if not pg_available():
+        pytest.skip("PostgreSQL is not running on 127.0.0.1:5432 (make services starts it)")
+    import psycopg
+
+    name = f"bl_pg_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield database_url(name)
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def store_url(pg_url: str) -> str:
+    return pg_url
