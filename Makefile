@@ -37,7 +37,7 @@ typecheck: setup
 	$(BIN)/mypy batchline
 
 test: setup services lint typecheck
-	$(BIN)/pytest -q
+	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q
 
 bench: setup
 	$(BIN)/python bench/store_throughput.py

@@ -43,6 +43,16 @@ def make_records(n: int, prefix: str = "r") -> list[dict[str, Any]]:
              "acl": [f"group-{i % 3}"]} for i in range(n)]
 
 
+def postgres_missing(reason: str) -> None:
+    """Skips a PostgreSQL test where the server is absent, but fails it where the
+    run promised one (`make test` sets BATCHLINE_REQUIRE_POSTGRES=1 after starting it)."""
+    import pytest
+
+    if os.environ.get("BATCHLINE_REQUIRE_POSTGRES") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
 def planned(spec_path: Path, store: Store) -> tuple[JobSpec, str]:
     spec = load_spec(spec_path)
     return spec, plan(spec, store).version

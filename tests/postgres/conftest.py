@@ -34,7 +34,9 @@ def database_url(name: str) -> str:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     if not pg_available():
-        pytest.skip("PostgreSQL is not running on 127.0.0.1:5432 (make services starts it)")
+        from tests.helpers import postgres_missing
+
+        postgres_missing("PostgreSQL is not running on 127.0.0.1:5432 (make services starts it)")
     import psycopg
 
     name = f"bl_pg_{uuid.uuid4().hex[:12]}"

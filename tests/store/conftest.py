@@ -16,8 +16,9 @@ PG_ADMIN_URL = os.environ.get("BATCHLINE_TEST_PG", "postgresql://postgres@127.0.
 
 def _postgres_available() -> bool:
     try:
-        import batchline.store.postgres  # noqa: F401
         import psycopg
+
+        import batchline.store.postgres  # noqa: F401
     except ImportError:
         return False
     try:
@@ -36,7 +37,9 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
         yield f"sqlite:///{tmp_path / 'contract.db'}"
         return
     if not _postgres_available():
-        pytest.skip("PostgreSQL store not available")
+        from tests.helpers import postgres_missing
+
+        postgres_missing("PostgreSQL is not running on 127.0.0.1:5432 (make services starts it)")
     import psycopg
 
     name = f"bl_test_{uuid.uuid4().hex[:12]}"
