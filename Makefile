@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS := dev,postgres,fleet,sizing
+EXTRAS := dev,postgres,fleet,sizing,llamacpp,transformers,embedding,openai
 # llama.cpp must be built portably: a native build dies with "Illegal instruction"
 # on machines whose CPU differs from the builder's.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
@@ -15,6 +15,8 @@ DEMO_STORE ?= sqlite:///demo/batchline.db
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# The CPU build of torch, from the file on disk: an unpinned torch would pull a CUDA build of several GB.
+	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $@
 

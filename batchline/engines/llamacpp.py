@@ -15,12 +15,26 @@ forces (keys, quotes, separators) in one batch, as cheap as prompt tokens.
 Model options (``model.options``), all part of the job version:
   n_ctx (4096), n_threads, n_threads_batch, n_batch (512), constrained (true),
   stop (strings that end an unconstrained output; default a blank line),
-  batch_items (records taken from the supervisor at a time, 8).
+  batch_items (records taken from the supervisor at a time, 8),
+  calibrate_choices (true) and calibration_strength (0.8): see below.
+
+Calibrated choices: a small base model carries strong priors over the values
+of an enum (Gemma 3 270M answers "Storage" for nearly every ticket, whatever
+the prompt), which leaves its classifications below the majority class. With
+calibrate_choices, each prefix is first run with content-free records (the
+record text replaced by "", "n/a", "[empty]"); at every step of those runs where
+the schema leaves only a few tokens open (an enum, a boolean) the engine keeps
+the model's log-probabilities, and a real record whose output reaches the same
+step chooses by the difference to them (contextual calibration, Zhao et al.
+2021), scaled by calibration_strength. On the ticket sample this lifts
+accuracy from ~11% to ~34% (the majority class is 28%).
 """
 
 from __future__ import annotations
 
 import os
+import time
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -36,6 +50,16 @@ from batchline.errors import EngineFatal
 # 2 threads decode ~1.6x faster than 1 and prefill ~1.9x; more threads than
 # cores slows llama.cpp down sharply, so the default is the core count, capped.
 _MAX_DEFAULT_THREADS = 8
+
+# Content-free stand-ins for a record's text, for calibrated choices.
+CONTENT_FREE = ("", "n/a", "[empty]")
+# A step where the schema leaves at most this many tokens open is a choice.
+CHOICE_LIMIT = 512
+PRIOR_FLOOR = -8.0
+# Full calibration (1.0) makes every label equally likely on content-free input,
+# which also removes the real imbalance of the classes; on the ticket sample 0.8
+# classified best (bench/triage_quality.py).
+DEFAULT_STRENGTH = 0.8
 
 
 def default_threads() -> int:
@@ -57,15 +81,22 @@ class LlamaCppEngine:
         self.constrained = bool(opts.get("constrained", True))
         self.stop: list[str] = [str(s) for s in opts.get("stop", ["\n\n"])]
         self.batch_items = int(opts.get("batch_items", 8))
+        self.calibrate = bool(opts.get("calibrate_choices", True)) and self.constrained
+        self.calibration_strength = float(opts.get("calibration_strength", DEFAULT_STRENGTH))
         self._llm: Any = None
         self._lltokenizer: Any = None
         self._grammar: str | None = None
         self._eog: set[int] = set()
+        # Per prefix: output-token path -> content-free log-probabilities of the choices there.
+        self._calibration: dict[str, dict[tuple[int, ...], dict[int, float]]] = {}
         # Tokens whose keys and values are in the context now, in order.
         self._cached: list[int] = []
         # Counters for benchmarks: prompt tokens evaluated versus reused from the cache.
-        self.stats = {"prompt_tokens": 0, "prompt_tokens_evaluated": 0, "output_tokens": 0,
-                      "forced_tokens": 0, "masked_steps": 0}
+        self.stats: dict[str, float] = {
+            "prompt_tokens": 0, "prompt_tokens_evaluated": 0, "prompt_seconds": 0.0,
+            "output_tokens": 0, "forced_tokens": 0, "masked_steps": 0, "decode_steps": 0,
+            "decode_seconds": 0.0,
+        }
 
     # --- Engine protocol ---------------------------------------------------
 
@@ -98,9 +129,13 @@ class LlamaCppEngine:
             self._grammar = json_schema_grammar(self.config.output_schema)
             import llguidance.llamacpp
 
-            self._lltokenizer = llguidance.llamacpp.lltokenizer_from_vocab(
-                vocab, n_vocab=self._llm.n_vocab(), eos_token=sorted(self._eog)
-            )
+            with warnings.catch_warnings():
+                # It reads each token's attributes through a binding llama-cpp-python
+                # deprecates: one warning per token, 262k of them for Gemma.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._lltokenizer = llguidance.llamacpp.lltokenizer_from_vocab(
+                    vocab, n_vocab=self._llm.n_vocab(), eos_token=sorted(self._eog)
+                )
 
     def count_tokens(self, text: str) -> int:
         return len(self._tokenize(text))
@@ -146,7 +181,11 @@ class LlamaCppEngine:
                 error_kind="engine_error",
                 input_tokens=len(prompt),
             )
+        calibration = self._calibration_for(request) if self.calibrate else {}
+        started = time.perf_counter()
         self._eval_prompt(prompt)
+        prompt_done = time.perf_counter()
+        self.stats["prompt_seconds"] += prompt_done - started
         session = (
             GrammarSession(self._lltokenizer, self._grammar, self._llm.n_vocab())
             if self._grammar is not None
@@ -158,8 +197,16 @@ class LlamaCppEngine:
         finished = False
         while len(out) < budget:
             logits = np.ctypeslib.as_array(self._llm._ctx.get_logits_ith(-1), shape=(n_vocab,))
-            token, masked = pick_token(logits, session, decoding.temperature, decoding.top_p, rng)
+            prior = calibration.get(tuple(out))
+            if prior is not None and session is not None:
+                token = _calibrated_choice(logits, session, prior, self.calibration_strength)
+                masked = True
+            else:
+                token, masked = pick_token(
+                    logits, session, decoding.temperature, decoding.top_p, rng
+                )
             self.stats["masked_steps"] += masked
+            self.stats["decode_steps"] += 1
             if token in self._eog:
                 # Under a grammar an end token is only allowed once the JSON is complete.
                 finished = True
@@ -185,6 +232,7 @@ class LlamaCppEngine:
                 break
             self._eval(step)
         self.stats["output_tokens"] += len(out)
+        self.stats["decode_seconds"] += time.perf_counter() - prompt_done
         text = self._llm.detokenize(out).decode("utf-8", errors="replace")
         if session is None:
             text = _cut_at_stop(text, self.stop)
@@ -203,6 +251,58 @@ class LlamaCppEngine:
             input_tokens=len(prompt),
             output_tokens=len(out),
         )
+
+    # --- calibration of choices -----------------------------------------------
+
+    def _calibration_for(self, request: EngineRequest) -> dict[tuple[int, ...], dict[int, float]]:
+        known = self._calibration.get(request.prefix)
+        if known is not None:
+            return known
+        head, sep, tail = request.prompt[len(request.prefix):].partition(request.text)
+        table: dict[tuple[int, ...], dict[int, float]] = {}
+        if request.prompt.startswith(request.prefix) and sep and request.text:
+            runs = [self._choice_log_probs(request.prefix + head + filler + tail)
+                    for filler in CONTENT_FREE]
+            for path in set(runs[0]).intersection(*runs[1:]):
+                tokens = set(runs[0][path]).intersection(*(r[path] for r in runs[1:]))
+                table[path] = {t: sum(r[path][t] for r in runs) / len(runs) for t in tokens}
+            self._calibration[request.prefix] = table
+        # Otherwise this record's text cannot be located in its prompt (say, it was
+        # neutralised); it goes uncalibrated and the next record tries again.
+        return table
+
+    def _choice_log_probs(self, text: str) -> dict[tuple[int, ...], dict[int, float]]:
+        """Log-probabilities at each choice step of a greedy constrained run on `text`."""
+        assert self._grammar is not None
+        prompt = self._tokenize(text)
+        self._eval_prompt(prompt)
+        session = GrammarSession(self._lltokenizer, self._grammar, self._llm.n_vocab())
+        n_vocab = self._llm.n_vocab()
+        out: list[int] = []
+        found: dict[tuple[int, ...], dict[int, float]] = {}
+        while len(out) < min(self.config.decoding.max_tokens, self.n_ctx - len(prompt)):
+            logits = np.ctypeslib.as_array(self._llm._ctx.get_logits_ith(-1), shape=(n_vocab,))
+            allowed = np.flatnonzero(session.allowed())
+            if len(allowed) > CHOICE_LIMIT:
+                # Free text begins: calibrating there would bend the wording, not a choice.
+                break
+            chosen = logits[allowed].astype(np.float64)
+            log_probs = chosen - chosen.max()
+            log_probs -= np.log(np.exp(log_probs).sum())
+            if len(allowed) > 1:
+                found[tuple(out)] = dict(zip(allowed.tolist(), log_probs.tolist(), strict=True))
+            step = [int(allowed[int(np.argmax(chosen))])]
+            if step[0] in self._eog:
+                break
+            session.consume(step)
+            if session.done():
+                break
+            forced = session.forced()
+            session.consume(forced)
+            step += forced
+            out += step
+            self._eval(step)
+        return found
 
     # --- the context and its cache ---------------------------------------------
 
@@ -244,6 +344,19 @@ class LlamaCppEngine:
             return False
         tail = self._llm.detokenize(out[-8:]).decode("utf-8", errors="replace")
         return any(s in tail for s in self.stop)
+
+
+def _calibrated_choice(
+    logits: np.ndarray[Any, Any], session: GrammarSession, prior: dict[int, float], strength: float
+) -> int:
+    allowed = np.flatnonzero(session.allowed())
+    chosen = logits[allowed].astype(np.float64)
+    log_probs = chosen - chosen.max()
+    log_probs -= np.log(np.exp(log_probs).sum())
+    # Tokens the content-free runs found unlikely keep a floor, so a rare partial
+    # token (say "H" of "Hardware") cannot win by being slightly less rare.
+    base = np.array([max(prior.get(int(t), PRIOR_FLOOR), PRIOR_FLOOR) for t in allowed])
+    return int(allowed[int(np.argmax(log_probs - strength * base))])
 
 
 def _cut_at_stop(text: str, stops: list[str]) -> str:

@@ -1,20 +1,26 @@
-"""Shared helpers for engine tests: a RequestSource over a list, and the ticket sample."""
+"""Helpers shared by the engine tests: a RequestSource over a list, and the example prompt."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from pathlib import Path
 
 from batchline.engines.base import EngineRequest
+from batchline.prompt import render, split_template
 
-RECORD_OPEN = "\n<record>\n"
-RECORD_CLOSE = "\n</record>\n"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tickets"
 
 
-def make_request(record_id: str, prefix: str, text: str) -> EngineRequest:
+def triage_template() -> tuple[str, str]:
+    """The example job's prompt, split around its record block."""
+    return split_template((EXAMPLES / "triage.prompt").read_text(encoding="utf-8"))
+
+
+def make_request(record_id: str, prefix: str, text: str, suffix: str = "") -> EngineRequest:
     """A request rendered the way the pipeline renders it: prefix, then the delimited record."""
     return EngineRequest(
-        record_id=record_id, prompt=prefix + RECORD_OPEN + text + RECORD_CLOSE, prefix=prefix, text=text
+        record_id=record_id, prompt=render(prefix, suffix, text), prefix=prefix, text=text
     )
 
 

@@ -1,0 +1,232 @@
+"""vLLM on GPUs: continuous batching, automatic prefix caching, structured outputs.
+
+The engine drives vLLM's ``LLMEngine`` directly (``add_request`` / ``step``)
+rather than the batch-synchronous ``LLM.generate``: records are added as the
+supervisor sends them, up to ``max_inflight`` at a time, and each record's
+outcome is yielded at the step where it finishes, so a long record never holds
+back the results of short ones and the running batch stays full.
+
+Prompts go in as token ids that this engine tokenized itself, so the count the
+worker checks against the length cap is exactly what vLLM processes. The shared
+instruction prefix comes first in every prompt, which is what vLLM's automatic
+prefix caching needs to compute it once per GPU rather than once per record.
+
+vLLM is imported only when the engine loads. Written against vLLM's documented
+API as of v0.12 and later (``SamplingParams(structured_outputs=
+StructuredOutputsParams(json=...))``), falling back to ``guided_decoding`` for
+older releases.
+
+Model options (``model.options``), all part of the job version:
+  tensor_parallel_size (1), max_num_seqs (512), max_inflight (2 * max_num_seqs),
+  gpu_memory_utilization (0.9), max_model_len, dtype ("auto"), enforce_eager
+  (false), constrained (true), ignore_eos (false).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batchline.digests import verify_weights
+from batchline.engines.base import EngineConfig, EngineOutcome, EngineRequest, RequestSource
+from batchline.engines.models import resolve_model_path
+from batchline.errors import EngineFatal
+
+DEFAULT_MAX_NUM_SEQS = 512
+
+
+def engine_kwargs(config: EngineConfig, path: Path) -> dict[str, Any]:
+    """Arguments for ``vllm.EngineArgs``."""
+    opts = dict(config.model.options)
+    kwargs: dict[str, Any] = {
+        "model": str(path),
+        "tokenizer": str(path),
+        "tensor_parallel_size": int(opts.get("tensor_parallel_size", 1)),
+        "max_num_seqs": int(opts.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)),
+        "gpu_memory_utilization": float(opts.get("gpu_memory_utilization", 0.9)),
+        "enable_prefix_caching": True,
+        "dtype": str(opts.get("dtype", "auto")),
+        "seed": config.decoding.seed,
+        "enforce_eager": bool(opts.get("enforce_eager", False)),
+        # Statistics logging would print to the worker's stderr every few seconds.
+        "disable_log_stats": True,
+    }
+    if opts.get("max_model_len") is not None:
+        kwargs["max_model_len"] = int(opts["max_model_len"])
+    return kwargs
+
+
+def sampling_kwargs(config: EngineConfig) -> dict[str, Any]:
+    """Arguments for ``vllm.SamplingParams``; ``structured_outputs`` is converted at load."""
+    opts = config.model.options
+    decoding = config.decoding
+    kwargs: dict[str, Any] = {
+        "n": 1,
+        "temperature": decoding.temperature,
+        "top_p": decoding.top_p,
+        "max_tokens": decoding.max_tokens,
+        # A seed per request makes a sampled output independent of its batch-mates.
+        "seed": decoding.seed,
+        "ignore_eos": bool(opts.get("ignore_eos", False)),
+        "detokenize": True,
+    }
+    if bool(opts.get("constrained", True)):
+        kwargs["structured_outputs"] = {"json": dict(config.output_schema)}
+    return kwargs
+
+
+def make_sampling_params(vllm: Any, kwargs: Mapping[str, Any]) -> Any:
+    kwargs = dict(kwargs)
+    structured = kwargs.pop("structured_outputs", None)
+    if structured is not None:
+        try:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            kwargs["structured_outputs"] = StructuredOutputsParams(**structured)
+        except ImportError:  # vLLM before 0.11 named it guided decoding
+            from vllm.sampling_params import GuidedDecodingParams
+
+            kwargs["guided_decoding"] = GuidedDecodingParams(**structured)
+    return vllm.SamplingParams(**kwargs)
+
+
+@dataclass
+class _InFlight:
+    request: EngineRequest
+    prompt_tokens: int
+
+
+class VllmEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        opts = config.model.options
+        max_num_seqs = int(opts.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS))
+        # Twice the running batch, so finished sequences are replaced at once.
+        self.max_inflight = int(opts.get("max_inflight", 2 * max_num_seqs))
+        self._llm: Any = None
+        self._params: Any = None
+        self._tokenizer: Any = None
+        self._counter = 0
+
+    def load(self) -> None:
+        if self.config.model.path is None:
+            raise EngineFatal("the vllm engine needs model.path (a Hugging Face model directory)")
+        path = resolve_model_path(self.config.model.path, None)
+        verify_weights(path, self.config.model.digest)
+        try:
+            import vllm
+        except ImportError:
+            raise EngineFatal(
+                "the vllm engine needs vLLM (pip install vllm) on a machine with an NVIDIA GPU"
+            ) from None
+        args = engine_kwargs(self.config, path)
+        _require_gpus(int(args["tensor_parallel_size"]))
+        try:
+            self._llm = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**args))
+        except Exception as exc:
+            raise EngineFatal(f"vLLM could not start on {path}: {_one_line(exc)}") from None
+        self._params = make_sampling_params(vllm, sampling_kwargs(self.config))
+        from transformers import AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(str(path))
+
+    def tokenize(self, text: str) -> list[int]:
+        if self._tokenizer is None:
+            raise EngineFatal("engine used before load()")
+        ids: list[int] = self._tokenizer(text, add_special_tokens=True)["input_ids"]
+        return ids
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenize(text))
+
+    def generate(self, requests: RequestSource) -> Iterator[EngineOutcome]:
+        if self._llm is None:
+            raise EngineFatal("engine used before load()")
+        inflight: dict[str, _InFlight] = {}
+        exhausted = False
+        while True:
+            room = self.max_inflight - len(inflight)
+            if room > 0 and not exhausted:
+                # With work running, only take what is waiting; with none, block for more.
+                new = requests.poll(room) if inflight else requests.next_batch(room)
+                if not new and not inflight:
+                    exhausted = True
+                for request in new:
+                    outcome = self._add(request, inflight)
+                    if outcome is not None:
+                        yield outcome
+            if not inflight:
+                if exhausted:
+                    return
+                continue
+            try:
+                outputs = self._llm.step()
+            except Exception as exc:
+                # vLLM's engine core died (EngineDeadError, a CUDA error): nothing in it survives.
+                raise EngineFatal(f"vLLM engine failed: {_one_line(exc)}") from None
+            for output in outputs:
+                if not output.finished:
+                    continue
+                entry = inflight.pop(output.request_id, None)
+                if entry is not None:
+                    yield _outcome(entry, output, self.config)
+
+    def _add(self, request: EngineRequest, inflight: dict[str, _InFlight]) -> EngineOutcome | None:
+        self._counter += 1
+        # A record id may come back after a bisection retry; vLLM needs unique ids.
+        request_id = f"{request.record_id}#{self._counter}"
+        try:
+            ids = self.tokenize(request.prompt)
+            self._llm.add_request(request_id, {"prompt_token_ids": ids}, self._params)
+        except EngineFatal:
+            raise
+        except Exception as exc:  # e.g. longer than max_model_len: this record's error
+            return EngineOutcome(record_id=request.record_id, error=_one_line(exc),
+                                 error_kind="engine_error")
+        inflight[request_id] = _InFlight(request, len(ids))
+        return None
+
+    def close(self) -> None:
+        engine, self._llm = self._llm, None
+        if engine is not None and hasattr(engine, "shutdown"):
+            engine.shutdown()
+
+
+def _outcome(entry: _InFlight, output: Any, config: EngineConfig) -> EngineOutcome:
+    completion = output.outputs[0]
+    record_id = entry.request.record_id
+    n_out = len(completion.token_ids)
+    max_tokens = config.decoding.max_tokens
+    ignore_eos = bool(config.model.options.get("ignore_eos", False))
+    if completion.finish_reason == "length" and not ignore_eos:
+        return EngineOutcome(
+            record_id=record_id,
+            error=f"output reached max_tokens={max_tokens} before it was complete: "
+                  f"{completion.text[:80]!r}...",
+            error_kind="engine_error", input_tokens=entry.prompt_tokens, output_tokens=n_out,
+        )
+    if completion.finish_reason not in ("stop", "length", None):
+        return EngineOutcome(
+            record_id=record_id, error=f"vLLM finished the request with {completion.finish_reason!r}",
+            error_kind="engine_error", input_tokens=entry.prompt_tokens, output_tokens=n_out,
+        )
+    return EngineOutcome(record_id=record_id, output=completion.text.strip(),
+                         input_tokens=entry.prompt_tokens, output_tokens=n_out)
+
+
+def _require_gpus(count: int) -> None:
+    try:
+        import torch
+    except ImportError:
+        raise EngineFatal("the vllm engine needs torch with CUDA") from None
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if available < count:
+        raise EngineFatal(
+            f"the vllm engine needs {count} CUDA GPU(s) (tensor_parallel_size), {available} visible"
+        )
+
+
+def _one_line(exc: object) -> str:
+    return " ".join(str(exc).split())[:300]
