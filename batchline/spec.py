@@ -22,6 +22,10 @@ from batchline.errors import SpecError
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 ENGINES = ("llamacpp", "transformers", "vllm", "openai", "embedding", "synthetic")
+# Part of every job version: an engine's code defaults (calibration strength, stop
+# strings, prompt formatting) change results as surely as its options do, so a
+# change to them bumps the engine's revision and makes new versions.
+ENGINE_REVISIONS = {"llamacpp": 1, "transformers": 1, "vllm": 1, "openai": 1, "embedding": 1, "synthetic": 1}
 TEXT_FORMATS = ("jsonl", "csv")
 FORMATS = (*TEXT_FORMATS, "parquet")
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip", ".snappy")
@@ -154,6 +158,7 @@ class JobSpec:
         """Everything that can change a result, and nothing else (I2)."""
         model: dict[str, Any] = {
             "engine": self.model.engine,
+            "engine_revision": ENGINE_REVISIONS[self.model.engine],
             "digest": self.model.digest,
             "options": dict(self.model.options),
         }

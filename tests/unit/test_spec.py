@@ -133,3 +133,11 @@ def test_yaml_that_does_not_parse_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="not valid YAML") as info:
         load_spec(path)
     assert "\n" not in str(info.value)
+
+
+def test_a_new_engine_revision_makes_a_new_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import batchline.spec
+
+    before = version_of(tmp_path, BASE)
+    monkeypatch.setitem(batchline.spec.ENGINE_REVISIONS, "synthetic", 2)
+    assert version_of(tmp_path, BASE) != before
