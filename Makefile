@@ -30,7 +30,7 @@ services:
 
 demo: setup
 	mkdir -p demo
-	$(BIN)/batchline run examples/tickets/synthetic.yaml --store $(DEMO_STORE) --workers 2
+	$(BIN)/batchline run examples/tickets/job.yaml --store $(DEMO_STORE) --workers 1 --publish
 
 lint: setup
 	$(BIN)/ruff check .

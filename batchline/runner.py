@@ -49,14 +49,15 @@ class RunSummary:
 
 class LocalRunner:
     def __init__(self, store: Store, version: str, workers: int, *, log_dir: Path | None = None,
-                 out: IO[str] = sys.stderr, refresh_seconds: float = 1.0, max_restarts: int | None = None,
+                 out: IO[str] = sys.stderr, refresh_seconds: float | None = None, max_restarts: int | None = None,
                  deadline: float | None = None) -> None:
         self.store = store
         self.version = version
         self.workers = workers
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="batchline-logs-"))
         self.out = out
-        self.refresh_seconds = refresh_seconds
+        # A terminal's line is redrawn every second; a log gets a line every ten.
+        self.refresh_seconds = refresh_seconds or (1.0 if out.isatty() else 10.0)
         self.max_restarts = max_restarts if max_restarts is not None else 5 * workers + 5
         self.deadline = deadline
         self._stop_requested = False

@@ -137,6 +137,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"  wall time    {format_duration(summary.seconds)} ({rate:,.2f} records/s this run)",
         f"  workers      {args.workers} ({summary.restarts} restarts, {st.leases_lost} leases lost)",
     ]
+    labels = {k: v for k, v in store.label_counts(st.version).items() if k is not None}
+    if labels:
+        lines.append("  " + f"{spec.label_field:<12} " + ", ".join(
+            f"{k} {v}" for k, v in sorted(labels.items(), key=lambda kv: -kv[1])))
     if tokens[0]:
         lines.append(f"  tokens       {tokens[0]:,} in, {tokens[1]:,} out "
                      f"({tokens[1] / summary.seconds:,.1f} output tokens/s)")

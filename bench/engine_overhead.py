@@ -1,0 +1,107 @@
+"""Pipeline overhead: the same records through the raw engine in a plain loop and
+through `batchline run`, same engine and settings, runs interleaved.
+
+    python bench/engine_overhead.py [--spec examples/tickets/job.yaml] [--records 24] [--rounds 3]
+
+Both sides include loading the model (and the engine's one-off work, such as
+calibrating choices) and end when the last record has its answer: the raw loop
+when the engine yields it, `batchline run` when the version is sealed (planning,
+the worker process, the engine child, validation of every output and the
+fenced writes included). Prints records/s for each, medians over the rounds,
+and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from batchline.engines import create_engine
+from batchline.engines.base import EngineConfig, EngineRequest
+from batchline.prompt import render, split_template
+from batchline.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class ListSource:
+    def __init__(self, requests: list[EngineRequest]) -> None:
+        self.requests = list(requests)
+
+    def next_batch(self, max_items: int) -> list[EngineRequest]:
+        batch, self.requests = self.requests[:max_items], self.requests[max_items:]
+        return batch
+
+    def poll(self, max_items: int) -> list[EngineRequest]:
+        return self.next_batch(max_items)
+
+
+def raw_loop(spec_path: Path) -> float:
+    spec = load_spec(spec_path)
+    records = [json.loads(line) for line in spec.input.paths[0].read_text().splitlines() if line.strip()]
+    prefix, suffix = split_template(spec.prompt.text)
+    start = time.perf_counter()
+    engine = create_engine(EngineConfig(spec.model, spec.decoding, spec.output_schema))
+    engine.load()
+    requests = [EngineRequest(str(r[spec.input.id_field]), render(prefix, suffix, r[spec.input.text_field]),
+                              prefix, r[spec.input.text_field]) for r in records]
+    answered = sum(1 for _ in engine.generate(ListSource(requests)))
+    seconds = time.perf_counter() - start
+    engine.close()
+    assert answered == len(records)
+    return len(records) / seconds
+
+
+def pipeline(spec_path: Path, store: str) -> float:
+    n = sum(1 for line in load_spec(spec_path).input.paths[0].read_text().splitlines() if line.strip())
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "batchline", "run", str(spec_path), "--store", store, "--workers", "1"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return n / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", type=Path, default=ROOT / "examples" / "tickets" / "job.yaml")
+    parser.add_argument("--records", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+    base = yaml.safe_load(args.spec.read_text())
+    source = load_spec(args.spec).input.paths[0]
+    lines = [line for line in source.read_text().splitlines() if line.strip()][:args.records]
+    raw_rates, pipe_rates = [], []
+    for i in range(args.rounds):
+        # A new input file each round is a new job version, so nothing is carried or skipped.
+        data = tmp / f"records-{i}.jsonl"
+        data.write_text("".join(json.dumps({**json.loads(line), "round": i}) + "\n" for line in lines))
+        spec = dict(base)
+        spec["input"] = {**base["input"], "path": str(data)}
+        spec["prompt"] = {**base["prompt"], "file": str(args.spec.parent / base["prompt"]["file"])}
+        spec["output"] = {**base["output"], "schema": str(args.spec.parent / base["output"]["schema"])}
+        spec.pop("validate", None)
+        path = tmp / f"job-{i}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        raw_rates.append(raw_loop(path))
+        pipe_rates.append(pipeline(path, f"sqlite:///{tmp / 'store.db'}"))
+        print(f"round {i + 1}: raw {raw_rates[-1]:.3f} records/s, batchline run {pipe_rates[-1]:.3f} records/s",
+              flush=True)
+    raw, pipe = statistics.median(raw_rates), statistics.median(pipe_rates)
+    print(f"{args.records} records, engine {base['model']['engine']}, medians of {args.rounds} interleaved rounds")
+    print(f"raw engine loop: {raw:.3f} records/s")
+    print(f"batchline run:   {pipe:.3f} records/s")
+    print(f"ratio: {pipe / raw:.3f} of the raw engine's throughput")
+    print("command: python " + " ".join(sys.argv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
