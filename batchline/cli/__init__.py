@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     from batchline.cli import fleet
 
     fleet.register(sub)
+    from batchline.cli import observe
+
+    observe.register(sub)
     try:
         from batchline.cli import sizing
     except ImportError:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import signal
 import sys
@@ -45,11 +44,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "Google Cloud's preempted value), as on SIGTERM")
     # The notice tests' stand-in for the metadata service; not for users.
     p.add_argument("--metadata-url", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on this port (needs the metrics extra)")
+    p.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR",
+                   help="the address the metrics endpoint listens on (default: all)")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="json: one JSON object a line, for a log pipeline")
     p.set_defaults(func=cmd_worker)
 
     p = command("status", "progress of a job version (or a list of jobs)")
     p.add_argument("version", nargs="?", metavar="VERSION")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--watch", action="store_true", help="redraw the progress line until the version is sealed")
+    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="how often --watch redraws")
     p.set_defaults(func=cmd_status)
 
     p = command("dead-letters", "records that ended as dead letters, with their errors")
@@ -162,14 +169,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from batchline.logs import configure_worker_logging
+    from batchline.telemetry import WorkerTelemetry
     from batchline.worker.supervisor import Worker, new_worker_id
 
     # Batch work yields: the lowest CPU priority, so interactive work on a shared node comes first.
     os.nice(19)
     worker_id = new_worker_id()
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {worker_id} %(message)s",
-                        stream=sys.stderr)
-    log = logging.getLogger("batchline.worker")
+    log = configure_worker_logging(args.log_format, worker_id, sys.stderr)
+    telemetry: WorkerTelemetry | None = None
+    if args.metrics_port is not None:
+        from batchline.metrics import serve_metrics
+
+        telemetry = serve_metrics(args.metrics_port, worker_id=worker_id, addr=args.metrics_addr)
+        log.info("metrics on %s:%d/metrics", args.metrics_addr, args.metrics_port)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -182,7 +195,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     watcher = start_watcher(args.preemption_notice, stop, base_url=args.metadata_url, log=log.info)
     worker = Worker(_store(args), version=args.job, worker_id=worker_id, stop=stop,
-                    poll_seconds=args.poll_seconds, log=log.info)
+                    poll_seconds=args.poll_seconds, log=log.info, telemetry=telemetry)
     code = worker.run()
     if watcher is not None:
         watcher.close()
@@ -205,6 +218,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     store = _store(args)
     if args.version is None:
+        if args.watch:
+            raise BatchlineError("--watch needs a VERSION (or a published NAME)")
         jobs = store.jobs()
         if args.json:
             print(json.dumps([status_dict(store.status(j.version)) for j in jobs], indent=2))
@@ -212,6 +227,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             for j in jobs:
                 print(f"{j.version}  {j.state:7}  {j.record_count:,} records  {j.shard_count:,} shards")
         return 0
+    if args.watch:
+        from batchline.cli.observe import watch_status
+
+        if args.json:
+            raise BatchlineError("--watch draws a progress line; use --json without it")
+        return watch_status(store, _version(store, args.version), interval=args.interval)
     st = store.status(_version(store, args.version))
     if args.json:
         print(json.dumps(status_dict(st), indent=2))

@@ -58,6 +58,7 @@ class _Group:
     size: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    budget: float = 0.0  # batch_timeout + n * record_timeout: how long the engine may take on it
 
 
 @dataclass
@@ -294,9 +295,10 @@ class _ShardRun:
             self._send(batch, isolated=False, now=now)
 
     def _send(self, records: list[Record], *, isolated: bool, now: float) -> None:
+        budget = self.shards.batch_timeout_seconds + len(records) * self.shards.record_timeout_seconds
         start = max([now] + [g.deadline for g in self.groups])
-        deadline = start + self.shards.batch_timeout_seconds + len(records) * self.shards.record_timeout_seconds
-        self.groups.append(_Group({r.id: r for r in records}, deadline, isolated, now, len(records)))
+        self.groups.append(_Group({r.id: r for r in records}, start + budget, isolated, now, len(records),
+                                  budget=budget))
         self.w.telemetry.in_flight(self._in_flight())
         self.engine.send([{"id": r.id, "prompt": render(self.job.prefix, self.job.suffix, r.text),
                            "prefix": self.job.prefix, "text": r.text} for r in records])
@@ -313,6 +315,12 @@ class _ShardRun:
                     del self.groups[i]
                     self.w.telemetry.engine_batch(g.size, time.monotonic() - g.sent, g.input_tokens,
                                                   g.output_tokens)
+                    if i == 0 and self.groups:
+                        # A queued batch's clock starts when the one ahead of it is done, not at
+                        # that one's deadline: stacked deadlines would grow by a whole budget per
+                        # batch sent, and a hang late in a shard would go unseen for minutes.
+                        head = self.groups[0]
+                        head.deadline = min(head.deadline, time.monotonic() + head.budget)
                 self.w.telemetry.in_flight(self._in_flight())
                 return record
         return None

@@ -1,0 +1,169 @@
+"""Commands that look at a job: `report` (one HTML page) and `drill` (a fault drill),
+and the `status --watch` loop that `batchline status` calls."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+from batchline.errors import BatchlineError
+from batchline.store import Store, default_url, open_store
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--store", default=None, metavar="URL",
+                       help=f"sqlite:///path.db or postgresql://... (default: $BATCHLINE_STORE or {default_url()})")
+        return p
+
+    from batchline.report import DEFAULT_GPU_HOUR_PRICE
+
+    p = command("report", "write one self-contained HTML page about a job version: throughput, leases, "
+                          "attempts, dead letters, labels, validation, tokens and cost")
+    p.add_argument("version", metavar="VERSION|NAME")
+    p.add_argument("--html", type=Path, required=True, metavar="PATH", help="where to write the page")
+    p.add_argument("--gpu-hour-price", type=float, default=DEFAULT_GPU_HOUR_PRICE, metavar="USD",
+                   help=f"price of one GPU-hour, for the cost figures (default {DEFAULT_GPU_HOUR_PRICE:.2f})")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("drill", help="run a synthetic job while hurting its workers, then check the invariants",
+                       description="Runs a synthetic job on the store twice with real workers: once without "
+                                   "faults, once while killing, stalling and stopping them at random and feeding "
+                                   "them poison records; then checks from the store that every record has "
+                                   "exactly one outcome. Exits 1 if any check fails.")
+    p.add_argument("--store", default=None, metavar="URL",
+                   help="the store to drill (default: a new SQLite file in the drill's work directory)")
+    p.add_argument("--workers", type=int, default=4, metavar="N")
+    p.add_argument("--minutes", type=float, default=3.0, metavar="M", help="about how long the drill runs")
+    p.add_argument("--seed", type=int, default=None, help="repeat a drill's choices of faults and poison")
+    p.add_argument("--work-dir", type=Path, default=None, help="input, worker logs and exports (default: a temp dir)")
+    p.add_argument("--report", type=Path, default=None, metavar="PATH",
+                   help="also write the HTML report of the run with faults")
+    p.add_argument("--check", default=None, metavar="VERSION",
+                   help="run no job: only check a drill's stored version again")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=cmd_drill)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from batchline.report import write_report
+
+    store = open_store(args.store)
+    try:
+        data = write_report(store, args.version, args.html, price=args.gpu_hour_price)
+    finally:
+        store.close()
+    print(f"wrote {args.html} ({data.status.version}: {data.answered:,}/{data.status.records:,} records, "
+          f"{len(data.leases):,} leases, {data.gpu_hours:,.3f} GPU-hours)", file=sys.stderr)
+    return 0
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from batchline.drill import check_job, run_drill
+
+    if args.check is not None:
+        if args.store is None:
+            raise BatchlineError("--check needs the --store that holds the drill's job")
+        store = open_store(args.store)
+        try:
+            figures, checks = check_job(store, args.check, work_dir=args.work_dir, validate_gate=False)
+        finally:
+            store.close()
+        passed = all(c.passed for c in checks)
+        if args.json:
+            print(json.dumps({"figures": figures.__dict__, "passed": passed,
+                              "checks": [c.__dict__ for c in checks]}, indent=2))
+        else:
+            print(f"{args.check}: {figures.records:,} records, {figures.results:,} results, "
+                  f"{figures.dead_letters:,} dead letters, {figures.records_lost:,} lost, "
+                  f"{figures.duplicate_results + figures.result_and_dead_letter:,} duplicate answers")
+            for c in checks:
+                print(f"  {'PASS' if c.passed else 'FAIL'}  {c.name}: {c.figure}")
+        return 0 if passed else 1
+
+    result = run_drill(args.store, workers=args.workers, minutes=args.minutes, seed=args.seed,
+                       work_dir=args.work_dir)
+    if args.report is not None:
+        from batchline.report import write_report
+
+        store = open_store(result.store_url)
+        try:
+            write_report(store, result.faulted.version, args.report)
+        finally:
+            store.close()
+        print(f"report: {args.report}", file=sys.stderr)
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.text())
+    return 0 if result.passed else 1
+
+
+# --- batchline status --watch ----------------------------------------------------------------
+
+
+def workers_alive(store: Store, version: str, now: float) -> int:
+    """Workers holding a lease that has not expired: from the store, so it counts
+    workers on any machine, not only the ones this process started."""
+    return len({r.owner for r in store.shard_rows(version)
+                if r.state == "leased" and r.owner and r.lease_expires is not None and r.lease_expires > now})
+
+
+def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[str] | None = None,
+                 max_updates: int | None = None) -> int:
+    """Redraws the progress line of a job running elsewhere until it is sealed.
+
+    The rate is measured over the last minute of this watch's own samples (the
+    store's figure counts whole shards, which is coarse while shards are big),
+    and the ETA is measured against the spec's deadline when it has one.
+    """
+    from batchline.runner import RATE_WINDOW_SECONDS, progress_line
+
+    stream = out or sys.stdout
+    info = store.job(version)
+    if info is None:
+        raise BatchlineError(f"no job version {version!r} in {store.url}")
+    deadline = _deadline(info.spec.get("deadline"))
+    samples: collections.deque[tuple[float, int]] = collections.deque()
+    started = time.monotonic()
+    updates = 0
+    tty = stream.isatty()
+    try:
+        while True:
+            st = store.status(version, window_seconds=RATE_WINDOW_SECONDS)
+            now = time.monotonic()
+            done = st.results + st.dead_letters
+            samples.append((now, done))
+            while now - samples[0][0] > RATE_WINDOW_SECONDS:
+                samples.popleft()
+            t0, d0 = samples[0]
+            rate = (done - d0) / (now - t0) if now - t0 >= 1.0 else (
+                st.records_done_last_minutes / st.window_seconds or None)
+            line = f"{st.state:6} " + progress_line(st, rate, workers_alive(store, version, st.now),
+                                                      now - started, deadline)
+            stream.write(("\r\033[K" + line) if tty else line + "\n")
+            stream.flush()
+            updates += 1
+            if st.state == "sealed" or (max_updates is not None and updates >= max_updates):
+                break
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass  # watching is read-only: stopping it is not an error
+    finally:
+        if tty:
+            stream.write("\n")
+    return 0
+
+
+def _deadline(value: object) -> float | None:
+    if not value:
+        return None
+    import datetime as dt
+
+    try:
+        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

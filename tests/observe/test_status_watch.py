@@ -1,0 +1,37 @@
+"""`batchline status --watch`: the progress of a job run by other processes, from the store."""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any
+
+from batchline.cli.observe import watch_status, workers_alive
+from batchline.store import Store
+from tests.helpers import planned, start_worker, stop_all, wait_for
+
+
+def test_watch_follows_workers_elsewhere_until_the_seal(job_factory: Any, store: Store, store_url: str,
+                                                       tmp_path: Any) -> None:
+    spec = job_factory(n=400, options={"seconds_per_record": 0.02}, shards={"size": 50},
+                       deadline="2001-01-01T00:00:00Z")
+    _spec, version = planned(spec, store)
+    procs = [start_worker(store_url, version, tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        wait_for(lambda: workers_alive(store, version, store.now()) >= 1, what="a worker to hold a lease")
+        out = io.StringIO()
+        assert watch_status(store, version, interval=0.3, out=out) == 0
+    finally:
+        stop_all(procs)
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 2
+    assert lines[-1].startswith("sealed ") and "400/400 records (100.0%)" in lines[-1]
+    running = [ln for ln in lines if ln.startswith("ready ")]
+    assert running, "at least one update before the seal"
+    assert any(re.search(r"\| [12] workers \|", ln) for ln in running)
+    # The deadline is long past: once there is a rate, the ETA says how late the job will be.
+    with_eta = [ln for ln in running if "ETA" in ln]
+    assert with_eta and all("past the deadline" in ln for ln in with_eta)
+    done = [int(re.match(r"\w+ +([\d,]+)/", ln).group(1).replace(",", "")) for ln in lines]  # type: ignore[union-attr]
+    assert done == sorted(done), "progress never goes backwards"
+    assert workers_alive(store, version, store.now()) == 0
