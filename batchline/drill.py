@@ -376,7 +376,8 @@ def fault_checks(store: Store, version: str, faults: list[Fault]) -> list[Check]
 # --- worker processes ----------------------------------------------------------------------
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
+    """A process's children (a worker's engine child), from /proc."""
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     except OSError:
@@ -384,7 +385,8 @@ def _children(pid: int) -> list[int]:
     return [int(x) for x in text.split()]
 
 
-def _gone(pid: int) -> bool:
+def gone(pid: int) -> bool:
+    """True once a process has exited (a zombie counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -447,7 +449,7 @@ class _Fleet:
     def stop_all(self) -> None:
         for pid, proc in self.procs.items():
             if proc.poll() is None:
-                for p in [pid, *_children(pid)]:
+                for p in [pid, *children(pid)]:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(p, signal.SIGCONT)
                 proc.kill()
@@ -625,11 +627,11 @@ class Drill:
             return None
         worker, pid = victim
         fleet.hurt.add(pid)
-        group = [pid, *_children(pid)]
+        group = [pid, *children(pid)]
         fault = Fault(kind, round(at, 2), worker, pid)
         if kind == "kill9":
             os.kill(pid, signal.SIGKILL)
-            self._wait(fleet, lambda: all(_gone(p) for p in group), 10.0)
+            self._wait(fleet, lambda: all(gone(p) for p in group), 10.0)
             row = self._held(version, worker)  # what it held when it died, not a moment before
             fault.shard_no, fault.epoch = (row.shard_no, row.epoch) if row else (None, None)
             if row is not None:

@@ -25,23 +25,11 @@ from pathlib import Path
 import yaml
 
 from batchline.engines import create_engine
-from batchline.engines.base import EngineConfig, EngineRequest
+from batchline.engines.base import EngineConfig, EngineRequest, ListRequestSource
 from batchline.prompt import render, split_template
 from batchline.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class ListSource:
-    def __init__(self, requests: list[EngineRequest]) -> None:
-        self.requests = list(requests)
-
-    def next_batch(self, max_items: int) -> list[EngineRequest]:
-        batch, self.requests = self.requests[:max_items], self.requests[max_items:]
-        return batch
-
-    def poll(self, max_items: int) -> list[EngineRequest]:
-        return self.next_batch(max_items)
 
 
 def raw_loop(spec_path: Path) -> float:
@@ -53,7 +41,7 @@ def raw_loop(spec_path: Path) -> float:
     engine.load()
     requests = [EngineRequest(str(r[spec.input.id_field]), render(prefix, suffix, r[spec.input.text_field]),
                               prefix, r[spec.input.text_field]) for r in records]
-    answered = sum(1 for _ in engine.generate(ListSource(requests)))
+    answered = sum(1 for _ in engine.generate(ListRequestSource(requests)))
     seconds = time.perf_counter() - start
     engine.close()
     assert answered == len(records)

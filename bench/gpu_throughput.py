@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from batchline.engines.base import EngineConfig, EngineRequest
+from batchline.engines.base import EngineConfig, EngineRequest, ListRequestSource
 from batchline.engines.transformers_engine import TransformersEngine
 from batchline.prompt import render
 from batchline.spec import DecodingSpec, ModelSpec
@@ -36,17 +36,6 @@ PREFIX_TOKENS = 500
 RECORD_TOKENS = 698  # plus the two record markers: 1,200 prompt tokens
 OUTPUT_TOKENS = 150
 
-
-class _Source:
-    def __init__(self, requests: list[EngineRequest]) -> None:
-        self.pending = list(requests)
-
-    def next_batch(self, max_items: int) -> list[EngineRequest]:
-        batch, self.pending = self.pending[:max_items], self.pending[max_items:]
-        return batch
-
-    def poll(self, max_items: int) -> list[EngineRequest]:
-        return self.next_batch(max_items)
 
 
 def build(tiny: bool, device: str) -> tuple[Any, Any]:
@@ -112,7 +101,7 @@ def run(engine: TransformersEngine, reqs: list[EngineRequest]) -> tuple[float, i
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     started = time.perf_counter()
-    outcomes = list(engine.generate(_Source(reqs)))
+    outcomes = list(engine.generate(ListRequestSource(reqs)))
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - started

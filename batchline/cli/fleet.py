@@ -9,13 +9,12 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from batchline.cli.common import add_store_option
 from batchline.errors import BatchlineError
 from batchline.store import default_url, open_store
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    store_help = f"sqlite:///path.db or postgresql://... (default: $BATCHLINE_STORE or {default_url()})"
-
     launch = sub.add_parser("launch", help="place N workers on a cluster (Ray or Kubernetes)",
                             description="Place N workers on a cluster; all coordination stays in the store.")
     targets = launch.add_subparsers(dest="target", required=True, metavar="TARGET")
@@ -23,7 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = targets.add_parser("ray", help="run N worker loops on a Ray cluster, restarting lost ones",
                            description="Run N worker loops on a Ray cluster, one per GPU where GPUs exist; a "
                                        "worker whose actor or node died, or that exited 75, is replaced.")
-    p.add_argument("--store", default=None, metavar="URL", help=store_help)
+    add_store_option(p)
     p.add_argument("--job", required=True, metavar="VERSION")
     p.add_argument("--workers", type=int, default=1, metavar="N")
     p.add_argument("--address", default="auto",
@@ -37,8 +36,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = targets.add_parser("k8s", help="print Kubernetes manifests for N workers queued through Kueue",
                            description="Print manifests for N workers queued through Kueue: one Job per worker "
                                        "at the lowest priority, the store URL from a Secret.")
-    p.add_argument("--store", default=None, metavar="URL",
-                   help="read the job's grace period from here and check the version exists "
+    add_store_option(p, "read the job's grace period from here and check the version exists "
                         "(the pods read the store URL from --store-secret, never from the manifest)")
     p.add_argument("--job", required=True, metavar="VERSION")
     p.add_argument("--workers", type=int, default=1, metavar="N")
@@ -63,7 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "the version's shards and insert its results, dead letters and events, and "
                                    "nothing else; print the access the worker needs outside the database.")
     p.add_argument("version", metavar="VERSION")
-    p.add_argument("--store", default=None, metavar="URL", help="postgresql://... as the store's owner")
+    add_store_option(p, "postgresql://... as the store's owner")
     p.add_argument("--role", default=None, metavar="NAME", help="default: derived from the version")
     p.add_argument("--password-env", default=None, metavar="VAR",
                    help="set the role's password from this environment variable")

@@ -12,16 +12,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from batchline.cli.common import store_command
 from batchline.errors import BatchlineError
-from batchline.store import JobStatus, Store, default_url, open_store
+from batchline.store import JobStatus, Store, open_store
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--store", default=None, metavar="URL",
-                       help=f"sqlite:///path.db or postgresql://... (default: $BATCHLINE_STORE or {default_url()})")
-        return p
+        return store_command(sub, name, help_text)
 
     p = command("run", "plan the job if new, run N local workers until it is done")
     p.add_argument("spec", metavar="JOB.yaml")

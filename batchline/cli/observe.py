@@ -11,16 +11,14 @@ import time
 from pathlib import Path
 from typing import IO
 
+from batchline.cli.common import add_store_option, store_command
 from batchline.errors import BatchlineError
-from batchline.store import Store, default_url, open_store
+from batchline.store import Store, open_store
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--store", default=None, metavar="URL",
-                       help=f"sqlite:///path.db or postgresql://... (default: $BATCHLINE_STORE or {default_url()})")
-        return p
+        return store_command(sub, name, help_text)
 
     from batchline.report import DEFAULT_GPU_HOUR_PRICE
 
@@ -37,8 +35,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "faults, once while killing, stalling and stopping them at random and feeding "
                                    "them poison records; then checks from the store that every record has "
                                    "exactly one outcome. Exits 1 if any check fails.")
-    p.add_argument("--store", default=None, metavar="URL",
-                   help="the store to drill (default: a new SQLite file in the drill's work directory)")
+    add_store_option(p, "the store to drill (default: a new SQLite file in the drill's work directory)")
     p.add_argument("--workers", type=int, default=4, metavar="N")
     p.add_argument("--minutes", type=float, default=3.0, metavar="M", help="about how long the drill runs")
     p.add_argument("--seed", type=int, default=None, help="repeat a drill's choices of faults and poison")

@@ -48,6 +48,20 @@ class RequestSource(Protocol):
         ...
 
 
+class ListRequestSource:
+    """A fixed list of requests, for running an engine in-process (benchmarks, tools)."""
+
+    def __init__(self, requests: list[EngineRequest]) -> None:
+        self.pending = list(requests)
+
+    def next_batch(self, max_items: int) -> list[EngineRequest]:
+        batch, self.pending = self.pending[:max_items], self.pending[max_items:]
+        return batch
+
+    def poll(self, max_items: int) -> list[EngineRequest]:
+        return self.next_batch(max_items)
+
+
 class Engine(Protocol):
     def load(self) -> None:
         """Loads the model and verifies its pinned digest; raises EngineFatal on failure."""

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from batchline.drill import children, gone
 from batchline.store import Store
 from tests.helpers import call_counts, check_invariants, planned, start_worker, stop_all, wait_for
 
@@ -25,26 +26,6 @@ pytestmark = pytest.mark.acceptance
 
 N = 2000
 SHARD = 100
-
-
-def children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(x) for x in text.split()]
-
-
-def pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # a zombie is gone for our purposes
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
 
 
 def owner_pid(owner: str) -> int:
@@ -85,7 +66,7 @@ def test_kill_9_mid_shard_loses_nothing_and_recomputes_only_what_was_in_flight(
         victim = owner_pid(victim_row.owner)
         engine_children = children(victim)
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: pid_gone(victim) and all(pid_gone(c) for c in engine_children), what="victim gone")
+        wait_for(lambda: gone(victim) and all(gone(c) for c in engine_children), what="victim gone")
         asked_before = set(call_counts(call_log))
         stored_at_kill = stored_ids(store, version)
         in_flight = asked_before - stored_at_kill
