@@ -700,6 +700,14 @@ class PostgresStore:
                     samples.append(())
             return Coverage(records, missing, unexpected, both, samples[0], samples[1])
 
+        # Fresh planner statistics for the version's partitions: they were bulk-loaded
+        # and may never have been analysed, and without row counts the planner picks
+        # a hash join sized for a few thousand rows that spills to disk.
+        def analyse(cur: Cursor) -> None:
+            for table in ("records", "results", "dead_letters"):
+                cur.execute(sql.SQL(q.ANALYZE_PARTITION).format(sql.Identifier(partition_name(table, version))))
+
+        self._run(analyse)
         # One snapshot for every count, so a count and its sample agree.
         return self._run(body, isolation=psycopg.IsolationLevel.REPEATABLE_READ)
 

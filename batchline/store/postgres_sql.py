@@ -474,6 +474,7 @@ RESOLVE_NAME = "SELECT version FROM pointers WHERE name = %s"
 
 # --- validation and publication -------------------------------------------------------------
 
+ANALYZE_PARTITION = "ANALYZE {}"
 COUNT_RECORDS = "SELECT count(*) FROM records WHERE version = %s"
 COUNT_RESULTS = "SELECT count(*) FROM results WHERE version = %s"
 COUNT_DEAD = "SELECT count(*) FROM dead_letters WHERE version = %s"
