@@ -475,6 +475,7 @@ RESOLVE_NAME = "SELECT version FROM pointers WHERE name = %s"
 # --- validation and publication -------------------------------------------------------------
 
 ANALYZE_PARTITION = "ANALYZE {}"
+COVERAGE_SETTINGS = "SET LOCAL enable_nestloop = off; SET LOCAL work_mem = '256MB'"
 COUNT_RECORDS = "SELECT count(*) FROM records WHERE version = %s"
 COUNT_RESULTS = "SELECT count(*) FROM results WHERE version = %s"
 COUNT_DEAD = "SELECT count(*) FROM dead_letters WHERE version = %s"
