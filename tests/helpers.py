@@ -43,6 +43,28 @@ def make_records(n: int, prefix: str = "r") -> list[dict[str, Any]]:
              "acl": [f"group-{i % 3}"]} for i in range(n)]
 
 
+PG_ADMIN_URL = os.environ.get("BATCHLINE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def pg_available() -> bool:
+    """True when the PostgreSQL store can be imported and the server answers."""
+    try:
+        import psycopg
+
+        import batchline.store.postgres  # noqa: F401
+    except ImportError:
+        return False
+    try:
+        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
+            return True
+    except psycopg.Error:
+        return False
+
+
+def database_url(name: str) -> str:
+    return f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+
+
 def postgres_missing(reason: str) -> None:
     """Skips a PostgreSQL test where the server is absent, but fails it where the
     run promised one (`make test` sets BATCHLINE_REQUIRE_POSTGRES=1 after starting it)."""

@@ -6,29 +6,12 @@ any test imported from the SQLite suites run against PostgreSQL unchanged.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
-PG_ADMIN_URL = os.environ.get("BATCHLINE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def pg_available() -> bool:
-    try:
-        import psycopg
-    except ImportError:
-        return False
-    try:
-        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
-            return True
-    except psycopg.Error:
-        return False
-
-
-def database_url(name: str) -> str:
-    return f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+from tests.helpers import PG_ADMIN_URL, database_url, pg_available
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,23 +9,7 @@ from pathlib import Path
 import pytest
 
 from batchline.store import Store, open_store
-
-PG_ADMIN_URL = os.environ.get("BATCHLINE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def _postgres_available() -> bool:
-    try:
-        import psycopg
-
-        import batchline.store.postgres  # noqa: F401
-    except ImportError:
-        return False
-    try:
-        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
-            return True
-    except psycopg.Error:
-        return False
-
+from tests.helpers import PG_ADMIN_URL, database_url, pg_available
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
@@ -36,7 +19,7 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'contract.db'}"
         return
-    if not _postgres_available():
+    if not pg_available():
         from tests.helpers import postgres_missing
 
         postgres_missing("PostgreSQL is not running on 127.0.0.1:5432 (make services starts it)")
@@ -45,8 +28,7 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
     name = f"bl_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0]
-    yield f"{base}/{name}"
+    yield database_url(name)
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
