@@ -183,7 +183,9 @@ class JobSpec:
                 "seed": self.decoding.seed,
                 "top_p": self.decoding.top_p,
             },
-            "output_schema": self.output_schema,
+            # As written, keys in order: a constrained engine writes an object's
+            # properties in the schema's order, so the order changes results.
+            "output_schema": json.dumps(self.output_schema, ensure_ascii=False, separators=(",", ":")),
             "label_field": self.label_field,
             **({"base": base_version} if base_version else {}),
         }

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Json, Jsonb
 
 from batchline.errors import StoreError
 from batchline.store import postgres_sql as q
@@ -339,7 +339,7 @@ class PostgresStore:
                 raise StoreError(f"version {version} is already planned")
             self._ensure_partitions(cur, version)
             self._delete_version(cur, version)
-            cur.execute(q.INSERT_JOB, (version, name, Jsonb(spec), token))
+            cur.execute(q.INSERT_JOB, (version, name, Json(spec), token))
 
         self._run(body, retry=False)
         return PostgresPlanWriter(self, version, token)

@@ -294,7 +294,7 @@ class SQLiteStore:
             c.execute(
                 f"INSERT INTO jobs (version, name, state, spec, plan_token, created_at) "
                 f"VALUES (?, ?, 'planning', ?, ?, {NOW})",
-                (version, name, json.dumps(spec, sort_keys=True), token),
+                (version, name, json.dumps(spec), token),  # key order kept: see spec.version_material
             )
         return SQLitePlanWriter(self, version, token)
 

@@ -318,3 +318,18 @@ def test_concurrent_claimers_are_each_granted_a_shard_epoch_once(backend_url: st
 def test_store_url_errors_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="unknown store URL"):
         open_store("mysql://x")
+
+
+def test_a_stored_spec_keeps_its_key_order(backend: Store) -> None:
+    # Regression: specs were stored with sorted keys (SQLite) or as jsonb
+    # (PostgreSQL), so a worker's engine saw schema properties in another order
+    # than the spec's and wrote its outputs in that order.
+    spec = {"name": "job", "shards": {"lease_seconds": LEASE},
+            "output": {"schema": {"properties": {"zeta": {}, "alpha": {}, "mid": {}}}}}
+    writer = backend.begin_plan("job@1", "job", spec)
+    writer.add_shards([PlannedShard(0, {}, 0)])
+    writer.commit(0, 1)
+    info = backend.job("job@1")
+    assert info is not None
+    assert list(info.spec["output"]["schema"]["properties"]) == ["zeta", "alpha", "mid"]
+    assert list(info.spec) == ["name", "shards", "output"]

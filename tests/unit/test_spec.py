@@ -141,3 +141,12 @@ def test_a_new_engine_revision_makes_a_new_version(tmp_path: Path, monkeypatch: 
     before = version_of(tmp_path, BASE)
     monkeypatch.setitem(batchline.spec.ENGINE_REVISIONS, "synthetic", 2)
     assert version_of(tmp_path, BASE) != before
+
+
+def test_the_order_of_schema_properties_is_part_of_the_version(tmp_path: Path) -> None:
+    # A constrained engine writes properties in the schema's order, so the order
+    # changes results (regression: the stored spec sorted its keys, and the
+    # engine then wrote entities before summary, unlike the few-shot examples).
+    ab = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}}
+    ba = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "string"}}}
+    assert load_spec(write(tmp_path, BASE, ab)).version("s") != load_spec(write(tmp_path, BASE, ba)).version("s")
