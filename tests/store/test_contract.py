@@ -333,3 +333,16 @@ def test_a_stored_spec_keeps_its_key_order(backend: Store) -> None:
     assert info is not None
     assert list(info.spec["output"]["schema"]["properties"]) == ["zeta", "alpha", "mid"]
     assert list(info.spec) == ["name", "shards", "output"]
+
+
+def test_coverage_is_an_anti_join_both_ways(backend: Store) -> None:
+    ids = plan_version(backend, shards=2, per_shard=4)
+    lease = backend.claim("w1")
+    assert lease is not None
+    backend.put_results(lease, [ResultRow(rid, OUT) for rid in ids[0][:3]] + [ResultRow("ghost", OUT)])
+    backend.dead_letter(lease, [DeadLetterRow(ids[0][3], "too_long", "x")])
+    cov = backend.coverage("job@1")
+    # Same total as the snapshot would give a count comparison a pass; the join does not.
+    assert (cov.records, cov.missing, cov.unexpected, cov.both) == (8, 4, 1, 0)
+    assert cov.unexpected_sample == ("ghost",)
+    assert set(cov.missing_sample) == set(ids[1])
