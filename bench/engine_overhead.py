@@ -1,7 +1,7 @@
 """Pipeline overhead: the same records through the raw engine in a plain loop and
 through `batchline run`, same engine and settings, runs interleaved.
 
-    python bench/engine_overhead.py [--spec examples/tickets/job.yaml] [--records 24] [--rounds 3]
+    python bench/engine_overhead.py [--spec examples/tickets/job.yaml] [--records 48] [--rounds 3]
 
 Both sides include loading the model (and the engine's one-off work, such as
 calibrating choices) and end when the last record has its answer: the raw loop
@@ -59,7 +59,7 @@ def pipeline(spec_path: Path, store: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", type=Path, default=ROOT / "examples" / "tickets" / "job.yaml")
-    parser.add_argument("--records", type=int, default=24)
+    parser.add_argument("--records", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
