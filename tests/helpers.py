@@ -9,7 +9,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,23 @@ def pg_available() -> bool:
 
 def database_url(name: str) -> str:
     return f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+
+
+@contextlib.contextmanager
+def fresh_pg_database(prefix: str) -> Iterator[str]:
+    """A new database on the test server for one test, dropped afterwards."""
+    if not pg_available():
+        postgres_missing("PostgreSQL is not running on 127.0.0.1:5432 (make services starts it)")
+    import psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield database_url(name)
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def postgres_missing(reason: str) -> None:

@@ -18,8 +18,15 @@ import pytest
 from batchline.errors import StoreError
 from batchline.store import DeadLetterRow, ResultRow, Store, open_store
 from batchline.store.postgres import PostgresStore
-from tests.helpers import check_invariants, planned, start_worker, stop_all, wait_for
-from tests.postgres.conftest import PG_ADMIN_URL, pg_available
+from tests.helpers import (
+    PG_ADMIN_URL,
+    check_invariants,
+    pg_available,
+    planned,
+    start_worker,
+    stop_all,
+    wait_for,
+)
 from tests.store.test_contract import OUT, plan_version
 
 pytestmark = pytest.mark.postgres

@@ -17,8 +17,7 @@ from batchline.grants import grant
 from batchline.publish import publish
 from batchline.store import Store
 from batchline.store.postgres import PostgresStore
-from tests.helpers import check_invariants, make_records, planned, start_worker
-from tests.postgres.conftest import PG_ADMIN_URL
+from tests.helpers import PG_ADMIN_URL, check_invariants, make_records, planned, start_worker
 
 pytestmark = pytest.mark.postgres
 
