@@ -36,6 +36,7 @@ class Record:
     acl: Any
     content_hash: str
     line: int  # 1-based line (JSONL, CSV) or row number (Parquet) in its file
+    data_class: Any = None  # the routing class field's value, when the job routes by class
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,16 @@ class Slice:
         return f"{self.path} ({unit} {self.start}-{self.end})"
 
 
-def content_hash(text: str, acl: Any) -> str:
-    """What decides a record's result: its text and its access rules, not other fields."""
+def content_hash(text: str, acl: Any, data_class: str | None = None) -> str:
+    """What decides a record's result: its text, its access rules and, when the job routes
+    by class, its class (which decides where it is sent); not other fields."""
     data = text.encode()
     h = hashlib.sha256(len(data).to_bytes(8, "big"))
     h.update(data)
     if acl is not None:
         h.update(orjson.dumps(acl, option=orjson.OPT_SORT_KEYS))
+    if data_class is not None:
+        h.update(b"\0class\0" + data_class.encode())
     return h.hexdigest()[:32]
 
 
@@ -214,7 +218,17 @@ def _record(obj: dict[str, Any], path: Path | str, line_no: int, spec: InputSpec
         what = "missing" if text is None else f"not a string ({type(text).__name__})"
         raise InputError(f"{where}: id {record_id!r}: text field {spec.text_field!r} is {what}")
     acl = obj.get(spec.acl_field) if spec.acl_field else None
-    return Record(record_id, text, acl, content_hash(text, acl), line_no)
+    data_class = obj.get(spec.class_field) if spec.class_field else None
+    return Record(record_id, text, acl, content_hash(text, acl, class_key(spec, data_class)), line_no,
+                  data_class)
+
+
+def class_key(spec: InputSpec, data_class: Any) -> str | None:
+    """The class as far as it can decide a route: None without routing, else the class
+    string (any other value routes like a missing one, and hashes alike)."""
+    if spec.class_field is None:
+        return None
+    return data_class if isinstance(data_class, str) else ""
 
 
 def _scan_csv(path: Path, spec: InputSpec) -> Iterator[ScannedRecord]:
@@ -277,7 +291,8 @@ def _parquet_file(path: Path) -> Any:
 
 def _parquet_columns(pf: Any, path: Path, spec: InputSpec) -> list[str]:
     names = set(pf.schema_arrow.names)
-    columns = [spec.id_field, spec.text_field] + ([spec.acl_field] if spec.acl_field else [])
+    columns = ([spec.id_field, spec.text_field] + ([spec.acl_field] if spec.acl_field else [])
+               + ([spec.class_field] if spec.class_field else []))
     for name in columns[:2]:
         if name not in names:
             raise InputError(f"{path}: Parquet file has no column {name!r}")

@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
@@ -46,6 +46,7 @@ class InputSpec:
     max_input_tokens: int | None = None
     max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN
     format: str = "jsonl"
+    class_field: str | None = None  # routing.class_field, read with each record
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,59 @@ class RetentionSpec:
     versions: int = 5  # versions of a name kept for rollback; never the published one or its predecessor
 
 
+PROVIDER_APIS = ("openai", "anthropic")
+# Part of the version, as ENGINE_REVISIONS: how requests are built for an API.
+PROVIDER_REVISIONS = {"openai": 1, "anthropic": 1}
+LOCAL_ROUTE = "local"
+ROUTE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
+
+@dataclass(frozen=True)
+class ProviderSpec:
+    """A hosted batch API that records of the named classes may be sent to."""
+
+    route: str
+    api: str  # openai | anthropic
+    model: str
+    classes: tuple[str, ...]
+    retention: str  # the provider's data-retention terms, shown before the first record is sent
+    base_url: str | None = None
+    api_key_env: str | None = None
+    completion_window: str = "24h"
+    poll_seconds: float = 60.0
+    input_price_per_mtok: float | None = None  # the batch price, per million tokens
+    output_price_per_mtok: float | None = None
+    shard_size: int | None = None  # records per batch; default shards.size
+    options: Mapping[str, Any] = field(default_factory=dict)  # merged into every request body
+
+    def identity(self) -> dict[str, Any]:
+        """What can change an answer: the API, the model, the request options and who is sent."""
+        return {"api": self.api, "api_revision": PROVIDER_REVISIONS[self.api], "model": self.model,
+                "classes": sorted(self.classes), "options": dict(self.options)}
+
+
+@dataclass(frozen=True)
+class RoutingSpec:
+    """Which records may leave: only those whose class field names a cleared class.
+    A record without the field, or with any other value, stays on the local engine."""
+
+    class_field: str
+    providers: tuple[ProviderSpec, ...]
+
+    def route_of(self, data_class: Any) -> str:
+        if isinstance(data_class, str):
+            for provider in self.providers:
+                if data_class in provider.classes:
+                    return provider.route
+        return LOCAL_ROUTE
+
+    def provider(self, route: str) -> ProviderSpec:
+        for provider in self.providers:
+            if provider.route == route:
+                return provider
+        raise KeyError(route)
+
+
 @dataclass(frozen=True)
 class JobSpec:
     name: str
@@ -145,6 +199,7 @@ class JobSpec:
     label_field: str | None = None
     base: str | None = None  # "published" or a version: carry unchanged records from it
     retention: RetentionSpec = field(default_factory=RetentionSpec)
+    routing: RoutingSpec | None = None
 
     def inference_identity(self) -> str:
         """What decides a record's result given its content: a base version's result
@@ -188,6 +243,9 @@ class JobSpec:
             "output_schema": json.dumps(self.output_schema, ensure_ascii=False, separators=(",", ":")),
             "label_field": self.label_field,
             **({"base": base_version} if base_version else {}),
+            **({"routing": {"class_field": self.routing.class_field,
+                            "providers": {p.route: p.identity() for p in self.routing.providers}}}
+               if self.routing else {}),
         }
 
     def version(self, snapshot_digest: str, base_version: str | None = None) -> str:
@@ -228,7 +286,20 @@ class JobSpec:
             out["model"]["digest"] = self.model.digest
         if self.deadline:
             out["deadline"] = self.deadline.isoformat()
+        if self.routing:
+            out["routing"] = {"class_field": self.routing.class_field,
+                              "providers": {p.route: _provider_dict(p) for p in self.routing.providers}}
         return out
+
+
+def _provider_dict(p: ProviderSpec) -> dict[str, Any]:
+    skip = {"route", "input_price_per_mtok", "output_price_per_mtok"}
+    out = {k: v for k, v in p.__dict__.items() if k not in skip and v is not None}
+    out["classes"] = list(p.classes)
+    out["options"] = dict(p.options)
+    prices = {"input_per_mtok": p.input_price_per_mtok, "output_per_mtok": p.output_price_per_mtok}
+    out["prices"] = {k: v for k, v in prices.items() if v is not None}
+    return out
 
 
 def _validate_dict(v: ValidateSpec) -> dict[str, Any]:
@@ -264,7 +335,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
     r = _Reader(where)
     top = r.mapping(raw, "", required={"name", "input", "model", "prompt", "output"},
                     allowed={"name", "input", "model", "prompt", "decoding", "output",
-                             "shards", "deadline", "validate", "base", "retention"})
+                             "shards", "deadline", "validate", "base", "retention", "routing"})
     name = r.string(top["name"], "name")
     if not NAME_PATTERN.match(name):
         r.fail("name", f"{name!r} must be lower-case letters, digits, '-' or '_', starting with a letter")
@@ -383,10 +454,66 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
     base = r.optional_string(top.get("base"), "base")
     ret = r.mapping(top.get("retention", {}) or {}, "retention", allowed={"versions"})
     retention = RetentionSpec(versions=r.integer(ret.get("versions", 5), "retention.versions", 2))
+    routing = _parse_routing(r, top["routing"]) if top.get("routing") is not None else None
+    if routing is not None:
+        input_spec = replace(input_spec, class_field=routing.class_field)
     return JobSpec(name=name, input=input_spec, model=model_spec, prompt=prompt_spec,
                    decoding=decoding, output_schema=schema, schema_path=schema_path,
                    shards=shards, deadline=deadline, validate=validate, source=source,
-                   label_field=label_field, base=base, retention=retention)
+                   label_field=label_field, base=base, retention=retention, routing=routing)
+
+
+_PROVIDER_FIELDS = {"api", "model", "classes", "retention", "base_url", "api_key_env", "completion_window",
+                    "poll_seconds", "prices", "shard_size", "options"}
+
+
+def _parse_routing(r: _Reader, raw: Any) -> RoutingSpec:
+    ro = r.mapping(raw, "routing", required={"class_field", "providers"}, allowed={"class_field", "providers"})
+    class_field = r.string(ro["class_field"], "routing.class_field")
+    providers_raw = r.mapping(ro["providers"], "routing.providers", allowed=set(ro["providers"] or {}))
+    if not providers_raw:
+        r.fail("routing.providers", "names no provider; leave routing out to keep every record local")
+    providers: list[ProviderSpec] = []
+    cleared: dict[str, str] = {}
+    for route, body in providers_raw.items():
+        where = f"routing.providers.{route}"
+        if not isinstance(route, str) or not ROUTE_NAME.match(route) or route == LOCAL_ROUTE:
+            r.fail(where, f"route name {route!r} must be lower-case letters, digits, '-' or '_' "
+                          f"and not {LOCAL_ROUTE!r}")
+        pv = r.mapping(body, where, required={"api", "model", "classes", "retention"}, allowed=_PROVIDER_FIELDS)
+        api = r.string(pv["api"], f"{where}.api")
+        if api not in PROVIDER_APIS:
+            r.fail(f"{where}.api", f"{api!r} is not one of {', '.join(PROVIDER_APIS)}")
+        classes = pv["classes"]
+        if not isinstance(classes, list) or not classes:
+            r.fail(f"{where}.classes", "must be a non-empty list of class names")
+        for i, cls in enumerate(classes):
+            name = r.string(cls, f"{where}.classes[{i}]")
+            if name in cleared:
+                r.fail(f"{where}.classes[{i}]", f"class {name!r} is already cleared for {cleared[name]!r}; "
+                                                "a class goes to one provider")
+            cleared[name] = route
+        prices = r.mapping(pv.get("prices", {}) or {}, f"{where}.prices",
+                           allowed={"input_per_mtok", "output_per_mtok"})
+        options = pv.get("options", {}) or {}
+        if not isinstance(options, dict):
+            r.fail(f"{where}.options", "must be a mapping")
+        providers.append(ProviderSpec(
+            route=route, api=api, model=r.string(pv["model"], f"{where}.model"),
+            classes=tuple(str(c) for c in classes),
+            retention=r.string(pv["retention"], f"{where}.retention"),
+            base_url=r.optional_string(pv.get("base_url"), f"{where}.base_url"),
+            api_key_env=r.optional_string(pv.get("api_key_env"), f"{where}.api_key_env"),
+            completion_window=r.string(pv.get("completion_window", "24h"), f"{where}.completion_window"),
+            poll_seconds=r.number(pv.get("poll_seconds", 60.0), f"{where}.poll_seconds", 0.01),
+            input_price_per_mtok=(r.number(prices["input_per_mtok"], f"{where}.prices.input_per_mtok", 0.0)
+                                  if prices.get("input_per_mtok") is not None else None),
+            output_price_per_mtok=(r.number(prices["output_per_mtok"], f"{where}.prices.output_per_mtok", 0.0)
+                                   if prices.get("output_per_mtok") is not None else None),
+            shard_size=r.optional_int(pv.get("shard_size"), f"{where}.shard_size", 1),
+            options=options,
+        ))
+    return RoutingSpec(class_field=class_field, providers=tuple(providers))
 
 
 STORE_ONLY_KEYS = ("base_version",)
