@@ -8,7 +8,7 @@ the next plan of the same version discards the leftovers and starts again.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from batchline.errors import InputError, SpecError
@@ -23,7 +23,7 @@ from batchline.snapshot import (
     scan,
     slice_digest_bytes,
 )
-from batchline.spec import JobSpec, spec_from_store
+from batchline.spec import LOCAL_ROUTE, JobSpec, spec_from_store
 from batchline.store import DeadLetterRow, DuplicateRecord, PlannedRecord, PlannedShard, Store
 from batchline.store.base import PlanWriter
 
@@ -35,6 +35,7 @@ class PlanResult:
     records: int
     shards: int
     dead_letters: int
+    routes: dict[str, int] = field(default_factory=dict)  # records per route
 
 
 def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m: None) -> PlanResult:
@@ -62,7 +63,20 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
         raise
     log(f"planned {version}: {result.records} records in {result.shards} shards"
         + (f", {result.dead_letters} over the length cap" if result.dead_letters else ""))
+    if spec.routing is not None:
+        log(routes_summary(spec, result.routes))
     return result
+
+
+def routes_summary(spec: JobSpec, per_route: dict[str, int]) -> str:
+    """Where the records go, and what each provider keeps: said before anything is sent."""
+    assert spec.routing is not None
+    lines = [f"records by route (class field {spec.routing.class_field!r}; any other class, or none, stays local):",
+             f"  {LOCAL_ROUTE}: {per_route.get(LOCAL_ROUTE, 0):,} records on {spec.model.engine}"]
+    for p in spec.routing.providers:
+        lines.append(f"  {p.route}: {per_route.get(p.route, 0):,} records of classes {', '.join(p.classes)} "
+                     f"to {p.api} ({p.model}); data retention there: {p.retention}")
+    return "\n".join(lines)
 
 
 def _base_version(spec: JobSpec, store: Store, log: Callable[[str], None]) -> str | None:
@@ -127,15 +141,15 @@ def _file_states(paths: tuple[Path, ...]) -> list[tuple[int, int]]:
 
 
 def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
-    size = spec.shards.size
     cap = spec.input.max_input_tokens
     byte_bound = cap * spec.input.max_bytes_per_token if cap else None
     shard_no = records = dead_total = 0
     slices: dict[int, Slice] = {}
+    per_route: dict[str, int] = {}
 
     for path in spec.input.paths:
         header = csv_header(path) if spec.input.format == "csv" else None
-        for chunk in _shard_chunks(scan(path, spec.input), size):
+        for route, chunk in _route_chunks(scan(path, spec.input), spec):
             first, last = chunk[0], chunk[-1]
             batch = [s.record for s in chunk]
             if spec.input.format == "parquet":
@@ -143,9 +157,11 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
             else:
                 digest = slice_digest_bytes(path, first.start, last.end)
             sl = Slice(path=str(path), format=spec.input.format, start=first.start, end=last.end,
-                       first_line=first.record.line, digest=digest, header=header)
+                       first_line=first.record.line, digest=digest, header=header,
+                       route=route if spec.routing else None)
             slices[shard_no] = sl
-            writer.add_shards([PlannedShard(shard_no, sl.to_json(), len(batch))])
+            per_route[route] = per_route.get(route, 0) + len(batch)
+            writer.add_shards([PlannedShard(shard_no, sl.to_json(), len(batch), route)])
             try:
                 writer.add_records([PlannedRecord(r.id, shard_no, r.content_hash) for r in batch])
             except DuplicateRecord as dup:
@@ -163,25 +179,35 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
             shard_no += 1
     if records == 0:
         raise InputError(f"no records in {', '.join(str(p) for p in spec.input.paths)} (empty input)")
-    return PlanResult(version, True, records, shard_no, dead_total)
+    return PlanResult(version, True, records, shard_no, dead_total, per_route)
 
 
-def _shard_chunks(items: Iterator[ScannedRecord], size: int) -> Iterator[list[ScannedRecord]]:
-    chunk: list[ScannedRecord] = []
+def _route_chunks(items: Iterator[ScannedRecord], spec: JobSpec) -> Iterator[tuple[str, list[ScannedRecord]]]:
+    """Shards of one route each: records go to their route's open chunk, which is cut
+    at that route's shard size. A route's shard spans the bytes from its first record
+    to its last, so a rare route's shard is long in bytes but never mixes routes."""
+    routing = spec.routing
+    sizes = {LOCAL_ROUTE: spec.shards.size}
+    if routing is not None:
+        sizes.update({p.route: p.shard_size or spec.shards.size for p in routing.providers})
+    open_chunks: dict[str, list[ScannedRecord]] = {}
     for item in items:
+        route = routing.route_of(item.record.data_class) if routing else LOCAL_ROUTE
+        chunk = open_chunks.setdefault(route, [])
         chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+        if len(chunk) == sizes[route]:
+            yield route, chunk
+            del open_chunks[route]
+    # What is left of each route, in the order of its first record.
+    for route, chunk in sorted(open_chunks.items(), key=lambda kv: kv[1][0].start):
+        yield route, chunk
 
 
 def _duplicate_error(dup: DuplicateRecord, batch: list[Record], slices: dict[int, Slice],
                      spec: JobSpec) -> InputError:
     second = next(r for r in reversed(batch) if r.id == dup.record_id)
     first_slice = slices[dup.first_shard]
-    first = next((r for r in read_slice(first_slice, spec.input) if r.id == dup.record_id), None)
+    first = next((r for r in read_slice(first_slice, spec.input, spec.routing) if r.id == dup.record_id), None)
     where_first = f"{first_slice.path}:{first.line}" if first else f"shard {dup.first_shard}"
     return InputError(f"{slices[max(slices)].path}:{second.line}: duplicate id {dup.record_id!r} "
                       f"(first at {where_first})")

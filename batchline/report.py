@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from batchline.errors import BatchlineError
-from batchline.store import Event, JobInfo, JobStatus, Store, StoredDeadLetter
+from batchline.spec import LOCAL_ROUTE
+from batchline.store import Event, JobInfo, JobStatus, RouteTotals, Store, StoredDeadLetter
 from batchline.store.base import ValidationRecord
 
 DEFAULT_GPU_HOUR_PRICE = 3.50
@@ -37,7 +38,7 @@ LABELS_SHOWN = 15
 DEAD_LETTER_SAMPLES = 3
 ERROR_CHARS = 240
 
-LEASE_KINDS = ("claim", "complete", "release", "lease_expired")
+LEASE_KINDS = ("claim", "complete", "release", "lease_expired", "submitted", "provider_wait")
 MARKER_KINDS = ("stale_epoch", "engine_crash", "engine_hang")
 # The drill (and tests) move the database clock instead of sleeping past a lease;
 # it logs each shift so the report can take it back out of the time axis.
@@ -103,6 +104,8 @@ class ReportData:
     computed: int
     carried: int
     lease_seconds_by_outcome: dict[str, float] = field(default_factory=dict)
+    routes: dict[str, RouteTotals] = field(default_factory=dict)
+    providers: list[dict[str, Any]] = field(default_factory=list)  # routing.providers, each with its route
 
     @property
     def gpu_hours(self) -> float:
@@ -155,6 +158,9 @@ def _leases(events: Iterable[Event], clock: _Clock, now: float) -> list[LeaseSpa
         elif e.kind == "release":
             span.end, span.outcome = clock(e.ts), "released"
             span.detail = str(e.detail.get("reason", ""))
+        elif e.kind in ("submitted", "provider_wait"):
+            span.end, span.outcome = clock(e.ts), "parked"
+            span.detail = f"batch {e.detail.get('batch_id', '?')} at the provider"
         elif e.kind == "lease_expired":
             # Logged when another worker reclaimed the shard: the lease ran until then.
             span.end, span.outcome = clock(e.ts), "expired"
@@ -258,9 +264,15 @@ def collect(store: Store, version: str, *, price: float = DEFAULT_GPU_HOUR_PRICE
     compare_labels = ({_label(k): v for k, v in store.label_counts(compare_to).items() if k is not None}
                       if compare_to else {})
 
+    # GPU time is lease time on the local engine's shards; a hosted shard's lease
+    # is a poller's few seconds, paid for in the provider's tokens instead.
+    hosted_shards = {row.shard_no for row in store.shard_rows(version) if row.route != LOCAL_ROUTE}
     by_outcome: dict[str, float] = collections.defaultdict(float)
     for s in leases:
-        by_outcome[s.outcome] += max(0.0, (s.end or s.start) - s.start)
+        if s.shard_no not in hosted_shards:
+            by_outcome[s.outcome] += max(0.0, (s.end or s.start) - s.start)
+    routing = info.spec.get("routing") or {}
+    providers = [{"route": route, **body} for route, body in (routing.get("providers") or {}).items()]
 
     deadline: float | None = None
     if info.spec.get("deadline"):
@@ -278,7 +290,7 @@ def collect(store: Store, version: str, *, price: float = DEFAULT_GPU_HOUR_PRICE
         tokens=store.token_totals(version), per_worker_rate=store.run_throughput(version),
         stale_by_op=dict(stale_by_op), event_counts=dict(counts), shifted_seconds=clock.total,
         deadline=deadline, sealed_at=sealed_at, computed=computed, carried=info.carried,
-        lease_seconds_by_outcome=dict(by_outcome),
+        lease_seconds_by_outcome=dict(by_outcome), routes=store.route_totals(version), providers=providers,
     )
 
 
@@ -341,10 +353,11 @@ def _short_worker(worker: str) -> str:
 
 COLORS = {
     "done": "#14b8a6", "released": "#94a3b8", "expired": "url(#bl-hatch)", "open": "#99f6e4",
+    "parked": "#c4b5fd",
     "stale_epoch": "#dc2626", "engine_crash": "#111827", "engine_hang": "#7c3aed",
 }
 OUTCOME_WORDS = {"done": "completed", "released": "released", "expired": "expired (lease lost)",
-                 "open": "held now"}
+                 "open": "held now", "parked": "parked at a provider"}
 
 
 def _svg(width: int, height: int, label: str, body: str) -> str:
@@ -831,11 +844,49 @@ def _cost_section(d: ReportData) -> str:
             f'<table><tbody>{fact_rows}</tbody></table></div></section>')
 
 
+def provider_cost(provider: dict[str, Any], totals: RouteTotals | None) -> float | None:
+    """Tokens at the configured batch prices; None when no price is configured."""
+    prices = provider.get("prices") or {}
+    if totals is None or not prices:
+        return None
+    return (totals.input_tokens * float(prices.get("input_per_mtok", 0.0))
+            + totals.output_tokens * float(prices.get("output_per_mtok", 0.0))) / 1e6
+
+
+def _routes_section(d: ReportData) -> str:
+    if not d.providers:
+        return ""
+    local = d.routes.get(LOCAL_ROUTE)
+    engine = (d.info.spec.get("model") or {}).get("engine", "?")
+    rows = [(LOCAL_ROUTE, f"{engine} (in-house)", local, f"{d.gpu_hours:,.3f} GPU-hours",
+             f"${d.cost:,.2f}", "stays in-house")]
+    for p in d.providers:
+        totals = d.routes.get(p["route"])
+        cost = provider_cost(p, totals)
+        rows.append((p["route"], f"{p.get('api')} batch, {p.get('model')}", totals, "tokens at batch prices",
+                     f"${cost:,.2f}" if cost is not None else "no price configured", str(p.get("retention", "?"))))
+    body = "".join(
+        f"<tr><td>{esc(route)}</td><td>{esc(where)}</td>"
+        f'<td class="num">{(t.records if t else 0):,}</td><td class="num">{(t.results if t else 0):,}</td>'
+        f'<td class="num">{(t.dead_letters if t else 0):,}</td>'
+        f'<td class="num">{(t.input_tokens if t else 0):,} / {(t.output_tokens if t else 0):,}</td>'
+        f"<td>{esc(basis)}</td><td class=\"num\">{esc(cost)}</td><td>{esc(retention)}</td></tr>"
+        for route, where, t, basis, cost, retention in rows)
+    field_name = (d.info.spec.get("routing") or {}).get("class_field", "?")
+    return ('<section><h2>Where records went</h2><p class="what">Records go to a hosted provider only when '
+            f"their {esc(field_name)} names a class cleared for it; a record without it, or with any other "
+            "class, stays in-house. Cost is GPU-hours at the GPU price for the in-house engine and tokens at "
+            "the configured batch prices for each provider.</p><table><thead><tr><th>route</th><th>answered by</th>"
+            '<th class="num">records</th><th class="num">results</th><th class="num">dead letters</th>'
+            '<th class="num">tokens in / out</th><th>cost basis</th><th class="num">cost</th>'
+            f"<th>data retention</th></tr></thead><tbody>{body}</tbody></table></section>")
+
+
 def render(d: ReportData) -> str:
     body = "".join([
         _header(d), _cards(d), _throughput_section(d), _timeline_section(d),
         '<div class="pair">', _attempts_section(d), _labels_section(d), "</div>",
-        _dead_letters_section(d), _validation_section(d), _cost_section(d),
+        _dead_letters_section(d), _validation_section(d), _routes_section(d), _cost_section(d),
         f'<footer>Generated {esc(_utc(d.generated))} by batchline report; engine '
         f'{esc((d.info.spec.get("model") or {}).get("engine", "?"))}.</footer>',
     ])

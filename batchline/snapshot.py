@@ -21,7 +21,8 @@ from typing import Any
 import orjson
 
 from batchline.errors import InputError
-from batchline.spec import InputSpec
+from batchline.openai_format import messages_hash_text, parse_request
+from batchline.spec import OPENAI_BATCH, InputSpec, RoutingSpec
 
 _CHUNK = 1 << 20
 # The slice a worker checks must be read whole before any record is parsed, so
@@ -37,6 +38,9 @@ class Record:
     content_hash: str
     line: int  # 1-based line (JSONL, CSV) or row number (Parquet) in its file
     data_class: Any = None  # the routing class field's value, when the job routes by class
+    # openai-batch: the conversation, which the engine renders with its chat template;
+    # `text` is then the last user message.
+    messages: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -48,20 +52,27 @@ class Slice:
     first_line: int
     digest: str
     header: tuple[str, ...] | None = None  # csv column names
+    # With routing, a route's shard covers the range from its first record to its
+    # last, and holds only that range's records of its own route.
+    route: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "path": self.path, "format": self.format, "start": self.start, "end": self.end,
             "first_line": self.first_line, "digest": self.digest,
             "header": list(self.header) if self.header is not None else None,
         }
+        if self.route is not None:
+            out["route"] = self.route
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Slice:
         header = data.get("header")
         return cls(path=data["path"], format=data["format"], start=int(data["start"]),
                    end=int(data["end"]), first_line=int(data["first_line"]),
-                   digest=data["digest"], header=tuple(header) if header is not None else None)
+                   digest=data["digest"], header=tuple(header) if header is not None else None,
+                   route=data.get("route"))
 
     def describe(self) -> str:
         unit = "rows" if self.format == "parquet" else "bytes"
@@ -128,7 +139,7 @@ def scan(path: Path, spec: InputSpec) -> Iterator[ScannedRecord]:
     """Every record of one input file in order, with its position, validated."""
     if spec.format != "parquet":
         refuse_compressed(path)
-    if spec.format == "jsonl":
+    if spec.format in ("jsonl", OPENAI_BATCH):
         yield from _scan_jsonl(path, spec)
     elif spec.format == "csv":
         yield from _scan_csv(path, spec)
@@ -189,7 +200,15 @@ def parse_jsonl_line(raw: bytes, path: Path | str, line_no: int, spec: InputSpec
         obj = _parse_slowly(raw, path, line_no)
     if not isinstance(obj, dict):
         raise InputError(f"{path}:{line_no}: a line must be a JSON object, not {type(obj).__name__}")
+    if spec.format == OPENAI_BATCH:
+        return _chat_record(obj, path, line_no, spec)
     return _record(obj, path, line_no, spec)
+
+
+def _chat_record(obj: dict[str, Any], path: Path | str, line_no: int, spec: InputSpec) -> Record:
+    req = parse_request(obj, f"{path}:{line_no}", spec.chat_rules)
+    return Record(req.custom_id, req.text, None, content_hash(messages_hash_text(req.messages), None),
+                  line_no, messages=req.messages)
 
 
 def _parse_slowly(raw: bytes, path: Path | str, line_no: int) -> Any:
@@ -319,19 +338,31 @@ def parquet_slice_digest(records: Sequence[Record]) -> str:
 # --- reading a slice (workers) -------------------------------------------------
 
 
-def read_slice(sl: Slice, spec: InputSpec) -> list[Record]:
+def read_slice(sl: Slice, spec: InputSpec, routing: RoutingSpec | None = None) -> list[Record]:
     """The records of one shard, after checking the slice's digest."""
+    records = _read_slice(sl, spec)
+    if sl.route is None:
+        return records
+    if routing is None:
+        raise InputError(f"shard of route {sl.route!r} read without the job's routing rules")
+    mine = [r for r in records if routing.route_of(r.data_class) == sl.route]
+    if sl.format == "parquet" and parquet_slice_digest(mine) != sl.digest:
+        raise InputError(f"input changed since planning: {sl.describe()}")
+    return mine
+
+
+def _read_slice(sl: Slice, spec: InputSpec) -> list[Record]:
     path = Path(sl.path)
     changed = f"input changed since planning: {sl.describe()}"
     if sl.format == "parquet":
         records = _read_parquet_rows(path, sl.start, sl.end, spec)
-        if parquet_slice_digest(records) != sl.digest:
+        if sl.route is None and parquet_slice_digest(records) != sl.digest:
             raise InputError(changed)
         return records
     data = _read_range(path, sl.start, sl.end)
     if "sha256:" + hashlib.sha256(data).hexdigest() != sl.digest:
         raise InputError(changed)
-    if sl.format == "jsonl":
+    if sl.format in ("jsonl", OPENAI_BATCH):
         out = []
         # Split on b"\n" alone, as iterating the file did at planning time.
         for i, raw in enumerate(data.split(b"\n")):

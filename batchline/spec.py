@@ -27,7 +27,10 @@ ENGINES = ("llamacpp", "transformers", "vllm", "openai", "embedding", "synthetic
 # change to them bumps the engine's revision and makes new versions.
 ENGINE_REVISIONS = {"llamacpp": 1, "transformers": 1, "vllm": 1, "openai": 1, "embedding": 1, "synthetic": 1}
 TEXT_FORMATS = ("jsonl", "csv")
-FORMATS = (*TEXT_FORMATS, "parquet")
+# openai-batch: OpenAI batch input lines (JSONL, read in byte ranges like jsonl), never
+# guessed from a suffix since such a file is also plain JSONL.
+OPENAI_BATCH = "openai-batch"
+FORMATS = (*TEXT_FORMATS, "parquet", OPENAI_BATCH)
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip", ".snappy")
 
 # The planner's cheap length bound: a record whose UTF-8 text is longer than
@@ -47,6 +50,9 @@ class InputSpec:
     max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN
     format: str = "jsonl"
     class_field: str | None = None  # routing.class_field, read with each record
+    # openai-batch only: what every request line must agree with (the job's decoding
+    # and output schema), so a line asking for something else is refused at planning.
+    chat_rules: ChatRules | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,12 @@ class ModelSpec:
     path: str | None = None
     digest: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """How a result names the local model that answered it: engine, weights and digest."""
+        name = f"{self.engine}:{self.path}" if self.path else self.engine
+        return f"{name}@{self.digest[:19]}" if self.digest else name
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,15 @@ class DecodingSpec:
     max_tokens: int = 256
     seed: int = 0
     top_p: float = 1.0
+
+
+@dataclass(frozen=True)
+class ChatRules:
+    """An engine runs one decoding setting and one output schema per job, so each
+    request of an openai-batch input must ask for these or leave them out."""
+
+    decoding: DecodingSpec
+    output_schema: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -265,7 +286,9 @@ class JobSpec:
                 "format": self.input.format,
             },
             "model": {"engine": self.model.engine, "options": dict(self.model.options)},
-            "prompt": {"text": self.prompt.text, "version": self.prompt.version},
+            # An openai-batch job has no prompt section: its lines carry their conversations.
+            **({} if self.input.format == OPENAI_BATCH
+               else {"prompt": {"text": self.prompt.text, "version": self.prompt.version}}),
             "decoding": dict(self.decoding.__dict__),
             "output": {"schema": dict(self.output_schema)},
             "shards": dict(self.shards.__dict__),
@@ -333,7 +356,8 @@ def load_spec(path: str | Path) -> JobSpec:
 def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
     where = str(source) if source else "spec"
     r = _Reader(where)
-    top = r.mapping(raw, "", required={"name", "input", "model", "prompt", "output"},
+    # prompt is required below unless the input is openai-batch, whose lines carry their prompts.
+    top = r.mapping(raw, "", required={"name", "input", "model", "output"},
                     allowed={"name", "input", "model", "prompt", "decoding", "output",
                              "shards", "deadline", "validate", "base", "retention", "routing"})
     name = r.string(top["name"], "name")
@@ -353,10 +377,15 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
         fmt = _format_of(r, paths)
     elif fmt not in FORMATS:
         r.fail("input.format", f"{fmt!r} is not one of {', '.join(FORMATS)}")
+    chat = fmt == OPENAI_BATCH
+    if chat:
+        _check_chat_input(r, inp, top)
+    elif top.get("prompt") is None:
+        r.fail("prompt", "is required")
     input_spec = InputSpec(
         paths=paths,
-        id_field=r.string(inp.get("id_field", "id"), "input.id_field"),
-        text_field=r.string(inp.get("text_field", "text"), "input.text_field"),
+        id_field=r.string(inp.get("id_field", "custom_id" if chat else "id"), "input.id_field"),
+        text_field=r.string(inp.get("text_field", "messages" if chat else "text"), "input.text_field"),
         acl_field=r.optional_string(inp.get("acl_field"), "input.acl_field"),
         max_input_tokens=r.optional_int(inp.get("max_input_tokens"), "input.max_input_tokens", 1),
         max_bytes_per_token=r.integer(
@@ -382,11 +411,14 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
     model_spec = ModelSpec(engine=engine, path=model_path,
                            digest=digest.lower() if digest else None, options=options)
 
-    pr = r.mapping(top["prompt"], "prompt", required={"version"}, allowed={"file", "text", "version"})
-    if ("file" in pr) == ("text" in pr):
+    pr = {} if chat else r.mapping(top["prompt"], "prompt", required={"version"},
+                                   allowed={"file", "text", "version"})
+    if not chat and ("file" in pr) == ("text" in pr):
         r.fail("prompt", "give exactly one of 'file' or 'text'")
     prompt_file: Path | None = None
-    if "file" in pr:
+    if chat:
+        prompt_text = ""
+    elif "file" in pr:
         prompt_file = (base_dir / r.string(pr["file"], "prompt.file")).resolve()
         try:
             prompt_text = prompt_file.read_text(encoding="utf-8")
@@ -394,7 +426,8 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
             r.fail("prompt.file", f"cannot read {prompt_file}: {_one_line(exc)}")
     else:
         prompt_text = r.string(pr["text"], "prompt.text")
-    prompt_spec = PromptSpec(file=prompt_file, version=str(pr["version"]), text=prompt_text)
+    prompt_spec = PromptSpec(file=prompt_file, version=OPENAI_BATCH if chat else str(pr["version"]),
+                             text=prompt_text)
 
     dec = r.mapping(top.get("decoding", {}) or {}, "decoding",
                     allowed={"temperature", "max_tokens", "seed", "top_p"})
@@ -455,6 +488,8 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
     ret = r.mapping(top.get("retention", {}) or {}, "retention", allowed={"versions"})
     retention = RetentionSpec(versions=r.integer(ret.get("versions", 5), "retention.versions", 2))
     routing = _parse_routing(r, top["routing"]) if top.get("routing") is not None else None
+    if chat:
+        input_spec = replace(input_spec, chat_rules=ChatRules(decoding=decoding, output_schema=schema))
     if routing is not None:
         input_spec = replace(input_spec, class_field=routing.class_field)
     return JobSpec(name=name, input=input_spec, model=model_spec, prompt=prompt_spec,
@@ -577,6 +612,23 @@ def _input_paths(r: _Reader, value: Any, base_dir: Path) -> tuple[Path, ...]:
         else:
             paths.append((base_dir / text).resolve())
     return tuple(paths)
+
+
+def _check_chat_input(r: _Reader, inp: Mapping[str, Any], top: Mapping[str, Any]) -> None:
+    """An openai-batch line has fixed fields and carries its whole conversation."""
+    for key, fixed in (("id_field", "custom_id"), ("text_field", "messages")):
+        if inp.get(key, fixed) != fixed:
+            r.fail(f"input.{key}", f"is always {fixed!r} with input.format {OPENAI_BATCH}; leave it out")
+    if inp.get("acl_field") is not None:
+        r.fail("input.acl_field", f"an {OPENAI_BATCH} line has no field for an ACL; convert the file to "
+                                  "jsonl to carry one")
+    if top.get("prompt") is not None:
+        r.fail("prompt", f"is not used with input.format {OPENAI_BATCH}: each line's messages are its whole "
+                         "prompt; put shared instructions in a system message of each line")
+    if top.get("routing") is not None:
+        # Hosted routes are sent a rendered prompt, which would drop all but the last turn.
+        r.fail("routing", f"is not supported with input.format {OPENAI_BATCH} yet: hosted providers are "
+                          "sent one prompt, not a conversation")
 
 
 def _format_of(r: _Reader, paths: tuple[Path, ...]) -> str:

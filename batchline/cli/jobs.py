@@ -48,6 +48,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the address the metrics endpoint listens on (default: all)")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="json: one JSON object a line, for a log pipeline")
+    p.add_argument("--routes", default=None, metavar="ROUTE,...",
+                   help="take only shards of these routes: 'local' for the job's own engine, or the names of "
+                        "routing.providers (default: every route; a worker without a GPU can poll hosted "
+                        "batches with --routes naming only providers)")
     p.set_defaults(func=cmd_worker)
 
     p = command("status", "progress of a job version (or a list of jobs)")
@@ -65,8 +69,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = command("export", "write a version's results with each record's ACL; a published NAME with "
                           "--format parquet writes a dataset per version and flips NAME/CURRENT")
     p.add_argument("target", metavar="VERSION|NAME")
-    p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+    p.add_argument("--format", choices=("jsonl", "parquet", "openai-batch"), default="jsonl",
+                   help="openai-batch: OpenAI's batch output file (--out) and error file (--errors), one "
+                        "line per input line, in the input's order")
     p.add_argument("--out", type=Path, default=None, metavar="PATH")
+    p.add_argument("--errors", type=Path, default=None, metavar="PATH",
+                   help="with --format openai-batch: the error file (default: --out with .errors.jsonl)")
+    p.add_argument("--partial", action="store_true",
+                   help="with --format openai-batch: export a version that is not finished yet")
     p.set_defaults(func=cmd_export)
 
     p = command("validate", "check a sealed version: coverage, schema, dead letters, drift, evaluation")
@@ -193,7 +203,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     watcher = start_watcher(args.preemption_notice, stop, base_url=args.metadata_url, log=log.info)
     worker = Worker(_store(args), version=args.job, worker_id=worker_id, stop=stop,
-                    poll_seconds=args.poll_seconds, log=log.info, telemetry=telemetry)
+                    poll_seconds=args.poll_seconds, log=log.info, telemetry=telemetry,
+                    routes=[r.strip() for r in args.routes.split(",") if r.strip()] if args.routes else None)
     code = worker.run()
     if watcher is not None:
         watcher.close()
@@ -209,6 +220,10 @@ def status_dict(st: JobStatus) -> dict[str, Any]:
         "dead_letters_by_kind": st.dead_letters_by_kind, "leases_lost": st.leases_lost,
         "records_per_second": st.records_done_last_minutes / st.window_seconds,
     }
+
+
+def routes_dict(store: Store, version: str) -> dict[str, Any]:
+    return {route: t.__dict__ for route, t in sorted(store.route_totals(version).items())}
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -233,12 +248,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         return watch_status(store, _version(store, args.version), interval=args.interval)
     st = store.status(_version(store, args.version))
     if args.json:
-        print(json.dumps(status_dict(st), indent=2))
+        print(json.dumps({**status_dict(st), "routes": routes_dict(store, st.version)}, indent=2))
         return 0
     rate = st.records_done_last_minutes / st.window_seconds or None
     print(f"{st.version} ({st.state})")
     print("  " + progress_line(st, rate, None, None, None))
     print("  shards: " + ", ".join(f"{k} {v}" for k, v in st.shards.items()))
+    routes = store.route_totals(st.version)
+    if set(routes) - {"local"}:
+        print("  routes: " + "; ".join(f"{route} {t.records:,} records, {t.results:,} results"
+                                       for route, t in sorted(routes.items())))
     if st.dead_letters_by_kind:
         print("  dead letters: " + ", ".join(f"{k} {v}" for k, v in sorted(st.dead_letters_by_kind.items())))
     return 0
@@ -290,6 +309,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from batchline.export import export_dataset, export_jsonl, export_parquet
 
     store = _store(args)
+    if args.format == "openai-batch":
+        return _export_openai_batch(store, args)
+    if args.errors is not None or args.partial:
+        raise BatchlineError("--errors and --partial go with --format openai-batch")
     if store.job(args.target) is None and args.format == "parquet":
         version, folder = export_dataset(store, args.target, args.out or Path("exports"))
         print(f"exported {version} to {folder}; {folder.parent / 'CURRENT'} names it", file=sys.stderr)
@@ -302,4 +325,19 @@ def cmd_export(args: argparse.Namespace) -> int:
         out = args.out
         n = export_jsonl(store, version, out)
     print(f"exported {n:,} results of {version}" + (f" to {out}" if out else ""), file=sys.stderr)
+    return 0
+
+
+def _export_openai_batch(store: Store, args: argparse.Namespace) -> int:
+    from batchline.export import export_openai_batch, openai_errors_path
+
+    if args.out is None:
+        raise BatchlineError("--format openai-batch needs --out FILE (the error file goes beside it)")
+    errors = args.errors or openai_errors_path(args.out)
+    if errors.resolve() == args.out.resolve():
+        raise BatchlineError(f"--errors {errors} is the output file itself; name another file")
+    version = _version(store, args.target)
+    done = export_openai_batch(store, version, args.out, errors, partial=args.partial)
+    print(f"exported {version}: responses {done.responses:,} in {args.out}, errors {done.errors:,} in {errors}"
+          + (f"; {done.pending:,} records have no outcome yet" if done.pending else ""), file=sys.stderr)
     return 0

@@ -18,6 +18,7 @@ from batchline.store.base import (
     PlannedRecord,
     PlannedShard,
     ResultRow,
+    RouteTotals,
     ShardRow,
     Store,
     StoredDeadLetter,
@@ -28,7 +29,8 @@ DEFAULT_URL = "sqlite:///batchline.db"
 
 __all__ = [
     "DEFAULT_URL", "ChargeResult", "DeadLetterRow", "DuplicateRecord", "Event", "JobInfo", "JobStatus",
-    "Lease", "LeaseLost", "PlannedRecord", "PlannedShard", "ResultRow", "ShardRow", "Store", "StoredDeadLetter",
+    "Lease", "LeaseLost", "PlannedRecord", "PlannedShard", "ResultRow", "RouteTotals", "ShardRow", "Store",
+    "StoredDeadLetter",
     "StoredResult", "default_url", "open_store",
 ]
 

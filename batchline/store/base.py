@@ -36,6 +36,10 @@ class Lease:
     slice: dict[str, Any]
     record_count: int
     expires: float
+    route: str = "local"  # "local" for the in-house engine, else the hosted provider's route name
+    # A hosted route's batch: None before submission, {"state": "submitting", ...} while
+    # a submission may be under way, a SubmittedBatch's JSON once the provider has it.
+    batch: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class PlannedShard:
     shard_no: int
     slice: dict[str, Any]
     record_count: int
+    route: str = "local"
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,7 @@ class ResultRow:
     input_tokens: int | None = None
     output_tokens: int | None = None
     label: str | None = None  # the spec's output.label_field, kept as its own column
+    model: str | None = None  # which model answered: the local engine's or the provider's
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,7 @@ class StoredResult:
     output_tokens: int | None
     label: str | None = None
     origin: str | None = None  # for a carried result, the version that computed it
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,21 @@ class ShardRow:
     record_count: int
     results: int
     dead_letters: int
+    route: str = "local"
+    batch_id: str | None = None  # the provider's batch in flight, for a hosted route
+    poll_at: float | None = None
+
+
+@dataclass(frozen=True)
+class RouteTotals:
+    """Where a version's records went, and what answering them took."""
+
+    records: int
+    results: int  # computed by this version (carried results are not counted)
+    dead_letters: int
+    input_tokens: int
+    output_tokens: int
+    shards: int
 
 
 @dataclass(frozen=True)
@@ -247,11 +269,27 @@ class Store(Protocol):
         ...
 
     # leases
-    def claim(self, worker: str, version: str | None = None) -> Lease | None: ...
+    def claim(self, worker: str, version: str | None = None, routes: Sequence[str] | None = None) -> Lease | None:
+        """Leases the lowest shard that is ready, whose lease expired, or whose batch at a
+        provider is due to be polled; `routes` limits it to shards of those routes."""
+        ...
 
     def renew(self, lease: Lease) -> Lease | None: ...
 
-    def release(self, lease: Lease, reason: str) -> bool: ...
+    def release(self, lease: Lease, reason: str) -> bool:
+        """Gives the shard back: ready again, or, with a batch at a provider, submitted
+        and due to be polled at once."""
+        ...
+
+    def set_batch(self, lease: Lease, batch: dict[str, Any] | None) -> Lease:
+        """Records (or clears) the shard's batch while holding the lease, fenced: the
+        intent to submit is on record before the provider is called."""
+        ...
+
+    def await_provider(self, lease: Lease, batch: dict[str, Any], poll_in: float) -> None:
+        """Parks the shard as `submitted` with its batch, holding no lease: any worker
+        may claim it to poll once `poll_in` seconds have passed. Fenced; idempotent."""
+        ...
 
     def complete(self, lease: Lease) -> None:
         """Marks the shard done (idempotent for the same owner and epoch); seals the
@@ -263,8 +301,8 @@ class Store(Protocol):
         """Ready versions with shards not yet done, oldest first."""
         ...
 
-    def has_open_shards(self, version: str | None = None) -> bool:
-        """True while any shard of a ready version is not done."""
+    def has_open_shards(self, version: str | None = None, routes: Sequence[str] | None = None) -> bool:
+        """True while any shard of a ready version (of those routes) is not done."""
         ...
 
     # records
@@ -291,6 +329,10 @@ class Store(Protocol):
     def status(self, version: str, window_seconds: float = 300.0) -> JobStatus: ...
 
     def shard_rows(self, version: str) -> list[ShardRow]: ...
+
+    def route_totals(self, version: str) -> dict[str, RouteTotals]:
+        """Records, outcomes and tokens per route."""
+        ...
 
     def token_totals(self, version: str) -> tuple[int, int]:
         """Input and output tokens of the results this version computed."""

@@ -34,7 +34,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import psycopg
@@ -59,6 +59,7 @@ from batchline.store.base import (
     PlannedShard,
     Publication,
     ResultRow,
+    RouteTotals,
     ShardRow,
     StoredDeadLetter,
     StoredResult,
@@ -128,7 +129,8 @@ def _jsonb(value: Any) -> Jsonb:
 
 
 def _stored_result(r: Sequence[Any]) -> StoredResult:
-    return StoredResult(r[0], r[1], _acl_value(r[2]), r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11])
+    return StoredResult(r[0], r[1], _acl_value(r[2]), r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11],
+                        r[12])
 
 
 def _chunks(rows: Sequence[T], size: int = WRITE_BATCH_ROWS) -> Iterator[Sequence[T]]:
@@ -357,8 +359,9 @@ class PostgresStore:
 
     # --- leases --------------------------------------------------------------------------
 
-    def claim(self, worker: str, version: str | None = None) -> Lease | None:
+    def claim(self, worker: str, version: str | None = None, routes: Sequence[str] | None = None) -> Lease | None:
         op = uuid.uuid4()
+        route_list = list(routes) if routes is not None else None
 
         def body(cur: Cursor) -> Lease | None:
             if version is None:
@@ -367,7 +370,7 @@ class PostgresStore:
             else:
                 versions = [version]
             for v in versions:
-                cur.execute(q.PICK_SHARD, {"v": v})
+                cur.execute(q.PICK_SHARD, {"v": v, "routes": route_list})
                 row = cur.fetchone()
                 if row is not None:
                     return self._grant(cur, v, row, worker, op)
@@ -377,16 +380,16 @@ class PostgresStore:
             for mark in self._marks(cur, op):
                 if mark.kind == "claim" and mark.version is not None and mark.shard_no is not None:
                     cur.execute(q.LEASE_BY_CLAIM, (mark.version, mark.shard_no))
-                    slice_, count, expires, _owner, _epoch = cur.fetchone()  # type: ignore[misc]
+                    slice_, count, expires, _owner, _epoch, route, batch = cur.fetchone()  # type: ignore[misc]
                     # If the lease was lost meanwhile, the first fenced write says so.
                     return Lease(mark.version, mark.shard_no, worker, int(mark.epoch or 0), slice_, count,
-                                 float(expires or 0.0))
+                                 float(expires or 0.0), route, batch)
             return _MISSING
 
         return self._run(body, recover=recover)
 
     def _grant(self, cur: Cursor, version: str, row: Sequence[Any], worker: str, op: uuid.UUID) -> Lease:
-        shard_no, state, old_owner, old_epoch, slice_, count, now, lease_seconds = row
+        shard_no, state, old_owner, old_epoch, slice_, count, now, lease_seconds, route, batch = row
         expired = _jsonb({"reclaimed_by": worker}) if state == "leased" else None
         cur.execute(q.GRANT_SHARD, {"w": worker, "now": now, "lease": float(lease_seconds), "v": version,
                                     "s": shard_no, "old_owner": old_owner, "old_epoch": old_epoch,
@@ -394,7 +397,7 @@ class PostgresStore:
         granted = cur.fetchone()
         assert granted is not None
         return Lease(version=version, shard_no=shard_no, owner=worker, epoch=int(granted[0]), slice=slice_,
-                     record_count=count, expires=float(granted[1]))
+                     record_count=count, expires=float(granted[1]), route=route, batch=batch)
 
     @staticmethod
     def _fence_params(lease: Lease) -> dict[str, Any]:
@@ -428,8 +431,7 @@ class PostgresStore:
         expires = self._run(body, recover=self._recover_refusal(op))
         if isinstance(expires, _Lost):
             return None
-        return Lease(lease.version, lease.shard_no, lease.owner, lease.epoch, lease.slice,
-                     lease.record_count, expires)
+        return replace(lease, expires=expires)
 
     def release(self, lease: Lease, reason: str) -> bool:
         op = uuid.uuid4()
@@ -449,6 +451,41 @@ class PostgresStore:
             return marks[0].kind == "release" if marks else _MISSING
 
         return self._run(body, recover=recover)
+
+    def set_batch(self, lease: Lease, batch: dict[str, Any] | None) -> Lease:
+        op = uuid.uuid4()
+
+        def body(cur: Cursor) -> _Lost | None:
+            cur.execute(q.SET_BATCH, {**self._fence_params(lease), "batch": _jsonb(batch) if batch is not None else None})
+            return None if cur.rowcount == 1 else self._refusal(cur, lease, "batch", op)
+
+        if isinstance(self._run(body, recover=self._recover_refusal(op)), _Lost):
+            raise _lost(lease, "batch")
+        return replace(lease, batch=batch)
+
+    def await_provider(self, lease: Lease, batch: dict[str, Any], poll_in: float) -> None:
+        op = uuid.uuid4()
+
+        def body(cur: Cursor) -> _Lost | None:
+            cur.execute(q.SHARD_FOR_AWAIT, (lease.version, lease.shard_no))
+            row = cur.fetchone()
+            if row is None:
+                raise StoreError(f"no shard {lease.shard_no} in {lease.version}")
+            state, owner, epoch, previous = row
+            if (owner, epoch) == (lease.owner, lease.epoch) and state == "submitted" and previous == batch:
+                return None  # a retry of the same parking
+            cur.execute(q.AWAIT_PROVIDER, {**self._fence_params(lease), "batch": _jsonb(batch),
+                                           "poll_in": float(poll_in)})
+            if cur.rowcount != 1:
+                return self._refusal(cur, lease, "await_provider", op)
+            fresh = previous is None or previous.get("batch_id") != batch.get("batch_id")
+            self._event(cur, "submitted" if fresh else "provider_wait", lease.version, lease.owner,
+                        lease.shard_no, lease.epoch,
+                        {"batch_id": batch.get("batch_id"), "requests": batch.get("request_count")}, op)
+            return None
+
+        if isinstance(self._run(body, recover=self._recover_refusal(op)), _Lost):
+            raise _lost(lease, "await_provider")
 
     def complete(self, lease: Lease) -> None:
         op = uuid.uuid4()
@@ -483,8 +520,9 @@ class PostgresStore:
     def open_versions(self) -> list[str]:
         return [r[0] for r in self._read(q.OPEN_VERSIONS)]
 
-    def has_open_shards(self, version: str | None = None) -> bool:
-        rows = self._read(q.HAS_OPEN) if version is None else self._read(q.HAS_OPEN_VERSION, (version,))
+    def has_open_shards(self, version: str | None = None, routes: Sequence[str] | None = None) -> bool:
+        params = {"v": version, "routes": list(routes) if routes is not None else None}
+        rows = self._read(q.HAS_OPEN if version is None else q.HAS_OPEN_VERSION, params)
         return bool(rows[0][0])
 
     # --- records -------------------------------------------------------------------------
@@ -515,7 +553,8 @@ class PostgresStore:
                         **self._fence_params(lease),
                         "ids": [r.record_id for r in chunk], "outputs": [r.output for r in chunk],
                         "labels": [r.label for r in chunk], "acls": [_acl_json(r.acl) for r in chunk], "attempts": [r.attempt for r in chunk],
-                        "tin": [r.input_tokens for r in chunk], "tout": [r.output_tokens for r in chunk]})
+                        "tin": [r.input_tokens for r in chunk], "tout": [r.output_tokens for r in chunk],
+                        "models": [r.model for r in chunk]})
                 fenced, n = cur.fetchone()  # type: ignore[misc]
                 if not fenced:
                     return self._refusal(cur, lease, "put", op)
@@ -537,7 +576,7 @@ class PostgresStore:
             copy.set_types(q.STAGE_TYPES)
             for r in rows:
                 copy.write_row((r.record_id, r.output, r.label, _acl_json(r.acl), r.attempt, r.input_tokens,
-                                r.output_tokens))
+                                r.output_tokens, r.model))
 
     def charge_attempt(self, lease: Lease, record_id: str, kind: str, error: str, acl: Any,
                        max_attempts: int) -> ChargeResult:
@@ -631,6 +670,15 @@ class PostgresStore:
 
     def shard_rows(self, version: str) -> list[ShardRow]:
         return [ShardRow(*r) for r in self._read(q.SHARD_ROWS, (version,))]
+
+    def route_totals(self, version: str) -> dict[str, RouteTotals]:
+        computed = {r[0]: r[1:] for r in self._read(q.ROUTE_RESULTS, (version,))}
+        out: dict[str, RouteTotals] = {}
+        for route, shards, records, dead in self._read(q.ROUTE_SHARDS, (version,)):
+            n, tin, tout = computed.get(route, (0, 0, 0))
+            out[route] = RouteTotals(records=int(records), results=int(n), dead_letters=int(dead),
+                                     input_tokens=int(tin), output_tokens=int(tout), shards=int(shards))
+        return out
 
     def _pages(self, query: str, version: str, page_size: int) -> Iterator[Sequence[Any]]:
         # Keyset pages, each its own short statement: a reader never holds a
@@ -845,7 +893,8 @@ class PostgresPlanWriter:
 
     def add_shards(self, shards: Sequence[PlannedShard]) -> None:
         self._planning(lambda cur: cur.executemany(
-            q.INSERT_SHARD, [(self.version, s.shard_no, Jsonb(s.slice), s.record_count) for s in shards]))
+            q.INSERT_SHARD, [(self.version, s.shard_no, Jsonb(s.slice), s.record_count, s.route)
+                             for s in shards]))
 
     def add_records(self, records: Sequence[PlannedRecord]) -> None:
         for chunk in _chunks(records, 20_000):

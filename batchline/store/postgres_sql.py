@@ -177,6 +177,12 @@ ALTER TABLE jobs ALTER COLUMN spec TYPE json USING spec::json;
 ALTER TABLE jobs ADD COLUMN lease_seconds float8
     GENERATED ALWAYS AS ((spec -> 'shards' ->> 'lease_seconds')::float8) STORED;
 """),
+    (4, "routes to hosted providers: a shard's route and batch, the model of each result", """
+ALTER TABLE shards ADD COLUMN route text NOT NULL DEFAULT 'local';
+ALTER TABLE shards ADD COLUMN batch jsonb;
+ALTER TABLE shards ADD COLUMN poll_at float8;
+ALTER TABLE results ADD COLUMN model text;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -227,8 +233,8 @@ INSERT_JOB = ("INSERT INTO jobs (version, name, state, spec, plan_token, created
               "VALUES (%s, %s, 'planning', %s, %s, batchline_now())")
 PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = %s AND state = 'planning' FOR SHARE"
 PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = %s FOR UPDATE"
-INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state) "
-                "VALUES (%s, %s, %s, %s, 'ready')")
+INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route) "
+                "VALUES (%s, %s, %s, %s, 'ready', %s)")
 COPY_RECORDS = "COPY records (version, record_id, shard_no, content_hash) FROM STDIN"
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = %s AND record_id = ANY(%s) LIMIT 1"
 PLAN_DEAD_LETTERS = """
@@ -247,9 +253,9 @@ WHERE version = %(v)s AND NOT EXISTS (SELECT 1 FROM shards WHERE version = %(v)s
 # and content hash are unchanged; the payload stays in the row that computed it.
 CARRY = """
 INSERT INTO results (version, record_id, shard_no, output, origin, label, acl, worker, epoch, attempt,
-                     input_tokens, output_tokens, created_at)
+                     input_tokens, output_tokens, created_at, model)
 SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label, b.acl,
-       'carried', 0, b.attempt, b.input_tokens, b.output_tokens, batchline_now()
+       'carried', 0, b.attempt, b.input_tokens, b.output_tokens, batchline_now(), b.model
 FROM records n
 JOIN records p ON p.version = %(base)s AND p.record_id = n.record_id AND p.content_hash = n.content_hash
 JOIN results b ON b.version = %(base)s AND b.record_id = n.record_id
@@ -277,10 +283,13 @@ ORDER BY j.created_at"""
 # claimers hold locked right now: they are being granted, and waiting on them
 # would make claimers queue on each other.
 PICK_SHARD = """
-SELECT s.shard_no, s.state, s.owner, s.epoch, s.slice, s.record_count, batchline_now(), j.lease_seconds
+SELECT s.shard_no, s.state, s.owner, s.epoch, s.slice, s.record_count, batchline_now(), j.lease_seconds,
+       s.route, s.batch
 FROM shards s JOIN jobs j ON j.version = s.version
-WHERE s.version = %(v)s AND j.state = 'ready' AND s.state IN ('ready', 'leased')
-  AND (s.state = 'ready' OR s.lease_expires <= batchline_now())
+WHERE s.version = %(v)s AND j.state = 'ready' AND s.state IN ('ready', 'leased', 'submitted')
+  AND (s.state = 'ready' OR (s.state = 'leased' AND s.lease_expires <= batchline_now())
+       OR (s.state = 'submitted' AND s.poll_at <= batchline_now()))
+  AND (%(routes)s::text[] IS NULL OR s.route = ANY(%(routes)s::text[]))
 ORDER BY s.shard_no
 LIMIT 1
 FOR UPDATE OF s SKIP LOCKED"""
@@ -305,7 +314,7 @@ WITH granted AS (
 )
 SELECT epoch, lease_expires FROM granted"""
 
-LEASE_BY_CLAIM = ("SELECT slice, record_count, lease_expires, owner, epoch FROM shards "
+LEASE_BY_CLAIM = ("SELECT slice, record_count, lease_expires, owner, epoch, route, batch FROM shards "
                   "WHERE version = %s AND shard_no = %s")
 
 RENEW = """
@@ -315,7 +324,19 @@ WHERE j.version = s.version AND s.version = %(v)s AND s.shard_no = %(s)s AND s.o
   AND s.epoch = %(e)s AND s.state = 'leased'
 RETURNING s.lease_expires"""
 
-RELEASE = f"UPDATE shards SET state = 'ready', owner = NULL, lease_expires = NULL WHERE {FENCE}"
+# A batch already at the provider is not given up with the lease: the shard
+# waits there for the next poller, who must not submit it again.
+RELEASE = f"""
+UPDATE shards SET state = CASE WHEN batch ->> 'batch_id' IS NOT NULL THEN 'submitted' ELSE 'ready' END,
+                  owner = NULL, lease_expires = NULL, poll_at = batchline_now()
+WHERE {FENCE}"""
+SET_BATCH = f"UPDATE shards SET batch = %(batch)s WHERE {FENCE}"
+SHARD_FOR_AWAIT = ("SELECT state, owner, epoch, batch FROM shards WHERE version = %s AND shard_no = %s "
+                   "FOR NO KEY UPDATE")
+AWAIT_PROVIDER = f"""
+UPDATE shards SET state = 'submitted', batch = %(batch)s, lease_expires = NULL,
+                  poll_at = batchline_now() + %(poll_in)s
+WHERE {FENCE}"""
 
 SHARD_FOR_COMPLETE = ("SELECT state, owner, epoch, record_count, results_count, dead_count FROM shards "
                       "WHERE version = %s AND shard_no = %s FOR NO KEY UPDATE")
@@ -343,10 +364,12 @@ SELECT version, batchline_now(), 'seal', %(w)s, '{{}}', %(op)s FROM sealed"""
 
 HAS_OPEN = f"""
 SELECT EXISTS (SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version
-               WHERE j.state = 'ready' AND s.state IN {OPEN_STATES})"""
+               WHERE j.state = 'ready' AND s.state IN {OPEN_STATES}
+                 AND (%(routes)s::text[] IS NULL OR s.route = ANY(%(routes)s::text[])))"""
 HAS_OPEN_VERSION = f"""
 SELECT EXISTS (SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version
-               WHERE j.state = 'ready' AND s.version = %s AND s.state IN {OPEN_STATES})"""
+               WHERE j.state = 'ready' AND s.version = %(v)s AND s.state IN {OPEN_STATES}
+                 AND (%(routes)s::text[] IS NULL OR s.route = ANY(%(routes)s::text[])))"""
 
 # --- records --------------------------------------------------------------------------
 
@@ -367,13 +390,13 @@ WITH fence AS (
     FROM shards WHERE {FENCE} FOR NO KEY UPDATE
 ), ins AS (
     INSERT INTO results (version, record_id, shard_no, output, label, acl, worker, epoch, attempt,
-                         input_tokens, output_tokens, created_at)
+                         input_tokens, output_tokens, created_at, model)
     SELECT %(v)s, u.record_id, %(s)s, u.output, u.label, u.acl, %(w)s, %(e)s, u.attempt,
-           u.input_tokens, u.output_tokens, fence.now
+           u.input_tokens, u.output_tokens, fence.now, u.model
     FROM fence,
          unnest(%(ids)s::text[], %(outputs)s::text[], %(labels)s::text[], %(acls)s::text[],
-                %(attempts)s::int[], %(tin)s::int[], %(tout)s::int[])
-         AS u(record_id, output, label, acl, attempt, input_tokens, output_tokens)
+                %(attempts)s::int[], %(tin)s::int[], %(tout)s::int[], %(models)s::text[])
+         AS u(record_id, output, label, acl, attempt, input_tokens, output_tokens, model)
     WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = %(v)s AND d.record_id = u.record_id)
     ON CONFLICT (version, record_id) DO NOTHING
     RETURNING 1
@@ -395,20 +418,21 @@ SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)"""
 # complete (its count is short), and after its lease those records are done again.
 CREATE_STAGE = """
 CREATE TEMP TABLE IF NOT EXISTS put_stage (
-    record_id text, output text, label text, acl text, attempt int, input_tokens int, output_tokens int
+    record_id text, output text, label text, acl text, attempt int, input_tokens int, output_tokens int,
+    model text
 ) ON COMMIT DELETE ROWS"""
-COPY_STAGE = ("COPY put_stage (record_id, output, label, acl, attempt, input_tokens, output_tokens) "
+COPY_STAGE = ("COPY put_stage (record_id, output, label, acl, attempt, input_tokens, output_tokens, model) "
               "FROM STDIN (FORMAT BINARY)")
-STAGE_TYPES = ["text", "text", "text", "text", "int4", "int4", "int4"]
+STAGE_TYPES = ["text", "text", "text", "text", "int4", "int4", "int4", "text"]
 PUT_FROM_STAGE = f"""
 WITH fence AS (
     SELECT batchline_now() AS now, set_config('synchronous_commit', 'off', true)
     FROM shards WHERE {FENCE} FOR NO KEY UPDATE
 ), ins AS (
     INSERT INTO results (version, record_id, shard_no, output, label, acl, worker, epoch, attempt,
-                         input_tokens, output_tokens, created_at)
+                         input_tokens, output_tokens, created_at, model)
     SELECT %(v)s, u.record_id, %(s)s, u.output, u.label, u.acl, %(w)s, %(e)s, u.attempt,
-           u.input_tokens, u.output_tokens, fence.now
+           u.input_tokens, u.output_tokens, fence.now, u.model
     FROM fence, put_stage u
     WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = %(v)s AND d.record_id = u.record_id)
     ON CONFLICT (version, record_id) DO NOTHING
@@ -457,10 +481,16 @@ LEASES_LOST = "SELECT count(*) FROM events WHERE version = %s AND kind = 'lease_
 RECENT = ("SELECT COALESCE(sum(record_count), 0) FROM shards WHERE version = %s AND state = 'done' "
           "AND done_at >= %s")
 SHARD_ROWS = ("SELECT shard_no, state, owner, epoch, lease_expires, claims, record_count, results_count, "
-              "dead_count FROM shards WHERE version = %s ORDER BY shard_no")
+              "dead_count, route, batch ->> 'batch_id', poll_at FROM shards WHERE version = %s ORDER BY shard_no")
+ROUTE_SHARDS = ("SELECT route, count(*), COALESCE(sum(record_count), 0), COALESCE(sum(dead_count), 0) "
+                "FROM shards WHERE version = %s GROUP BY route")
+ROUTE_RESULTS = """
+SELECT s.route, count(*), COALESCE(sum(r.input_tokens), 0), COALESCE(sum(r.output_tokens), 0)
+FROM results r JOIN shards s ON s.version = r.version AND s.shard_no = r.shard_no
+WHERE r.version = %s AND r.origin IS NULL GROUP BY s.route"""
 # A carried result's payload lives in the row of the version that computed it.
 RESULT_COLUMNS = ("r.record_id, COALESCE(r.output, o.output), r.acl, r.shard_no, r.worker, r.epoch, r.attempt, "
-                  "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin")
+                  "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin, r.model")
 RESULTS_FROM = ("FROM results r LEFT JOIN results o "
                 "ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id")
 RESULTS_PAGE = (f"SELECT {RESULT_COLUMNS} {RESULTS_FROM} WHERE r.version = %s AND r.record_id > %s "

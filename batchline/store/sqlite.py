@@ -14,6 +14,7 @@ import sqlite3
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +34,17 @@ from batchline.store.base import (
     PlannedShard,
     Publication,
     ResultRow,
+    RouteTotals,
     ShardRow,
     StoredDeadLetter,
     StoredResult,
     ValidationRecord,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Columns added after schema 1, added in place to stores made before them.
+_ADDED_COLUMNS = (("shards", "route", "TEXT NOT NULL DEFAULT 'local'"), ("shards", "batch", "TEXT"),
+                  ("shards", "poll_at", "REAL"), ("results", "model", "TEXT"))
 
 # The database's clock, shifted by the test hook. julianday() keeps about a
 # millisecond of precision, which is plenty for leases of seconds.
@@ -75,6 +80,9 @@ CREATE TABLE IF NOT EXISTS shards (
     results_count INTEGER NOT NULL DEFAULT 0,
     dead_count INTEGER NOT NULL DEFAULT 0,
     done_at REAL,
+    route TEXT NOT NULL DEFAULT 'local',
+    batch TEXT,  -- a hosted route's batch at its provider (JSON)
+    poll_at REAL,
     PRIMARY KEY (version, shard_no)
 );
 CREATE INDEX IF NOT EXISTS shards_claimable ON shards (version, state, shard_no);
@@ -99,6 +107,7 @@ CREATE TABLE IF NOT EXISTS results (
     input_tokens INTEGER,
     output_tokens INTEGER,
     created_at REAL NOT NULL,
+    model TEXT,
     PRIMARY KEY (version, record_id)
 );
 CREATE INDEX IF NOT EXISTS results_carried ON results (origin, record_id) WHERE origin IS NOT NULL;
@@ -171,13 +180,20 @@ def _acl_value(text: str | None) -> Any:
 
 # A carried result's payload lives in the row of the version that computed it.
 _RESULT_COLUMNS = ("r.record_id, COALESCE(r.output, o.output), r.acl, r.shard_no, r.worker, r.epoch, r.attempt, "
-                   "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin")
+                   "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin, r.model")
 _RESULTS_FROM = ("FROM results r LEFT JOIN results o "
                  "ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id")
 
 
 def _stored_result(r: Sequence[Any]) -> StoredResult:
-    return StoredResult(r[0], r[1], _acl_value(r[2]), r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11])
+    return StoredResult(r[0], r[1], _acl_value(r[2]), r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11],
+                        r[12])
+
+
+def _route_filter(routes: Sequence[str] | None) -> tuple[str, tuple[str, ...]]:
+    if routes is None:
+        return "", ()
+    return f" AND route IN ({','.join('?' * len(routes))})" if routes else " AND 0", tuple(routes)
 
 
 def _chunks(rows: Sequence[Any], size: int = WRITE_BATCH_ROWS) -> Iterator[Sequence[Any]]:
@@ -213,6 +229,12 @@ class SQLiteStore:
             elif int(row[0]) > SCHEMA_VERSION:
                 raise StoreError(f"store {self.path} has schema {row[0]}, newer than this batchline "
                                  f"({SCHEMA_VERSION}); upgrade batchline")
+            elif int(row[0]) < SCHEMA_VERSION:
+                for table, column, decl in _ADDED_COLUMNS:
+                    have = {r[1] for r in c.execute(f"PRAGMA table_info({table})")}
+                    if column not in have:
+                        c.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+                c.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Cursor]:
@@ -307,7 +329,9 @@ class SQLiteStore:
 
     # --- leases ---------------------------------------------------------------
 
-    def claim(self, worker: str, version: str | None = None) -> Lease | None:
+    def claim(self, worker: str, version: str | None = None, routes: Sequence[str] | None = None) -> Lease | None:
+        only, route_params = _route_filter(routes)
+        columns = "shard_no, state, owner, epoch, slice, record_count, route, batch"
         with self._write() as c:
             now = c.execute(f"SELECT {NOW}").fetchone()[0]
             if version is None:
@@ -317,20 +341,24 @@ class SQLiteStore:
                 row = c.execute("SELECT state FROM jobs WHERE version = ?", (version,)).fetchone()
                 versions = [version] if row is not None and row[0] == "ready" else []
             for v in versions:
-                # Two index seeks rather than one OR, which would sort every open shard per claim.
+                # Index seeks, one per way a shard can be claimable, rather than one OR,
+                # which would sort every open shard per claim.
                 candidates = [row for row in (
-                    c.execute("SELECT shard_no, state, owner, epoch, slice, record_count FROM shards "
-                              "WHERE version = ? AND state = 'ready' ORDER BY shard_no LIMIT 1", (v,)).fetchone(),
-                    c.execute("SELECT shard_no, state, owner, epoch, slice, record_count FROM shards "
-                              "WHERE version = ? AND state = 'leased' AND lease_expires <= ? "
-                              "ORDER BY shard_no LIMIT 1", (v, now)).fetchone(),
+                    c.execute(f"SELECT {columns} FROM shards WHERE version = ? AND state = 'ready'{only} "
+                              "ORDER BY shard_no LIMIT 1", (v, *route_params)).fetchone(),
+                    c.execute(f"SELECT {columns} FROM shards WHERE version = ? AND state = 'leased' "
+                              f"AND lease_expires <= ?{only} ORDER BY shard_no LIMIT 1",
+                              (v, now, *route_params)).fetchone(),
+                    c.execute(f"SELECT {columns} FROM shards WHERE version = ? AND state = 'submitted' "
+                              f"AND poll_at <= ?{only} ORDER BY shard_no LIMIT 1",
+                              (v, now, *route_params)).fetchone(),
                 ) if row is not None]
                 if candidates:
                     return self._grant(c, v, min(candidates), worker, now)
             return None
 
     def _grant(self, c: sqlite3.Cursor, version: str, row: Sequence[Any], worker: str, now: float) -> Lease:
-        shard_no, state, old_owner, old_epoch, slice_text, count = row
+        shard_no, state, old_owner, old_epoch, slice_text, count, route, batch = row
         spec = c.execute("SELECT spec FROM jobs WHERE version = ?", (version,)).fetchone()[0]
         expires = now + float(json.loads(spec)["shards"]["lease_seconds"])
         c.execute("UPDATE shards SET state = 'leased', owner = ?, epoch = epoch + 1, lease_expires = ?, "
@@ -339,7 +367,8 @@ class SQLiteStore:
             self._event(c, "lease_expired", version, old_owner, shard_no, old_epoch, {"reclaimed_by": worker})
         self._event(c, "claim", version, worker, shard_no, old_epoch + 1)
         return Lease(version=version, shard_no=shard_no, owner=worker, epoch=old_epoch + 1,
-                     slice=json.loads(slice_text), record_count=count, expires=expires)
+                     slice=json.loads(slice_text), record_count=count, expires=expires, route=route,
+                     batch=json.loads(batch) if batch else None)
 
     def renew(self, lease: Lease) -> Lease | None:
         with self._write() as c:
@@ -352,17 +381,57 @@ class SQLiteStore:
                 self._event(c, "stale_epoch", lease.version, lease.owner, lease.shard_no, lease.epoch,
                             {"op": "renew"})
                 return None
-        return Lease(lease.version, lease.shard_no, lease.owner, lease.epoch, lease.slice,
-                     lease.record_count, expires)
+        return replace(lease, expires=expires)
 
     def release(self, lease: Lease, reason: str) -> bool:
         with self._write() as c:
-            c.execute(f"UPDATE shards SET state = 'ready', owner = NULL, lease_expires = NULL WHERE {_FENCE}",
-                      (lease.version, lease.shard_no, lease.owner, lease.epoch))
+            # A batch already at the provider is not given up with the lease: the
+            # shard waits there for the next poller, who must not submit it again.
+            c.execute(f"UPDATE shards SET state = CASE WHEN json_extract(batch, '$.batch_id') IS NOT NULL "
+                      f"THEN 'submitted' ELSE 'ready' END, owner = NULL, lease_expires = NULL, poll_at = {NOW} "
+                      f"WHERE {_FENCE}", (lease.version, lease.shard_no, lease.owner, lease.epoch))
             released = c.rowcount == 1
             self._event(c, "release" if released else "stale_epoch", lease.version, lease.owner,
                         lease.shard_no, lease.epoch, {"reason": reason} if released else {"op": "release"})
             return released
+
+    def set_batch(self, lease: Lease, batch: dict[str, Any] | None) -> Lease:
+        with self._write() as c:
+            c.execute(f"UPDATE shards SET batch = ? WHERE {_FENCE}",
+                      (json.dumps(batch) if batch is not None else None,
+                       lease.version, lease.shard_no, lease.owner, lease.epoch))
+            current = c.rowcount == 1
+            if not current:
+                self._event(c, "stale_epoch", lease.version, lease.owner, lease.shard_no, lease.epoch,
+                            {"op": "batch"})
+        if not current:
+            raise self._lost(lease, "batch")
+        return replace(lease, batch=batch)
+
+    def await_provider(self, lease: Lease, batch: dict[str, Any], poll_in: float) -> None:
+        text = json.dumps(batch)
+        with self._write() as c:
+            row = c.execute("SELECT state, owner, epoch, batch FROM shards WHERE version = ? AND shard_no = ?",
+                            (lease.version, lease.shard_no)).fetchone()
+            if row is None:
+                raise StoreError(f"no shard {lease.shard_no} in {lease.version}")
+            state, owner, epoch, previous = row
+            if (owner, epoch) == (lease.owner, lease.epoch) and state == "submitted" and previous == text:
+                return  # a retry of the same parking
+            c.execute(f"UPDATE shards SET state = 'submitted', batch = ?, lease_expires = NULL, "
+                      f"poll_at = {NOW} + ? WHERE {_FENCE}",
+                      (text, poll_in, lease.version, lease.shard_no, lease.owner, lease.epoch))
+            current = c.rowcount == 1
+            if current:
+                fresh = previous is None or json.loads(previous).get("batch_id") != batch.get("batch_id")
+                self._event(c, "submitted" if fresh else "provider_wait", lease.version, lease.owner,
+                            lease.shard_no, lease.epoch, {"batch_id": batch.get("batch_id"),
+                                                          "requests": batch.get("request_count")})
+            else:
+                self._event(c, "stale_epoch", lease.version, lease.owner, lease.shard_no, lease.epoch,
+                            {"op": "await_provider"})
+        if not current:
+            raise self._lost(lease, "await_provider")
 
     def complete(self, lease: Lease) -> None:
         with self._write() as c:
@@ -405,11 +474,13 @@ class SQLiteStore:
             f"SELECT j.version FROM jobs j WHERE j.state = 'ready' AND EXISTS (SELECT 1 FROM shards s "
             f"WHERE s.version = j.version AND s.state IN {_OPEN}) ORDER BY j.created_at")]
 
-    def has_open_shards(self, version: str | None = None) -> bool:
+    def has_open_shards(self, version: str | None = None, routes: Sequence[str] | None = None) -> bool:
+        only, route_params = _route_filter(routes)
         row = self.conn.execute(
             "SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version "
-            f"WHERE j.state = 'ready' AND (? IS NULL OR s.version = ?) AND s.state IN {_OPEN} LIMIT 1",
-            (version, version)).fetchone()
+            f"WHERE j.state = 'ready' AND (? IS NULL OR s.version = ?) AND s.state IN {_OPEN}"
+            f"{only.replace('route', 's.route')} LIMIT 1",
+            (version, version, *route_params)).fetchone()
         return row is not None
 
     # --- records --------------------------------------------------------------
@@ -457,11 +528,11 @@ class SQLiteStore:
                     now = c.execute(f"SELECT {NOW}").fetchone()[0]
                     c.executemany(
                         "INSERT OR IGNORE INTO results (version, record_id, shard_no, output, acl, worker, epoch, "
-                        "attempt, input_tokens, output_tokens, created_at, label) "
-                        "SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12 WHERE NOT EXISTS "
+                        "attempt, input_tokens, output_tokens, created_at, label, model) "
+                        "SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13 WHERE NOT EXISTS "
                         "(SELECT 1 FROM dead_letters WHERE version = ?1 AND record_id = ?2)",
                         [(lease.version, r.record_id, lease.shard_no, r.output, _acl_json(r.acl), lease.owner,
-                          lease.epoch, r.attempt, r.input_tokens, r.output_tokens, now, r.label)
+                          lease.epoch, r.attempt, r.input_tokens, r.output_tokens, now, r.label, r.model)
                          for r in chunk],
                     )
                     n = c.rowcount
@@ -550,6 +621,19 @@ class SQLiteStore:
                          leases_lost=lost, records_done_last_minutes=recent, window_seconds=window_seconds,
                          now=now)
 
+    def route_totals(self, version: str) -> dict[str, RouteTotals]:
+        planned = self.conn.execute(
+            "SELECT route, COUNT(*), SUM(record_count), SUM(dead_count) FROM shards WHERE version = ? "
+            "GROUP BY route", (version,)).fetchall()
+        computed = {r[0]: r[1:] for r in self.conn.execute(
+            "SELECT s.route, COUNT(*), COALESCE(SUM(r.input_tokens), 0), COALESCE(SUM(r.output_tokens), 0) "
+            "FROM results r JOIN shards s ON s.version = r.version AND s.shard_no = r.shard_no "
+            "WHERE r.version = ? AND r.origin IS NULL GROUP BY s.route", (version,))}
+        return {route: RouteTotals(records=int(records), results=int(computed.get(route, (0,))[0]),
+                                   dead_letters=int(dead or 0), input_tokens=int(computed.get(route, (0, 0))[1]),
+                                   output_tokens=int(computed.get(route, (0, 0, 0))[2]), shards=int(shards))
+                for route, shards, records, dead in planned}
+
     def token_totals(self, version: str) -> tuple[int, int]:
         row = self.conn.execute("SELECT COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0) "
                                 "FROM results WHERE version = ? AND origin IS NULL", (version,)).fetchone()
@@ -565,8 +649,9 @@ class SQLiteStore:
 
     def shard_rows(self, version: str) -> list[ShardRow]:
         rows = self.conn.execute(
-            "SELECT shard_no, state, owner, epoch, lease_expires, claims, record_count, results_count, dead_count "
-            "FROM shards WHERE version = ? ORDER BY shard_no", (version,)).fetchall()
+            "SELECT shard_no, state, owner, epoch, lease_expires, claims, record_count, results_count, dead_count, "
+            "route, json_extract(batch, '$.batch_id'), poll_at FROM shards WHERE version = ? ORDER BY shard_no",
+            (version,)).fetchall()
         return [ShardRow(*r) for r in rows]
 
     def iter_results(self, version: str, page_size: int = 5000, *,
@@ -734,8 +819,9 @@ class SQLitePlanWriter:
     def add_shards(self, shards: Sequence[PlannedShard]) -> None:
         with self._planning() as c:
             c.executemany(
-                "INSERT INTO shards (version, shard_no, slice, record_count, state) VALUES (?, ?, ?, ?, 'ready')",
-                [(self.version, s.shard_no, json.dumps(s.slice), s.record_count) for s in shards])
+                "INSERT INTO shards (version, shard_no, slice, record_count, state, route) "
+                "VALUES (?, ?, ?, ?, 'ready', ?)",
+                [(self.version, s.shard_no, json.dumps(s.slice), s.record_count, s.route) for s in shards])
 
     def add_records(self, records: Sequence[PlannedRecord]) -> None:
         for chunk in _chunks(records, 20000):
@@ -773,9 +859,9 @@ class SQLitePlanWriter:
         with self._planning() as c:
             c.execute(
                 f"INSERT INTO results (version, record_id, shard_no, output, origin, label, acl, worker, epoch, "
-                f"attempt, input_tokens, output_tokens, created_at) "
+                f"attempt, input_tokens, output_tokens, created_at, model) "
                 f"SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label, b.acl, "
-                f"'carried', 0, b.attempt, b.input_tokens, b.output_tokens, {NOW} "
+                f"'carried', 0, b.attempt, b.input_tokens, b.output_tokens, {NOW}, b.model "
                 f"FROM records n JOIN records p ON p.version = ?2 AND p.record_id = n.record_id "
                 f"AND p.content_hash = n.content_hash "
                 f"JOIN results b ON b.version = ?2 AND b.record_id = n.record_id "

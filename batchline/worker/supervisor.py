@@ -20,15 +20,16 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from batchline.errors import EngineFatal, InputError
 from batchline.outputs import OutputChecker
 from batchline.prompt import render, split_template
+from batchline.providers.base import BatchProvider
 from batchline.snapshot import Record, Slice, read_slice
-from batchline.spec import JobSpec, spec_from_store
+from batchline.spec import LOCAL_ROUTE, JobSpec, ProviderSpec, spec_from_store
 from batchline.store import DeadLetterRow, Lease, LeaseLost, ResultRow, Store
 from batchline.telemetry import WorkerTelemetry
 from batchline.worker.engine_process import EngineProcess, EngineStopped
@@ -68,14 +69,21 @@ class _Job:
     prefix: str
     suffix: str
     init: dict[str, Any] = field(default_factory=dict)
+    model: str = ""  # how results of the local engine name the model that answered
+    providers: dict[str, BatchProvider] = field(default_factory=dict)
+
+    @property
+    def hosted_routes(self) -> list[str]:
+        return [p.route for p in self.spec.routing.providers] if self.spec.routing else []
 
 
 class Worker:
     def __init__(self, store: Store, *, version: str | None = None, worker_id: str | None = None,
                  stop: threading.Event | None = None, poll_seconds: float = 1.0,
                  log: Callable[[str], None] = lambda _m: None,
-                 telemetry: WorkerTelemetry | None = None) -> None:
+                 telemetry: WorkerTelemetry | None = None, routes: Sequence[str] | None = None) -> None:
         self.store = store
+        self.routes = list(routes) if routes is not None else None  # None: every route of the job
         self.telemetry = telemetry or WorkerTelemetry()
         self.version = version
         self.worker_id = worker_id or new_worker_id()
@@ -85,6 +93,7 @@ class Worker:
         self._jobs: dict[str, _Job] = {}
         self._engine: EngineProcess | None = None
         self._engine_version: str | None = None
+        self._announced: set[tuple[str, str]] = set()
 
     # --- the claim loop -------------------------------------------------------
 
@@ -94,24 +103,28 @@ class Worker:
         finally:
             if self._engine is not None:
                 self._engine.close()
+            for job in self._jobs.values():
+                for provider in job.providers.values():
+                    provider.close()
 
     def _loop(self) -> int:
         while True:
             if self.stop.is_set():
-                return EXIT_PREEMPTED if self.store.has_open_shards(self.version) else EXIT_DONE
+                return EXIT_PREEMPTED if self.store.has_open_shards(self.version, self.routes) else EXIT_DONE
             lease = self._claim()
             if lease is None:
                 if self.stop.is_set():
                     continue
-                if not self.store.has_open_shards(self.version):
+                if not self.store.has_open_shards(self.version, self.routes):
                     self.log("no work left")
                     return EXIT_DONE
                 # Shards are leased by others; wait for them to finish or for a lease to expire.
                 self.stop.wait(self.poll_seconds)
                 continue
-            self.log(f"claimed shard {lease.shard_no} of {lease.version} (epoch {lease.epoch})")
+            self.log(f"claimed shard {lease.shard_no} of {lease.version} (epoch {lease.epoch})"
+                     + (f", route {lease.route}" if lease.route != LOCAL_ROUTE else ""))
             try:
-                outcome = _ShardRun(self, lease, self._job(lease.version)).run()
+                outcome = self._run_shard(lease)
             except InputError as exc:
                 self._give_back(lease, "input_changed", str(exc))
                 raise
@@ -122,15 +135,43 @@ class Worker:
             if outcome == "stopped":
                 return EXIT_PREEMPTED
 
+    def _run_shard(self, lease: Lease) -> str:
+        job = self._job(lease.version)
+        if lease.route == LOCAL_ROUTE:
+            return _ShardRun(self, lease, job).run()
+        from batchline.worker.hosted import HostedShardRun
+
+        assert job.spec.routing is not None
+        spec = job.spec.routing.provider(lease.route)
+        if lease.route not in job.providers:
+            from batchline.providers import open_provider
+
+            job.providers[lease.route] = open_provider(spec, job.spec.decoding, job.spec.output_schema,
+                                                       job.spec.name)
+        return HostedShardRun(self, lease, job, job.providers[lease.route], spec).run()
+
+    def _allowed(self, route: str) -> bool:
+        return self.routes is None or route in self.routes
+
     def _claim(self) -> Lease | None:
-        """Claims a shard of the first version with open work, loading its engine
-        first: a model that fails to load or to match its digest takes no shard,
-        and a shard's lease is never spent waiting for weights to load."""
+        """Claims a shard of the first version with open work. A hosted route's shard
+        needs no engine; for a local one the engine is loaded first: a model that fails
+        to load or to match its digest takes no shard, and a shard's lease is never
+        spent waiting for weights to load."""
         versions = [self.version] if self.version else self.store.open_versions()
         for version in versions:
-            if not self.store.has_open_shards(version):
+            if not self.store.has_open_shards(version, self.routes):
                 continue
             job = self._job(version)
+            hosted = [r for r in job.hosted_routes if self._allowed(r)]
+            if hosted:
+                lease = self.store.claim(self.worker_id, version, hosted)
+                if lease is not None:
+                    self.telemetry.claimed(version)
+                    return lease
+            if not self._allowed(LOCAL_ROUTE) or (
+                    job.spec.routing is not None and not self.store.has_open_shards(version, [LOCAL_ROUTE])):
+                continue
             try:
                 self._ensure_engine(version, job)
             except EngineFatal as exc:
@@ -139,11 +180,32 @@ class Worker:
                 raise
             except EngineStopped:
                 return None
-            lease = self.store.claim(self.worker_id, version)
+            lease = self.store.claim(self.worker_id, version, [LOCAL_ROUTE] if job.spec.routing else None)
             if lease is not None:
                 self.telemetry.claimed(version)
                 return lease
         return None
+
+    def announce_retention(self, version: str, spec: ProviderSpec) -> None:
+        """Says what the provider keeps, once per worker and route, before the first record goes."""
+        if (version, spec.route) in self._announced:
+            return
+        self._announced.add((version, spec.route))
+        self.log(f"route {spec.route}: sending records of classes {', '.join(spec.classes)} to {spec.api} "
+                 f"({spec.model}); data retention there: {spec.retention}")
+        self.store.log_event("provider_notice", version=version, worker=self.worker_id,
+                             detail={"route": spec.route, "api": spec.api, "model": spec.model,
+                                     "retention": spec.retention})
+
+    def label(self, job: _Job, canonical: str) -> str | None:
+        field_name = job.spec.label_field
+        if field_name is None:
+            return None
+        value = json.loads(canonical)
+        if not isinstance(value, dict) or value.get(field_name) is None:
+            return None
+        label = value[field_name]
+        return label if isinstance(label, str) else json.dumps(label)
 
     def _give_back(self, lease: Lease, reason: str, error: str) -> None:
         self.store.log_event(reason, version=lease.version, worker=self.worker_id, shard_no=lease.shard_no,
@@ -164,7 +226,8 @@ class Worker:
                 "max_input_tokens": spec.input.max_input_tokens,
                 "work_dir": os.getcwd(),
             }
-            self._jobs[version] = _Job(spec, OutputChecker(spec.output_schema), prefix, suffix, init)
+            self._jobs[version] = _Job(spec, OutputChecker(spec.output_schema), prefix, suffix, init,
+                                       model=spec.model.label)
         return self._jobs[version]
 
     def _ensure_engine(self, version: str, job: _Job) -> EngineProcess:
@@ -219,7 +282,7 @@ class _ShardRun:
             raise
 
     def _run(self) -> str:
-        records = read_slice(Slice.from_json(self.lease.slice), self.job.spec.input)
+        records = read_slice(Slice.from_json(self.lease.slice), self.job.spec.input, self.job.spec.routing)
         ids = [r.id for r in records]
         answered = self.store.answered(self.lease.version, ids)
         self.attempts = self.store.attempts(self.lease.version, ids)
@@ -300,8 +363,14 @@ class _ShardRun:
         self.groups.append(_Group({r.id: r for r in records}, start + budget, isolated, now, len(records),
                                   budget=budget))
         self.w.telemetry.in_flight(self._in_flight())
-        self.engine.send([{"id": r.id, "prompt": render(self.job.prefix, self.job.suffix, r.text),
-                           "prefix": self.job.prefix, "text": r.text} for r in records])
+        self.engine.send([self._request(r) for r in records])
+
+    def _request(self, r: Record) -> dict[str, Any]:
+        if r.messages is not None:
+            # Only the child has the model's chat template; it renders the prompt.
+            return {"id": r.id, "prompt": "", "prefix": "", "text": r.text, "messages": list(r.messages)}
+        return {"id": r.id, "prompt": render(self.job.prefix, self.job.suffix, r.text),
+                "prefix": self.job.prefix, "text": r.text}
 
     # -- receiving --
 
@@ -342,17 +411,8 @@ class _ShardRun:
             else:
                 self.w.telemetry.outcome("result")
                 self._buffer(ResultRow(record.id, canonical, record.acl, self.attempts.get(record.id, 0) + 1,
-                                       msg.get("in"), msg.get("outt"), self._label(canonical)))
-
-    def _label(self, canonical: str) -> str | None:
-        field_name = self.job.spec.label_field
-        if field_name is None:
-            return None
-        value = json.loads(canonical)
-        if not isinstance(value, dict) or value.get(field_name) is None:
-            return None
-        label = value[field_name]
-        return label if isinstance(label, str) else json.dumps(label)
+                                       msg.get("in"), msg.get("outt"), self.w.label(self.job, canonical),
+                                       self.job.model))
 
     def _buffer(self, row: ResultRow) -> None:
         if not self.results and not self.too_long:

@@ -1,0 +1,254 @@
+"""A hosted route's shard: one batch at the provider at a time, no lease held while it works.
+
+A worker that claims a hosted shard does one of three things and lets go:
+  - nothing is at the provider: it records its intent (fenced), submits the
+    shard's unanswered records as one batch, and parks the shard `submitted`
+    with the provider's batch id, holding no lease;
+  - a batch is there and not finished: it parks the shard again until the next poll;
+  - the batch has ended: it downloads every answer, validates each against the
+    schema, writes results put-if-absent, charges errors as attempts, and
+    submits what expired again (or completes the shard when nothing is left).
+
+A worker that dies after recording its intent but before recording the batch
+id leaves the intent behind; the next claimer asks the provider for a batch
+made for that intent and adopts it, so no record is submitted (or paid for) twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from batchline.errors import EngineFatal
+from batchline.prompt import render
+from batchline.providers.base import (
+    BatchAnswer,
+    BatchProvider,
+    BatchRequest,
+    ProviderError,
+    SubmittedBatch,
+    custom_id_map,
+)
+from batchline.snapshot import Record, Slice, read_slice
+from batchline.spec import ProviderSpec
+from batchline.store import Lease, LeaseLost, ResultRow
+
+if TYPE_CHECKING:
+    from batchline.worker.supervisor import Worker, _Job
+
+# Backoff for a provider that refuses or cannot be reached, doubled per failure in a row.
+PROVIDER_RETRY_SECONDS = 30.0
+PROVIDER_RETRY_MAX_SECONDS = 900.0
+# How far back `find` looks before the recorded intent: the provider's clock and the store's differ.
+CLOCK_SKEW_SECONDS = 300.0
+ERROR_KIND = "provider_error"
+
+
+class HostedShardRun:
+    def __init__(self, worker: Worker, lease: Lease, job: _Job, provider: BatchProvider,
+                 spec: ProviderSpec) -> None:
+        self.w = worker
+        self.store = worker.store
+        self.lease = lease
+        self.job = job
+        self.provider = provider
+        self.spec = spec
+        self._last_renew = time.monotonic()
+
+    def run(self) -> str:
+        try:
+            return self._run()
+        except LeaseLost as exc:
+            self.w.log(str(exc))
+            self.w.telemetry.stale_epoch(exc.op)
+            return "lost"
+
+    def _run(self) -> str:
+        records = read_slice(Slice.from_json(self.lease.slice), self.job.spec.input, self.job.spec.routing)
+        by_id = {r.id: r for r in records}
+        to_record = custom_id_map(by_id, self.provider.acceptable_custom_id)
+        to_custom = {record_id: custom for custom, record_id in to_record.items()}
+        while True:
+            batch = self.lease.batch
+            if batch is not None and batch.get("batch_id"):
+                if self.w.stop.is_set():
+                    self.store.release(self.lease, "stop")  # the batch stays at the provider, and on record
+                    return "stopped"
+                outcome = self._poll(SubmittedBatch.from_json(batch), by_id, to_record)
+                if outcome is not None:
+                    return outcome
+                continue  # answers are in; what is left goes in a new batch
+            answered = self.store.answered(self.lease.version, list(by_id))
+            pending = [r for r in records if r.id not in answered]
+            if not pending:
+                self.store.complete(self.lease)
+                return "done"
+            if self.w.stop.is_set():
+                self.store.release(self.lease, "stop")
+                return "stopped"
+            return self._submit(pending, to_custom, batch)
+
+    # -- submitting --
+
+    def _submit(self, pending: list[Record], to_custom: dict[str, str], intent: dict[str, Any] | None) -> str:
+        if intent is not None:
+            try:
+                adopted = self._adopt(intent)
+            except ProviderError as exc:
+                # Not knowing whether a batch exists, submitting again could pay twice: wait.
+                return self._provider_failed(intent, exc, "find")
+            if adopted is not None:
+                self.store.await_provider(self.lease, adopted.to_json(), 0.0)
+                self.w.log(f"shard {self.lease.shard_no}: adopted batch {adopted.batch_id}, submitted before a "
+                           f"worker stopped; not submitting again")
+                return "adopted"
+        self.w.announce_retention(self.lease.version, self.spec)
+        tag = f"{self.lease.version}/{self.lease.shard_no}/{self.lease.epoch}"
+        intent = {"state": "submitting", "tag": tag, "request_count": len(pending), "since": time.time(),
+                  "failures": int((intent or {}).get("failures", 0))}
+        # On record before the provider is called: whoever finds this intent without a
+        # batch id asks the provider before submitting again.
+        self.lease = self.store.set_batch(self.lease, intent)
+        requests = [BatchRequest(to_custom[r.id], render(self.job.prefix, self.job.suffix, r.text))
+                    for r in pending]
+        try:
+            submitted = self.provider.submit(requests, tag)
+        except ProviderError as exc:
+            return self._provider_failed(intent, exc, "submit")
+        record = {**submitted.to_json(), "submitted_at": self.store.now()}
+        self.store.await_provider(self.lease, record, self.spec.poll_seconds)
+        self.w.log(f"shard {self.lease.shard_no}: submitted {len(requests)} records to {self.spec.route} as batch "
+                   f"{submitted.batch_id}")
+        return "submitted"
+
+    def _adopt(self, intent: dict[str, Any]) -> SubmittedBatch | None:
+        if intent.get("state") != "submitting" or not intent.get("tag"):
+            return None
+        return self.provider.find(str(intent["tag"]), int(intent.get("request_count", 0)),
+                                  float(intent.get("since", 0.0)) - CLOCK_SKEW_SECONDS)
+
+    def _provider_failed(self, intent: dict[str, Any], exc: ProviderError, during: str) -> str:
+        if exc.fatal:
+            raise EngineFatal(f"{self.spec.route}: {exc}") from None
+        failures = int(intent.get("failures", 0)) + 1
+        wait = min(PROVIDER_RETRY_SECONDS * 2 ** (failures - 1), PROVIDER_RETRY_MAX_SECONDS)
+        self.store.log_event("provider_error", version=self.lease.version, worker=self.w.worker_id,
+                             shard_no=self.lease.shard_no, epoch=self.lease.epoch,
+                             detail={"route": self.spec.route, "during": during, "error": str(exc)[:500],
+                                     "retry_in": wait})
+        self.store.await_provider(self.lease, {**intent, "failures": failures, "error": str(exc)[:500]}, wait)
+        self.w.log(f"shard {self.lease.shard_no}: {self.spec.route} {during} failed ({exc}); retrying in {wait:.0f}s")
+        return "provider_error"
+
+    # -- polling and collecting --
+
+    def _poll(self, batch: SubmittedBatch, by_id: dict[str, Record], to_record: dict[str, str]) -> str | None:
+        try:
+            progress = self.provider.progress(batch)
+        except ProviderError as exc:
+            if exc.fatal:
+                raise EngineFatal(f"{self.spec.route}: {exc}") from None
+            self.store.await_provider(self.lease, self.lease.batch or batch.to_json(), self.spec.poll_seconds)
+            self.w.log(f"shard {self.lease.shard_no}: polling {batch.batch_id} failed ({exc}); polling again later")
+            return "waiting"
+        if not progress.ended:
+            self.store.await_provider(self.lease, self.lease.batch or batch.to_json(), self.spec.poll_seconds)
+            return "waiting"
+        try:
+            answers = list(self.provider.answers(batch))
+        except ProviderError as exc:
+            if exc.fatal:
+                raise EngineFatal(f"{self.spec.route}: {exc}") from None
+            self.store.await_provider(self.lease, self.lease.batch or batch.to_json(), self.spec.poll_seconds)
+            self.w.log(f"shard {self.lease.shard_no}: downloading {batch.batch_id} failed ({exc}); trying later")
+            return "waiting"
+        self._collect(batch, progress.status, progress.error, answers, by_id, to_record)
+        self.lease = self.store.set_batch(self.lease, None)
+        return None
+
+    def _collect(self, batch: SubmittedBatch, status: str, batch_error: str | None, answers: list[BatchAnswer],
+                 by_id: dict[str, Record], to_record: dict[str, str]) -> None:
+        version = self.lease.version
+        ids = list(by_id)
+        answered = self.store.answered(version, ids)
+        attempts = self.store.attempts(version, ids)
+        grouped: dict[str, list[BatchAnswer]] = {}
+        unknown = 0
+        for answer in answers:
+            record_id = to_record.get(answer.custom_id)
+            if record_id is None:
+                unknown += 1
+                continue
+            grouped.setdefault(record_id, []).append(answer)
+        results: list[ResultRow] = []
+        failed: list[tuple[Record, str, str]] = []
+        counts = {"results": 0, "errors": 0, "expired": 0, "duplicates": 0, "unknown": unknown}
+        for record_id, group in grouped.items():
+            if record_id in answered:
+                continue  # an answer we already have: never replaced
+            record = by_id[record_id]
+            oks = [a for a in group if a.kind == "ok"]
+            if len(oks) > 1:
+                counts["duplicates"] += len(oks) - 1
+            chosen, problem = self._first_valid(oks)
+            if chosen is not None:
+                canonical, answer = chosen
+                results.append(ResultRow(record_id, canonical, record.acl, attempts.get(record_id, 0) + 1,
+                                         answer.input_tokens, answer.output_tokens, self.w.label(self.job, canonical),
+                                         answer.model or self.spec.model))
+            elif problem is not None:
+                failed.append((record, "invalid_output", problem))
+            elif any(a.kind == "error" for a in group):
+                error = next(a.error for a in group if a.kind == "error") or "error at the provider"
+                failed.append((record, ERROR_KIND, f"{self.spec.route}: {error}"))
+            else:
+                counts["expired"] += 1  # expired or cancelled there: sent again, not charged
+        if batch_error and not grouped:
+            # The provider refused the batch as a whole: every record in it is charged, so
+            # a batch it will never take ends in dead letters instead of a loop.
+            sent = [by_id[r] for r in to_record.values() if r in by_id and r not in answered]
+            failed.extend((r, ERROR_KIND, f"{self.spec.route}: batch {batch.batch_id} {status}: {batch_error}")
+                          for r in sent)
+        for chunk in _chunks(results, 500):
+            counts["results"] += self.store.put_results(self.lease, chunk)
+            self._renew()
+        for record, kind, error in failed:
+            outcome = self.store.charge_attempt(self.lease, record.id, kind, error, record.acl,
+                                                self.job.spec.shards.max_attempts)
+            counts["errors"] += 1 if outcome.attempts else 0
+            self._renew()
+        self.store.log_event("provider_collected", version=version, worker=self.w.worker_id,
+                             shard_no=self.lease.shard_no, epoch=self.lease.epoch,
+                             detail={"route": self.spec.route, "batch_id": batch.batch_id, "status": status,
+                                     **counts})
+        self.w.log(f"shard {self.lease.shard_no}: batch {batch.batch_id} {status}: {counts['results']} results, "
+                   f"{counts['errors']} errors, {counts['expired']} to send again"
+                   + (f", {counts['duplicates']} duplicate answers ignored" if counts["duplicates"] else "")
+                   + (f", {unknown} answers for ids not in the shard ignored" if unknown else ""))
+
+    def _first_valid(self, oks: list[BatchAnswer]) -> tuple[tuple[str, BatchAnswer] | None, str | None]:
+        """The first answer that passes the schema; a provider that answered one id twice
+        does not get to replace the first valid answer with the second."""
+        problem = None
+        for answer in oks:
+            canonical, why = self.job.checker.check(answer.output or "")
+            if canonical is not None:
+                return (canonical, answer), None
+            problem = problem or why or "invalid output"
+        return None, problem
+
+    def _renew(self) -> None:
+        if time.monotonic() - self._last_renew < self.job.spec.shards.renew_seconds:
+            return
+        renewed = self.store.renew(self.lease)
+        if renewed is None:
+            raise LeaseLost(f"lease on shard {self.lease.shard_no} of {self.lease.version} lost at renewal", "renew")
+        self.lease = renewed
+        self._last_renew = time.monotonic()
+
+
+def _chunks(rows: list[ResultRow], size: int) -> Iterator[list[ResultRow]]:
+    for i in range(0, len(rows), size):
+        yield rows[i:i + size]
+
