@@ -115,6 +115,8 @@ class HostedShardRun:
         try:
             submitted = self.provider.submit(requests, tag)
         except ProviderError as exc:
+            if exc.refused and not exc.fatal:
+                return self._refused(pending, exc)
             return self._provider_failed(intent, exc, "submit")
         record = {**submitted.to_json(), "submitted_at": self.store.now()}
         self.store.await_provider(self.lease, record, self.spec.poll_seconds)
@@ -127,6 +129,22 @@ class HostedShardRun:
             return None
         return self.provider.find(str(intent["tag"]), int(intent.get("request_count", 0)),
                                   float(intent.get("since", 0.0)) - CLOCK_SKEW_SECONDS)
+
+    def _refused(self, pending: list[Record], exc: ProviderError) -> str:
+        """The provider refused the batch as a whole: each record in it is charged an
+        attempt, so a batch it will never take ends in dead letters instead of a loop."""
+        self.store.log_event("provider_error", version=self.lease.version, worker=self.w.worker_id,
+                             shard_no=self.lease.shard_no, epoch=self.lease.epoch,
+                             detail={"route": self.spec.route, "during": "submit", "error": str(exc)[:500],
+                                     "refused": True, "records": len(pending)})
+        for record in pending:
+            self.store.charge_attempt(self.lease, record.id, ERROR_KIND, f"{self.spec.route}: batch refused: {exc}",
+                                      record.acl, self.job.spec.shards.max_attempts)
+            self._renew()
+        self.lease = self.store.set_batch(self.lease, None)
+        self.w.log(f"shard {self.lease.shard_no}: {self.spec.route} refused the batch ({exc}); "
+                   f"{len(pending)} records charged an attempt")
+        return self._run()
 
     def _provider_failed(self, intent: dict[str, Any], exc: ProviderError, during: str) -> str:
         if exc.fatal:
