@@ -9,7 +9,7 @@ the engine cannot go on raises `EngineFatal`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,6 +23,9 @@ class EngineRequest:
     prompt: str  # the full prompt: the shared instruction prefix first, then the record
     prefix: str  # the shared instruction prefix, identical for every record of a job
     text: str  # the record's own text (embedding engines read this)
+    # An OpenAI-style conversation (roles and string contents). The supervisor sends it
+    # with an empty prompt; the engine child renders it with the engine's chat template.
+    messages: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass
@@ -76,6 +79,39 @@ class Engine(Protocol):
 
     def close(self) -> None:
         ...
+
+
+def plain_chat_prompt(messages: Sequence[Mapping[str, Any]]) -> str:
+    """A conversation for an engine without a chat template: one `role: content` block a
+    message, then the assistant's turn left open for the model to write."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+def chat_prompt(engine: Engine, messages: Sequence[Mapping[str, Any]]) -> str:
+    """The prompt for a conversation: the engine's own chat template (an optional
+    `chat_prompt` method) when it has one, else the plain form."""
+    render = getattr(engine, "chat_prompt", None)
+    if render is None:
+        return plain_chat_prompt(messages)
+    prompt: str = render(messages)
+    return prompt
+
+
+def hf_chat_prompt(tokenizer: Any, messages: Sequence[Mapping[str, Any]], template: str | None = None) -> str:
+    """A conversation through a chat template: `template` (a model option), else the
+    Hugging Face tokenizer's own; the plain form without either."""
+    template = template or getattr(tokenizer, "chat_template", None)
+    if not template:
+        return plain_chat_prompt(messages)
+    prompt: str = tokenizer.apply_chat_template([dict(m) for m in messages], chat_template=template,
+                                                tokenize=False, add_generation_prompt=True)
+    return prompt
+
+
+def hf_templated(tokenizer: Any, request: EngineRequest, template: str | None = None) -> bool:
+    """Whether a request's prompt came from a chat template, which writes its own special
+    tokens (BOS among them): adding them again would double them."""
+    return request.messages is not None and bool(template or getattr(tokenizer, "chat_template", None))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,10 @@ not: the key is read from the environment variable named by ``api_key_env``):
   concurrency (8), timeout_seconds (120), max_retries (5), backoff_seconds (0.5),
   max_backoff_seconds (30), unreachable_seconds (300), api_key_env
   ("OPENAI_API_KEY"), extra_body (merged into every request body).
+
+Conversations (openai-batch input) are sent as their messages with api "chat";
+with api "completions" they go as the plain role-tagged prompt, since the
+server's chat template is out of reach there.
 """
 
 from __future__ import annotations
@@ -211,7 +215,10 @@ class OpenAIEngine:
             "max_tokens": decoding.max_tokens,
             "seed": decoding.seed,
         }
-        if self.api == "chat":
+        if self.api == "chat" and request.messages is not None:
+            # A conversation goes as it came; the server applies its model's chat template.
+            body["messages"] = [dict(m) for m in request.messages]
+        elif self.api == "chat":
             # One user message with the whole prompt: the shared prefix stays first,
             # where servers with prefix caching (vLLM, llama.cpp) reuse it.
             body["messages"] = [{"role": "user", "content": request.prompt}]

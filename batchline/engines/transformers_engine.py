@@ -16,18 +16,30 @@ Model options (``model.options``), all part of the job version:
   device ("auto": cuda when available, else cpu), dtype ("auto": bfloat16 on
   cuda, float32 on cpu), batch_size (8 on cpu, 64 on cuda), constrained (true),
   ignore_eos (false; benchmarks set it to decode exactly max_tokens),
-  attn_implementation (passed to from_pretrained, e.g. "sdpa").
+  attn_implementation (passed to from_pretrained, e.g. "sdpa"), chat_template
+  (a Jinja chat template used instead of the tokenizer's own).
+
+Conversations (openai-batch input) are rendered with the chat template
+(``apply_chat_template``, generation prompt added), or in the plain
+role-tagged form when there is none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from batchline.digests import verify_weights
-from batchline.engines.base import EngineConfig, EngineOutcome, EngineRequest, RequestSource
+from batchline.engines.base import (
+    EngineConfig,
+    EngineOutcome,
+    EngineRequest,
+    RequestSource,
+    hf_chat_prompt,
+    hf_templated,
+)
 from batchline.engines.grammar import GrammarSession, import_llguidance, json_schema_grammar
 from batchline.engines.models import resolve_model_path
 from batchline.errors import EngineFatal
@@ -55,6 +67,7 @@ class TransformersEngine:
         self.constrained = bool(opts.get("constrained", True))
         self.ignore_eos = bool(opts.get("ignore_eos", False))
         self.attn_implementation = opts.get("attn_implementation")
+        self.chat_template: str | None = opts.get("chat_template")
         self.model: Any = None
         self.tokenizer: Any = None
         self.device: Any = None
@@ -135,6 +148,11 @@ class TransformersEngine:
             raise EngineFatal("engine used before load()")
         return len(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        if self.tokenizer is None:
+            raise EngineFatal("engine used before load()")
+        return hf_chat_prompt(self.tokenizer, messages, self.chat_template)
+
     def generate(self, requests: RequestSource) -> Iterator[EngineOutcome]:
         if self.model is None:
             raise EngineFatal("engine used before load()")
@@ -179,10 +197,15 @@ class TransformersEngine:
             yield from self.run_batch(rest[:half])
             yield from self.run_batch(rest[half:])
 
+    def _prompt_ids(self, request: EngineRequest) -> list[int]:
+        templated = hf_templated(self.tokenizer, request, self.chat_template)
+        ids: list[int] = self.tokenizer(request.prompt, add_special_tokens=not templated)["input_ids"]
+        return ids
+
     def _decode(self, batch: list[EngineRequest]) -> Iterator[EngineOutcome]:
         torch = self._torch
         decoding = self.config.decoding
-        encoded = [self.tokenizer(r.prompt, add_special_tokens=True)["input_ids"] for r in batch]
+        encoded = [self._prompt_ids(r) for r in batch]
         rows: list[int] = []
         for i, (request, ids) in enumerate(zip(batch, encoded, strict=True)):
             if self._max_positions is not None and len(ids) >= self._max_positions:

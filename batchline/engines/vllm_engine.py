@@ -19,18 +19,29 @@ older releases.
 Model options (``model.options``), all part of the job version:
   tensor_parallel_size (1), max_num_seqs (512), max_inflight (2 * max_num_seqs),
   gpu_memory_utilization (0.9), max_model_len, dtype ("auto"), enforce_eager
-  (false), constrained (true), ignore_eos (false).
+  (false), constrained (true), ignore_eos (false), chat_template (a Jinja chat
+  template used instead of the tokenizer's own).
+
+Conversations (openai-batch input) are rendered with the tokenizer's chat
+template, generation prompt added, as ``vllm run-batch`` renders them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from batchline.digests import verify_weights
-from batchline.engines.base import EngineConfig, EngineOutcome, EngineRequest, RequestSource
+from batchline.engines.base import (
+    EngineConfig,
+    EngineOutcome,
+    EngineRequest,
+    RequestSource,
+    hf_chat_prompt,
+    hf_templated,
+)
 from batchline.engines.models import resolve_model_path
 from batchline.errors import EngineFatal
 
@@ -109,6 +120,7 @@ class VllmEngine:
         self._params: Any = None
         self._tokenizer: Any = None
         self._counter = 0
+        self.chat_template: str | None = opts.get("chat_template")
 
     def load(self) -> None:
         if self.config.model.path is None:
@@ -137,6 +149,17 @@ class VllmEngine:
             raise EngineFatal("engine used before load()")
         ids: list[int] = self._tokenizer(text, add_special_tokens=True)["input_ids"]
         return ids
+
+    def _prompt_ids(self, request: EngineRequest) -> list[int]:
+        if hf_templated(self._tokenizer, request, self.chat_template):
+            ids: list[int] = self._tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
+            return ids
+        return self.tokenize(request.prompt)
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        if self._tokenizer is None:
+            raise EngineFatal("engine used before load()")
+        return hf_chat_prompt(self._tokenizer, messages, self.chat_template)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenize(text))
@@ -178,7 +201,7 @@ class VllmEngine:
         # A record id may come back after a bisection retry; vLLM needs unique ids.
         request_id = f"{request.record_id}#{self._counter}"
         try:
-            ids = self.tokenize(request.prompt)
+            ids = self._prompt_ids(request)
             self._llm.add_request(request_id, {"prompt_token_ids": ids}, self._params)
         except EngineFatal:
             raise

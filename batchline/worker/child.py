@@ -15,11 +15,12 @@ import queue
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
 from batchline.engines import create_engine
-from batchline.engines.base import Engine, EngineConfig, EngineOutcome, EngineRequest
+from batchline.engines.base import Engine, EngineConfig, EngineOutcome, EngineRequest, chat_prompt
 from batchline.errors import EngineFatal
 from batchline.spec import DecodingSpec, ModelSpec
 
@@ -71,6 +72,22 @@ class _Source:
                                           f"{self.max_input_tokens}", error_kind="too_long", input_tokens=n))
         return False
 
+    def _render(self, req: EngineRequest) -> EngineRequest | None:
+        """A conversation's prompt, from the engine's chat template (here, in the engine's
+        thread, like the tokenizer). A template that refuses the conversation (say, roles
+        that do not alternate) fails this record alone, as an engine error would."""
+        if req.messages is None:
+            return req
+        try:
+            prompt = chat_prompt(self.engine, req.messages)
+        except Exception as exc:
+            self.writer.outcome(EngineOutcome(req.record_id, error="the chat template refused the conversation: "
+                                              f"{type(exc).__name__}: {' '.join(str(exc).split())}",
+                                              error_kind="engine_error"))
+            return None
+        # No shared instruction prefix: conversations differ from their first message on.
+        return replace(req, prompt=prompt, prefix="")
+
     def _take(self, max_items: int, block: bool) -> list[EngineRequest]:
         out: list[EngineRequest] = []
         while len(out) < max_items and not self.closed:
@@ -81,8 +98,9 @@ class _Source:
             if item is None:
                 self.closed = True
                 break
-            if self._admit(item):
-                out.append(item)
+            request = self._render(item)
+            if request is not None and self._admit(request):
+                out.append(request)
         return out
 
     def next_batch(self, max_items: int) -> list[EngineRequest]:
@@ -100,7 +118,9 @@ def _read_requests(stdin: IO[str], source: _Source) -> None:
     for line in stdin:
         msg = json.loads(line)
         if msg["op"] == "req":
-            source.inbox.put(EngineRequest(msg["id"], msg["prompt"], msg["prefix"], msg["text"]))
+            messages = msg.get("messages")
+            source.inbox.put(EngineRequest(msg["id"], msg["prompt"], msg["prefix"], msg["text"],
+                                           tuple(messages) if messages is not None else None))
         elif msg["op"] == "end":
             break
     source.inbox.put(None)

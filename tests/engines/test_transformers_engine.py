@@ -17,7 +17,7 @@ import pytest
 
 from batchline.digests import sha256_tree
 from batchline.engines import create_engine
-from batchline.engines.base import EngineConfig
+from batchline.engines.base import EngineConfig, EngineRequest, plain_chat_prompt
 from batchline.errors import EngineFatal
 from batchline.spec import DecodingSpec, ModelSpec
 from tests.engines.support import EXAMPLES, ListSource, make_request, triage_template
@@ -144,3 +144,23 @@ def test_wrong_digest_is_fatal_before_any_record(tiny_model: tuple[Path, str]) -
     engine = _engine(path, "sha256:" + "0" * 64)
     with pytest.raises(EngineFatal, match="digest mismatch"):
         engine.load()
+
+
+def test_conversations_use_the_tokenizer_chat_template_or_the_plain_form(tiny_model: tuple[Path, str]) -> None:
+    path, digest = tiny_model
+    engine = _engine(path, digest, batch_size=2)
+    engine.load()
+    messages = ({"role": "system", "content": "Triage."}, {"role": "user", "content": TICKETS[0]})
+    # The trained tokenizer has no template: role-tagged lines.
+    assert engine.chat_prompt(messages) == plain_chat_prompt(messages)
+    engine.tokenizer.chat_template = (
+        "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}")
+    prompt = engine.chat_prompt(messages)
+    assert prompt == f"<s>[system] Triage.\n[user] {TICKETS[0]}\n[assistant] "
+    [outcome] = list(engine.generate(ListSource([EngineRequest("c", prompt, "", TICKETS[0], messages)])))
+    engine.close()
+    assert outcome.error is None, outcome.error
+    jsonschema.validate(json.loads(outcome.output or ""), SCHEMA)
+    # The template wrote the BOS; the tokenizer adds no second one.
+    assert outcome.input_tokens == len(engine.tokenizer(prompt, add_special_tokens=False)["input_ids"])
