@@ -32,8 +32,8 @@ def export_jsonl(store: Store, version: str, out: Path | None) -> int:
     def write(f: Any) -> int:
         n = 0
         for r in _rows(store, version):
-            f.write(json.dumps({"id": r.record_id, "output": json.loads(r.output), "acl": r.acl},
-                               ensure_ascii=False) + "\n")
+            f.write(json.dumps({"id": r.record_id, "output": json.loads(r.output), "acl": r.acl,
+                                "model": r.model}, ensure_ascii=False) + "\n")
             n += 1
         return n
 
@@ -54,7 +54,7 @@ def export_parquet(store: Store, version: str, out: Path) -> int:
         ("id", pa.string()), ("output", pa.string()), ("acl", pa.string()), ("label", pa.string()),
         ("version", pa.string()),
         ("worker", pa.string()), ("attempt", pa.int32()), ("input_tokens", pa.int64()),
-        ("output_tokens", pa.int64()), ("created_at", pa.timestamp("ms", tz="UTC")),
+        ("output_tokens", pa.int64()), ("created_at", pa.timestamp("ms", tz="UTC")), ("model", pa.string()),
     ])
 
     def write(tmp: Path) -> int:
@@ -158,7 +158,7 @@ def export_openai_batch(store: Store, version: str, out: Path, errors: Path, *,
                     r = found.get(record_id)
                     if r is not None:
                         line = response_line(version, record_id, r.output, r.created_at,
-                                             getattr(r, "model", None) or local_model,
+                                             r.model or local_model,
                                              r.input_tokens, r.output_tokens)
                         fo.write(json.dumps(line, ensure_ascii=False) + "\n")
                         counts["responses"] += 1
@@ -241,6 +241,7 @@ def _table(pa: Any, schema: Any, rows: list[StoredResult], version: str) -> Any:
         "input_tokens": [r.input_tokens for r in rows],
         "output_tokens": [r.output_tokens for r in rows],
         "created_at": [int(r.created_at * 1000) for r in rows],
+        "model": [r.model for r in rows],
     }, schema=schema)
 
 

@@ -171,6 +171,10 @@ class Worker:
                     return lease
             if not self._allowed(LOCAL_ROUTE) or (
                     job.spec.routing is not None and not self.store.has_open_shards(version, [LOCAL_ROUTE])):
+                if self._engine is not None and self._engine_version == version:
+                    # Only batches at a provider are left: the GPU is not held while they are polled.
+                    self._engine.close()
+                    self._engine = None
                 continue
             try:
                 self._ensure_engine(version, job)

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from batchline.export import export_jsonl
 from batchline.planner import plan
 from batchline.report import collect, write_report
 from batchline.spec import load_spec
@@ -87,6 +88,9 @@ def test_only_cleared_records_reach_the_provider_and_every_result_names_its_mode
     models = {r.record_id: r.model for r in store.iter_results(version)}
     assert {models[i] for i in cleared} == {SERVED[provider.api]}
     assert {models[i] for i in set(models) - cleared} == {"synthetic"}
+    export_jsonl(store, version, tmp_path / "out.jsonl")
+    exported = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert {e["id"]: e["model"] for e in exported} == models
     # The provider's retention was said before the first record went.
     events = store.events(version, ["provider_notice", "submitted"])
     assert [e.kind for e in events][:2] == ["provider_notice", "submitted"]
@@ -244,3 +248,28 @@ class _Once(set[str]):
             return False
         self.seen.add(str(item))
         return True
+
+
+def test_a_worker_lets_its_engine_go_while_only_provider_batches_are_left(
+        job_factory: Any, store: Store, provider: Any) -> None:
+    import threading
+
+    provider.complete_after_polls = 10**9
+    spec = load_spec(job(job_factory, provider, classed(20, cleared_every=2)))
+    version = plan(spec, store).version
+    worker = Worker(store, version=version, poll_seconds=0.02)
+    exit_code: list[int] = []
+    thread = threading.Thread(target=lambda: exit_code.append(worker.run()))
+    thread.start()
+    try:
+        wait_for(lambda: all(r.state == "done" for r in store.shard_rows(version) if r.route == "local")
+                 and any(r.state == "submitted" for r in store.shard_rows(version)), 60, "local work done")
+        # The engine child (which holds the GPU) is closed while the batch is at the provider.
+        wait_for(lambda: worker._engine is None, 10, "the engine to be closed")
+        provider.complete_after_polls = 0
+        thread.join(60)
+    finally:
+        worker.stop.set()
+        thread.join(60)
+    assert exit_code == [0]
+    check_invariants(store, version, spec)
