@@ -64,4 +64,7 @@ def configure_worker_logging(fmt: str, worker_id: str, stream: IO[str] | None = 
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    # httpx logs every request at INFO: a line per poll of every batch at a provider.
+    # The worker says what each call meant; httpx speaks up only for warnings.
+    logging.getLogger("httpx").setLevel(max(level, logging.WARNING))
     return logging.getLogger("batchline.worker")

@@ -159,6 +159,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if tokens[0]:
         lines.append(f"  tokens       {tokens[0]:,} in, {tokens[1]:,} out "
                      f"({tokens[1] / summary.seconds:,.1f} output tokens/s)")
+    if spec.routing is not None:
+        routes = store.route_totals(st.version)
+        lines.append("  routes       " + "; ".join(
+            f"{route} {t.results:,}/{t.records:,} answered, {t.input_tokens:,} in, {t.output_tokens:,} out"
+            for route, t in sorted(routes.items())))
     lines.append(f"  worker logs  {summary.log_dir}")
     print("\n".join(lines), file=sys.stderr)
     if args.publish and summary.exit_code == 0:
