@@ -1,8 +1,10 @@
 """A Hypothesis state machine of the shard table against a model of its rules.
 
 Claims, renewals, expiry (by shifting the database clock), reclaims, late puts
-and completions carrying old epochs, retried completions and releases, in any
-order: the store must do exactly what the model says, on every backend.
+and completions carrying old epochs, retried completions and releases, and for
+hosted routes the parking of a shard at a provider (`submitted`, holding no
+lease, due to be polled later) with its batch, in any order: the store must do
+exactly what the model says, on every backend.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from batchline.errors import StoreError
 from batchline.store import Lease, LeaseLost, PlannedRecord, PlannedShard, ResultRow, Store
 
 LEASE = 100.0
+POLL = 50.0  # shorter than one clock shift, far longer than the steps between two
 SHARDS = 2
 PER_SHARD = 2
 
@@ -30,6 +33,8 @@ class ModelShard:
     epoch: int = 0
     expires: float | None = None
     results: set[str] = field(default_factory=set)
+    batch: dict[str, str] | None = None
+    poll_at: float | None = None
 
 
 def make_machine(store: Store) -> type[RuleBasedStateMachine]:
@@ -59,7 +64,8 @@ def make_machine(store: Store) -> type[RuleBasedStateMachine]:
             now = store.now()
             expected = next((s for s, m in enumerate(self.model)
                              if m.state == "ready" or (m.state == "leased" and m.expires is not None
-                                                       and m.expires <= now)), None)
+                                                       and m.expires <= now)
+                             or (m.state == "submitted" and m.poll_at is not None and m.poll_at <= now)), None)
             lease = store.claim(worker, self.version)
             if expected is None:
                 assert lease is None
@@ -67,6 +73,7 @@ def make_machine(store: Store) -> type[RuleBasedStateMachine]:
             assert lease is not None and lease.shard_no == expected
             m = self.model[expected]
             assert lease.epoch == m.epoch + 1
+            assert lease.batch == m.batch  # whoever claims a shard learns what is at the provider
             m.state, m.owner, m.epoch, m.expires = "leased", worker, lease.epoch, lease.expires
             return lease
 
@@ -112,7 +119,31 @@ def make_machine(store: Store) -> type[RuleBasedStateMachine]:
             assert store.release(lease, "test") == expected
             if expected:
                 m = self.model[lease.shard_no]
-                m.state, m.owner, m.expires = "ready", None, None
+                m.state = "submitted" if m.batch and m.batch.get("batch_id") else "ready"
+                m.owner, m.expires, m.poll_at = None, None, store.now()
+
+        @rule(lease=leases, batch_id=st.sampled_from(["b1", "b2"]))
+        def park(self, lease: Lease, batch_id: str) -> None:
+            m = self.model[lease.shard_no]
+            batch = {"batch_id": batch_id}
+            retried = m.state == "submitted" and (m.owner, m.epoch) == (lease.owner, lease.epoch) and m.batch == batch
+            if self.current(lease) or retried:
+                store.await_provider(lease, batch, POLL)
+                if not retried:
+                    m.state, m.batch, m.expires, m.poll_at = "submitted", batch, None, store.now() + POLL
+            else:
+                with pytest.raises(LeaseLost):
+                    store.await_provider(lease, batch, POLL)
+
+        @rule(lease=leases, intent=st.booleans())
+        def record_intent(self, lease: Lease, intent: bool) -> None:
+            batch = {"state": "submitting"} if intent else None
+            if self.current(lease):
+                assert store.set_batch(lease, batch).batch == batch
+                self.model[lease.shard_no].batch = batch
+            else:
+                with pytest.raises(LeaseLost):
+                    store.set_batch(lease, batch)
 
         @rule()
         def expire(self) -> None:
@@ -123,8 +154,8 @@ def make_machine(store: Store) -> type[RuleBasedStateMachine]:
             if not hasattr(self, "model"):
                 return
             rows = store.shard_rows(self.version)
-            assert [(r.state, r.owner, r.epoch, r.results) for r in rows] == [
-                (m.state, m.owner, m.epoch, len(m.results)) for m in self.model]
+            assert [(r.state, r.owner, r.epoch, r.results, r.batch_id) for r in rows] == [
+                (m.state, m.owner, m.epoch, len(m.results), (m.batch or {}).get("batch_id")) for m in self.model]
             sealed = all(m.state == "done" for m in self.model)
             job = store.job(self.version)
             assert job is not None and (job.state == "sealed") == sealed
