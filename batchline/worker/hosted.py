@@ -138,8 +138,7 @@ class HostedShardRun:
                              detail={"route": self.spec.route, "during": "submit", "error": str(exc)[:500],
                                      "refused": True, "records": len(pending)})
         for record in pending:
-            self.store.charge_attempt(self.lease, record.id, ERROR_KIND, f"{self.spec.route}: batch refused: {exc}",
-                                      record.acl, self.job.spec.shards.max_attempts)
+            self._charge(record, ERROR_KIND, f"{self.spec.route}: batch refused: {exc}")
             self._renew()
         self.lease = self.store.set_batch(self.lease, None)
         self.w.log(f"shard {self.lease.shard_no}: {self.spec.route} refused the batch ({exc}); "
@@ -229,12 +228,13 @@ class HostedShardRun:
             failed.extend((r, ERROR_KIND, f"{self.spec.route}: batch {batch.batch_id} {status}: {batch_error}")
                           for r in sent)
         for chunk in _chunks(results, 500):
-            counts["results"] += self.store.put_results(self.lease, chunk)
+            new = self.store.put_results(self.lease, chunk)
+            counts["results"] += new
+            self.w.telemetry.outcome("result", new)
             self._renew()
         for record, kind, error in failed:
-            outcome = self.store.charge_attempt(self.lease, record.id, kind, error, record.acl,
-                                                self.job.spec.shards.max_attempts)
-            counts["errors"] += 1 if outcome.attempts else 0
+            self._charge(record, kind, error)
+            counts["errors"] += 1
             self._renew()
         self.store.log_event("provider_collected", version=version, worker=self.w.worker_id,
                              shard_no=self.lease.shard_no, epoch=self.lease.epoch,
@@ -244,6 +244,12 @@ class HostedShardRun:
                    f"{counts['errors']} errors, {counts['expired']} to send again"
                    + (f", {counts['duplicates']} duplicate answers ignored" if counts["duplicates"] else "")
                    + (f", {unknown} answers for ids not in the shard ignored" if unknown else ""))
+
+    def _charge(self, record: Record, kind: str, error: str) -> None:
+        outcome = self.store.charge_attempt(self.lease, record.id, kind, error, record.acl,
+                                            self.job.spec.shards.max_attempts)
+        if outcome.attempts:
+            self.w.telemetry.outcome("dead_letter" if outcome.dead_lettered else "retry")
 
     def _first_valid(self, oks: list[BatchAnswer]) -> tuple[tuple[str, BatchAnswer] | None, str | None]:
         """The first answer that passes the schema; a provider that answered one id twice

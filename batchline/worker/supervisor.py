@@ -142,13 +142,25 @@ class Worker:
         from batchline.worker.hosted import HostedShardRun
 
         assert job.spec.routing is not None
-        spec = job.spec.routing.provider(lease.route)
-        if lease.route not in job.providers:
-            from batchline.providers import open_provider
+        return HostedShardRun(self, lease, job, self._provider(job, lease.route),
+                              job.spec.routing.provider(lease.route)).run()
 
-            job.providers[lease.route] = open_provider(spec, job.spec.decoding, job.spec.output_schema,
-                                                       job.spec.name)
-        return HostedShardRun(self, lease, job, job.providers[lease.route], spec).run()
+    def _provider(self, job: _Job, route: str) -> BatchProvider:
+        """The route's client, opened before any of its shards is claimed: a worker
+        without the route's key takes none of them."""
+        if route not in job.providers:
+            from batchline.providers import open_provider
+            from batchline.providers.base import ProviderError
+
+            assert job.spec.routing is not None
+            try:
+                job.providers[route] = open_provider(job.spec.routing.provider(route), job.spec.decoding,
+                                                     job.spec.output_schema, job.spec.name)
+            except ProviderError as exc:
+                hint = "" if self.routes is not None else (
+                    f"; a worker that is not to call providers takes --routes {LOCAL_ROUTE}")
+                raise EngineFatal(f"{exc}{hint}") from None
+        return job.providers[route]
 
     def _allowed(self, route: str) -> bool:
         return self.routes is None or route in self.routes
@@ -164,7 +176,14 @@ class Worker:
                 continue
             job = self._job(version)
             hosted = [r for r in job.hosted_routes if self._allowed(r)]
-            if hosted:
+            if hosted and self.store.has_open_shards(version, hosted):
+                try:
+                    for route in hosted:
+                        self._provider(job, route)
+                except EngineFatal as exc:
+                    self.store.log_event("engine_fatal", version=version, worker=self.worker_id,
+                                         detail={"error": str(exc)})
+                    raise
                 lease = self.store.claim(self.worker_id, version, hosted)
                 if lease is not None:
                     self.telemetry.claimed(version)

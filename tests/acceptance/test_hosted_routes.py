@@ -273,3 +273,21 @@ def test_a_worker_lets_its_engine_go_while_only_provider_batches_are_left(
         thread.join(60)
     assert exit_code == [0]
     check_invariants(store, version, spec)
+
+
+def test_a_worker_without_the_routes_key_stops_before_claiming_its_shards(
+        job_factory: Any, store: Store, provider: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchline.errors import EngineFatal
+
+    monkeypatch.delenv(KEY_ENV)
+    spec = load_spec(job(job_factory, provider, classed(10)))
+    version = plan(spec, store).version
+    with pytest.raises(EngineFatal, match=f"needs an API key in the environment variable {KEY_ENV}, which is not "
+                                          "set; a worker that is not to call providers takes --routes local"):
+        run_worker(store, version)
+    assert not store.events(version, ["claim"]) and not provider.submissions
+    # A worker told to leave the providers alone finishes the local work and exits at once.
+    mixed = load_spec(job(job_factory, provider, classed(10, cleared_every=2)))
+    mixed_version = plan(mixed, store).version
+    assert Worker(store, version=mixed_version, poll_seconds=0.02, routes=["local"]).run() == 0
+    assert {r.route for r in store.shard_rows(mixed_version) if r.state != "done"} == {"hosted"}
