@@ -32,7 +32,7 @@ from batchline.providers.base import (
 )
 from batchline.snapshot import Record, Slice, read_slice
 from batchline.spec import ProviderSpec
-from batchline.store import Lease, LeaseLost, ResultRow
+from batchline.store import DeadLetterRow, Lease, LeaseLost, ResultRow
 
 if TYPE_CHECKING:
     from batchline.worker.supervisor import Worker, _Job
@@ -43,6 +43,7 @@ PROVIDER_RETRY_MAX_SECONDS = 900.0
 # How far back `find` looks before the recorded intent: the provider's clock and the store's differ.
 CLOCK_SKEW_SECONDS = 300.0
 ERROR_KIND = "provider_error"
+EXPIRED_KIND = "provider_expired"
 
 
 class HostedShardRun:
@@ -99,14 +100,14 @@ class HostedShardRun:
                 # Not knowing whether a batch exists, submitting again could pay twice: wait.
                 return self._provider_failed(intent, exc, "find")
             if adopted is not None:
-                self.store.await_provider(self.lease, adopted.to_json(), 0.0)
+                self.store.await_provider(self.lease, {**adopted.to_json(), "expired": intent.get("expired", {})}, 0.0)
                 self.w.log(f"shard {self.lease.shard_no}: adopted batch {adopted.batch_id}, submitted before a "
                            f"worker stopped; not submitting again")
                 return "adopted"
         self.w.announce_retention(self.lease.version, self.spec)
         tag = f"{self.lease.version}/{self.lease.shard_no}/{self.lease.epoch}"
         intent = {"state": "submitting", "tag": tag, "request_count": len(pending), "since": time.time(),
-                  "failures": int((intent or {}).get("failures", 0))}
+                  "failures": int((intent or {}).get("failures", 0)), "expired": (intent or {}).get("expired", {})}
         # On record before the provider is called: whoever finds this intent without a
         # batch id asks the provider before submitting again.
         self.lease = self.store.set_batch(self.lease, intent)
@@ -116,9 +117,9 @@ class HostedShardRun:
             submitted = self.provider.submit(requests, tag)
         except ProviderError as exc:
             if exc.refused and not exc.fatal:
-                return self._refused(pending, exc)
+                return self._refused(pending, exc, intent)
             return self._provider_failed(intent, exc, "submit")
-        record = {**submitted.to_json(), "submitted_at": self.store.now()}
+        record = {**submitted.to_json(), "submitted_at": self.store.now(), "expired": intent["expired"]}
         self.store.await_provider(self.lease, record, self.spec.poll_seconds)
         self.w.log(f"shard {self.lease.shard_no}: submitted {len(requests)} records to {self.spec.route} as batch "
                    f"{submitted.batch_id}")
@@ -130,7 +131,7 @@ class HostedShardRun:
         return self.provider.find(str(intent["tag"]), int(intent.get("request_count", 0)),
                                   float(intent.get("since", 0.0)) - CLOCK_SKEW_SECONDS)
 
-    def _refused(self, pending: list[Record], exc: ProviderError) -> str:
+    def _refused(self, pending: list[Record], exc: ProviderError, intent: dict[str, Any]) -> str:
         """The provider refused the batch as a whole: each record in it is charged an
         attempt, so a batch it will never take ends in dead letters instead of a loop."""
         self.store.log_event("provider_error", version=self.lease.version, worker=self.w.worker_id,
@@ -140,7 +141,8 @@ class HostedShardRun:
         for record in pending:
             self._charge(record, ERROR_KIND, f"{self.spec.route}: batch refused: {exc}")
             self._renew()
-        self.lease = self.store.set_batch(self.lease, None)
+        expired = intent.get("expired") or {}
+        self.lease = self.store.set_batch(self.lease, {"expired": expired} if expired else None)
         self.w.log(f"shard {self.lease.shard_no}: {self.spec.route} refused the batch ({exc}); "
                    f"{len(pending)} records charged an attempt")
         return self._run()
@@ -180,12 +182,14 @@ class HostedShardRun:
             self.store.await_provider(self.lease, self.lease.batch or batch.to_json(), self.spec.poll_seconds)
             self.w.log(f"shard {self.lease.shard_no}: downloading {batch.batch_id} failed ({exc}); trying later")
             return "waiting"
-        self._collect(batch, progress.status, progress.error, answers, by_id, to_record)
-        self.lease = self.store.set_batch(self.lease, None)
+        expired = self._collect(batch, progress.status, progress.error, answers, by_id, to_record)
+        self.lease = self.store.set_batch(self.lease, {"expired": expired} if expired else None)
         return None
 
     def _collect(self, batch: SubmittedBatch, status: str, batch_error: str | None, answers: list[BatchAnswer],
-                 by_id: dict[str, Record], to_record: dict[str, str]) -> None:
+                 by_id: dict[str, Record], to_record: dict[str, str]) -> dict[str, int]:
+        """Writes what the batch answered; returns, per record it did not answer, how many
+        batches in a row have let it expire (carried on the shard to the next batch)."""
         version = self.lease.version
         ids = list(by_id)
         answered = self.store.answered(version, ids)
@@ -200,7 +204,7 @@ class HostedShardRun:
             grouped.setdefault(record_id, []).append(answer)
         results: list[ResultRow] = []
         failed: list[tuple[Record, str, str]] = []
-        counts = {"results": 0, "errors": 0, "expired": 0, "duplicates": 0, "unknown": unknown}
+        counts = {"results": 0, "errors": 0, "expired": 0, "duplicates": 0, "unknown": unknown, "given_up": 0}
         for record_id, group in grouped.items():
             if record_id in answered:
                 continue  # an answer we already have: never replaced
@@ -219,8 +223,25 @@ class HostedShardRun:
             elif any(a.kind == "error" for a in group):
                 error = next(a.error for a in group if a.kind == "error") or "error at the provider"
                 failed.append((record, ERROR_KIND, f"{self.spec.route}: {error}"))
-            else:
-                counts["expired"] += 1  # expired or cancelled there: sent again, not charged
+        # Expired, cancelled, or sent and never answered: not the record's fault, so not
+        # charged, and sent again; but a record the provider lets expire batch after batch
+        # is given up on, so the job ends rather than waiting a completion window forever.
+        expired: dict[str, int] = dict((self.lease.batch or {}).get("expired") or {})
+        given_up: list[DeadLetterRow] = []
+        if not batch_error:
+            for record_id, record in by_id.items():
+                group = grouped.get(record_id, [])
+                if record_id in answered or any(a.kind in ("ok", "error") for a in group):
+                    expired.pop(record_id, None)
+                    continue
+                expired[record_id] = expired.get(record_id, 0) + 1
+                if expired[record_id] >= self.job.spec.shards.max_attempts:
+                    given_up.append(DeadLetterRow(
+                        record_id, EXPIRED_KIND, f"{self.spec.route}: expired at the provider in "
+                        f"{expired.pop(record_id)} batches in a row without an answer", record.acl,
+                        attempts.get(record_id, 0)))
+                else:
+                    counts["expired"] += 1
         if batch_error and not grouped:
             # The provider refused the batch as a whole: every record in it is charged, so
             # a batch it will never take ends in dead letters instead of a loop.
@@ -236,6 +257,10 @@ class HostedShardRun:
             self._charge(record, kind, error)
             counts["errors"] += 1
             self._renew()
+        if given_up:
+            self.store.dead_letter(self.lease, given_up)
+            self.w.telemetry.outcome("dead_letter", len(given_up))
+            counts["given_up"] = len(given_up)
         self.store.log_event("provider_collected", version=version, worker=self.w.worker_id,
                              shard_no=self.lease.shard_no, epoch=self.lease.epoch,
                              detail={"route": self.spec.route, "batch_id": batch.batch_id, "status": status,
@@ -243,7 +268,10 @@ class HostedShardRun:
         self.w.log(f"shard {self.lease.shard_no}: batch {batch.batch_id} {status}: {counts['results']} results, "
                    f"{counts['errors']} errors, {counts['expired']} to send again"
                    + (f", {counts['duplicates']} duplicate answers ignored" if counts["duplicates"] else "")
-                   + (f", {unknown} answers for ids not in the shard ignored" if unknown else ""))
+                   + (f", {unknown} answers for ids not in the shard ignored" if unknown else "")
+                   + (f", {len(given_up)} given up after expiring in {self.job.spec.shards.max_attempts} batches"
+                      if given_up else ""))
+        return expired
 
     def _charge(self, record: Record, kind: str, error: str) -> None:
         outcome = self.store.charge_attempt(self.lease, record.id, kind, error, record.acl,

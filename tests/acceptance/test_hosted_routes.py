@@ -291,3 +291,17 @@ def test_a_worker_without_the_routes_key_stops_before_claiming_its_shards(
     mixed_version = plan(mixed, store).version
     assert Worker(store, version=mixed_version, poll_seconds=0.02, routes=["local"]).run() == 0
     assert {r.route for r in store.shard_rows(mixed_version) if r.state != "done"} == {"hosted"}
+
+
+def test_a_record_the_provider_lets_expire_batch_after_batch_is_given_up_on(
+        job_factory: Any, store: Store, provider: Any) -> None:
+    provider.expire_ids = {"r005"}  # every batch lets it expire
+    spec = load_spec(job(job_factory, provider, classed(10)))
+    version = plan(spec, store).version
+    assert run_worker(store, version) == 0
+    results, dead = check_invariants(store, version, spec)
+    assert dead == {"r005"} and len(results) == 9
+    [letter] = list(store.iter_dead_letters(version))
+    assert letter.kind == "provider_expired" and "2 batches in a row" in letter.error
+    assert sent_ids(provider).count("r005") == 2  # max_attempts batches, and no more
+    assert not store.attempts(version, ["r005"])  # never charged: the provider's delay, not the record's fault
