@@ -180,8 +180,8 @@ def _bin_seconds(span: float, bins: int) -> float:
 
 
 def collect(store: Store, version: str, *, price: float = DEFAULT_GPU_HOUR_PRICE) -> ReportData:
-    """Reads everything the page shows. Results and dead letters are streamed once, in
-    the store's pages, into fixed-size tallies (time bins, attempts, kinds, samples), so
+    """Reads everything the page shows. Results are counted in the store by attempt and
+    time bin; dead letters are streamed once into fixed-size tallies (kinds, samples), so
     memory does not grow with the job; the event log is read whole (a few events per
     shard, plus one per charged attempt)."""
     info = store.job(version)
@@ -234,10 +234,19 @@ def collect(store: Store, version: str, *, price: float = DEFAULT_GPU_HOUR_PRICE
 
     attempts_results: collections.Counter[int] = collections.Counter()
     computed = 0
-    for r in store.iter_results(version, computed_only=True):
-        computed += 1
-        attempts_results[r.attempt] += 1
-        place(r.created_at)
+    if clock.total == 0:
+        # Counted in the store: the page reads a few hundred rows, not every result.
+        for attempt, i, n in store.result_histogram(version, t_start or 0.0, bin_seconds, len(bins) or 1):
+            computed += n
+            attempts_results[attempt] += n
+            if bins:
+                bins[i] += n
+    else:
+        # The test hook moved the database clock: times are mapped back one by one.
+        for r in store.iter_results(version, computed_only=True):
+            computed += 1
+            attempts_results[r.attempt] += 1
+            place(r.created_at)
     attempts_dead: collections.Counter[int] = collections.Counter()
     dead_counts: collections.Counter[str] = collections.Counter()
     dead_samples: dict[str, list[StoredDeadLetter]] = collections.defaultdict(list)

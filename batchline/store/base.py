@@ -338,6 +338,12 @@ class Store(Protocol):
         """Input and output tokens of the results this version computed."""
         ...
 
+    def result_histogram(self, version: str, start: float, width: float, bins: int) -> list[tuple[int, int, int]]:
+        """The results this version computed, counted in the store by (attempt, time bin):
+        bin i holds created_at in [start + i*width, start + (i+1)*width), the first and
+        last bins also what falls before or after. Rows of (attempt, bin, count)."""
+        ...
+
     def run_throughput(self, version: str) -> float:
         """Records per second per worker, measured from the event log: the records of
         each completed shard over the time from its claim to its completion (0 if none)."""

@@ -671,6 +671,11 @@ class PostgresStore:
     def shard_rows(self, version: str) -> list[ShardRow]:
         return [ShardRow(*r) for r in self._read(q.SHARD_ROWS, (version,))]
 
+    def result_histogram(self, version: str, start: float, width: float, bins: int) -> list[tuple[int, int, int]]:
+        rows = self._read(q.RESULT_HISTOGRAM, {"v": version, "start": start, "width": width,
+                                               "last": max(bins - 1, 0)})
+        return [(int(a), int(b), int(n)) for a, b, n in rows]
+
     def route_totals(self, version: str) -> dict[str, RouteTotals]:
         computed = {r[0]: r[1:] for r in self._read(q.ROUTE_RESULTS, (version,))}
         out: dict[str, RouteTotals] = {}

@@ -482,6 +482,9 @@ RECENT = ("SELECT COALESCE(sum(record_count), 0) FROM shards WHERE version = %s 
           "AND done_at >= %s")
 SHARD_ROWS = ("SELECT shard_no, state, owner, epoch, lease_expires, claims, record_count, results_count, "
               "dead_count, route, batch ->> 'batch_id', poll_at FROM shards WHERE version = %s ORDER BY shard_no")
+RESULT_HISTOGRAM = """
+SELECT attempt, LEAST(GREATEST(floor((created_at - %(start)s) / %(width)s)::int, 0), %(last)s) AS bin, count(*)
+FROM results WHERE version = %(v)s AND origin IS NULL GROUP BY attempt, bin"""
 ROUTE_SHARDS = ("SELECT route, count(*), COALESCE(sum(record_count), 0), COALESCE(sum(dead_count), 0) "
                 "FROM shards WHERE version = %s GROUP BY route")
 ROUTE_RESULTS = """

@@ -634,6 +634,13 @@ class SQLiteStore:
                                    output_tokens=int(computed.get(route, (0, 0, 0))[2]), shards=int(shards))
                 for route, shards, records, dead in planned}
 
+    def result_histogram(self, version: str, start: float, width: float, bins: int) -> list[tuple[int, int, int]]:
+        rows = self.conn.execute(
+            "SELECT attempt, MIN(MAX(CAST((created_at - ?) / ? AS INTEGER), 0), ?) AS bin, COUNT(*) "
+            "FROM results WHERE version = ? AND origin IS NULL GROUP BY attempt, bin",
+            (start, width, max(bins - 1, 0), version)).fetchall()
+        return [(int(a), int(b), int(n)) for a, b, n in rows]
+
     def token_totals(self, version: str) -> tuple[int, int]:
         row = self.conn.execute("SELECT COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0) "
                                 "FROM results WHERE version = ? AND origin IS NULL", (version,)).fetchone()

@@ -87,6 +87,14 @@ def test_it_shows_what_the_store_holds(hostile: Any, store: Store, tmp_path: Pat
     per_thousand = data.cost / 40 * 1000
     assert (f"${per_thousand:,.4f}" if per_thousand < 1 else f"${per_thousand:,.2f}") in text
     assert sum(data.bins) == 40  # every outcome falls in a throughput bin
+    # The store's histogram puts each outcome in the bin its own time gives it.
+    assert data.t_start is not None
+    expected = [0] * len(data.bins)
+    times = [r.created_at for r in store.iter_results(hostile.version, computed_only=True)]
+    times += [d.created_at for d in store.iter_dead_letters(hostile.version) if d.worker is not None]
+    for ts in times:
+        expected[min(max(int((ts - data.t_start) // data.bin_seconds), 0), len(expected) - 1)] += 1
+    assert data.bins == expected
     assert sum(data.attempts_results.values()) == 38 and data.attempts_dead == {3: 2}
     assert data.tokens == store.token_totals(hostile.version) and data.tokens[0] > 0
 

@@ -346,3 +346,19 @@ def test_coverage_is_an_anti_join_both_ways(backend: Store) -> None:
     assert (cov.records, cov.missing, cov.unexpected, cov.both) == (8, 4, 1, 0)
     assert cov.unexpected_sample == ("ghost",)
     assert set(cov.missing_sample) == set(ids[1])
+
+
+def test_the_result_histogram_counts_computed_results_by_attempt_and_time(backend: Store) -> None:
+    ids = plan_version(backend, shards=1)
+    lease = backend.claim("w1")
+    assert lease is not None
+    backend.put_results(lease, [ResultRow(ids[0][0], OUT, attempt=1), ResultRow(ids[0][1], OUT, attempt=2)])
+    backend.shift_clock(12.0)
+    backend.put_results(lease, [ResultRow(ids[0][2], OUT, attempt=1)])
+    now = backend.now()
+    rows = backend.result_histogram("job@1", now - 25.0, 10.0, 4)
+    # The first two were written about 12 s before `now`: bin 1; the third at about `now`: bin 2.
+    assert sorted(rows) == [(1, 1, 1), (1, 2, 1), (2, 1, 1)]
+    # Times before the start and after the end land in the first and last bins.
+    assert sorted(backend.result_histogram("job@1", now + 100.0, 1.0, 2)) == [(1, 0, 2), (2, 0, 1)]
+    assert sorted(backend.result_histogram("job@1", now - 1000.0, 1.0, 3)) == [(1, 2, 2), (2, 2, 1)]
