@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from validate_scale import make_version  # noqa: E402
+from validate_scale import make_version
 
-from batchline.report import write_report  # noqa: E402
-from batchline.store import open_store  # noqa: E402
+from batchline.report import write_report
+from batchline.store import open_store
 
 
 def main() -> int:

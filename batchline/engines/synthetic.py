@@ -15,6 +15,8 @@ run over it exercises validation like a real model would. Options:
   appended, one per line, so tests can count how often each was computed.
 - ``fail_load``: raise a fatal error when loading (a broken model).
 - ``load_seconds``: how long loading takes (a large model).
+- ``stderr_message``: written to file descriptor 2 while loading, as a native
+  library prints (tests that the worker's logs carry the child's stderr).
 """
 
 from __future__ import annotations
@@ -46,10 +48,13 @@ class SyntheticEngine:
         self.call_log = opts.get("call_log")
         self.fail_load = bool(opts.get("fail_load", False))
         self.load_seconds = float(opts.get("load_seconds", 0.0))
+        self.stderr_message = opts.get("stderr_message")
         self.batch_size = int(opts.get("batch_size", 16))
         self._log_fd: int | None = None
 
     def load(self) -> None:
+        if self.stderr_message:
+            os.write(2, str(self.stderr_message).encode() + b"\n")
         time.sleep(self.load_seconds)
         if self.fail_load:
             raise EngineFatal("synthetic engine told to fail while loading (fail_load)")

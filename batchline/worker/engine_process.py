@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import queue
 import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from batchline.errors import EngineFatal
 
@@ -17,6 +19,28 @@ EOF_MESSAGE: dict[str, Any] = {"op": "eof"}
 
 class EngineStopped(Exception):
     """The worker was asked to stop while its engine was loading."""
+
+
+ENGINE_LOGGER = "batchline.engine"
+
+
+def _relay_stderr(stream: IO[bytes]) -> None:
+    """The engine child's stderr (Python tracebacks, a native library's own prints), a line
+    at a time through the worker's logging: under --log-format json every line the worker
+    writes is JSON, whoever wrote it. Bytes that are not UTF-8 are replaced, never fatal:
+    a reader that stopped would leave the child blocked on a full pipe."""
+    log = logging.getLogger(ENGINE_LOGGER)
+    try:
+        for raw in stream:
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            if not line:
+                continue
+            if logging.getLogger().handlers:
+                log.info(line)
+            else:  # logging not set up (the worker used as a library): as the child wrote it
+                sys.stderr.write(line + "\n")
+    except (OSError, ValueError):
+        pass
 
 
 class EngineProcess:
@@ -35,9 +59,11 @@ class EngineProcess:
         self._outbox = queue.Queue()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "batchline.worker.child"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
         )
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        stderr = cast(io.TextIOWrapper, self.proc.stderr).buffer  # bytes: a native library's output need not be UTF-8
+        threading.Thread(target=_relay_stderr, args=(stderr,), daemon=True).start()
         threading.Thread(target=self._read, args=(self.proc.stdout, self.messages), daemon=True).start()
         threading.Thread(target=self._write, args=(self.proc.stdin, self._outbox), daemon=True).start()
         self._outbox.put(json.dumps({"op": "init", **self.init}))
@@ -100,7 +126,7 @@ class EngineProcess:
         if proc.poll() is None:
             proc.kill()
         code = proc.wait()
-        for stream in (proc.stdin, proc.stdout):
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
             try:
                 if stream is not None:
                     stream.close()

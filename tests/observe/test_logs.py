@@ -79,3 +79,33 @@ def test_text_format_keeps_the_worker_id_and_configuring_twice_does_not_double_l
     assert len(lines) == 1 and lines[0].endswith(" w2 hello")
     with pytest.raises(BatchlineError, match="--log-format must be one of text, json"):
         configure_worker_logging("xml", "w2", stream)
+
+
+def test_the_engine_childs_own_stderr_comes_out_as_json_lines_too(job_factory: Any, store: Store,
+                                                                   store_url: str) -> None:
+    records = [{"id": f"r{i}", "text": f"text {i}", "acl": None} for i in range(3)]
+    # Written to fd 2 as a native library writes, with a line that looks like a log object.
+    message = 'llama_model_load: loaded meta data\n{"level": "error", "msg": "forged"}'
+    _spec, version = planned(job_factory(records, options={"stderr_message": message}), store)
+    stream = io.StringIO()
+    log = configure_worker_logging("json", "host:8:abcdef", stream)
+    worker_store = open_store(store_url)
+    try:
+        assert Worker(worker_store, version=version, worker_id="host:8:abcdef", log=log.info).run() == 0
+    finally:
+        worker_store.close()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]  # every line is JSON
+    engine = [line for line in lines if line["logger"] == "batchline.engine"]
+    assert [e["msg"] for e in engine][:2] == ["llama_model_load: loaded meta data",
+                                              '{"level": "error", "msg": "forged"}']
+    assert all(e["worker"] == "host:8:abcdef" for e in engine)
+
+
+def test_engine_stderr_that_is_not_utf8_is_relayed_with_replacements_not_dropped() -> None:
+    from batchline.worker.engine_process import _relay_stderr
+
+    stream = io.StringIO()
+    configure_worker_logging("json", "w3", stream)
+    _relay_stderr(io.BytesIO(b"first\n\xff\xfe broken bytes\r\n\nlast without newline"))
+    assert [json.loads(line)["msg"] for line in stream.getvalue().splitlines()] == [
+        "first", "\ufffd\ufffd broken bytes", "last without newline"]
