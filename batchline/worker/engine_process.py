@@ -35,9 +35,9 @@ def _relay_stderr(stream: IO[bytes]) -> None:
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             if not line:
                 continue
-            if logging.getLogger().handlers:
+            if logging.getLogger().handlers and log.isEnabledFor(logging.INFO):
                 log.info(line)
-            else:  # logging not set up (the worker used as a library): as the child wrote it
+            else:  # the worker used as a library, logging not set up for it: as the child wrote it
                 sys.stderr.write(line + "\n")
     except (OSError, ValueError):
         pass
