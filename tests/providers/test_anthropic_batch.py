@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from batchline.providers import open_provider
 from batchline.providers.base import (
-    BatchAnswer,
     BatchRequest,
     ProviderError,
     SubmittedBatch,
@@ -24,6 +23,7 @@ from batchline.providers.base import (
 from batchline.spec import DecodingSpec, ProviderSpec
 from tests.fakes.provider_servers import FakeAnswerError, FakeAnthropicBatch, anthropic_batch_server
 from tests.helpers import SIMPLE_SCHEMA
+from tests.providers.support import by_id, requests_for, run_to_end
 
 pytest.importorskip("httpx")
 
@@ -58,26 +58,6 @@ def make_provider(server: FakeAnthropicBatch, decoding: DecodingSpec = DECODING,
                   **overrides: Any) -> AnthropicBatchProvider:
     return AnthropicBatchProvider(make_spec(server.base_url, **overrides), decoding, SIMPLE_SCHEMA, "triage",
                                   backoff_seconds=0.01)
-
-
-def requests_for(*ids: str) -> list[BatchRequest]:
-    return [BatchRequest(i, f"prompt of {i}") for i in ids]
-
-
-def run_to_end(provider: AnthropicBatchProvider, batch: SubmittedBatch, limit: int = 20) -> list[str]:
-    statuses = []
-    for _ in range(limit):
-        progress = provider.progress(batch)
-        statuses.append(progress.status)
-        if progress.ended:
-            return statuses
-    raise AssertionError(f"the batch did not end: {statuses}")
-
-
-def by_id(answers: list[BatchAnswer]) -> dict[str, BatchAnswer]:
-    out = {a.custom_id: a for a in answers}
-    assert len(out) == len(answers), "a custom id was answered twice"
-    return out
 
 
 def test_happy_path_forces_the_tool_and_answers_every_request(server: FakeAnthropicBatch) -> None:

@@ -13,7 +13,6 @@ from batchline.engines.base import EngineRequest, ListRequestSource
 from batchline.errors import EngineFatal
 from batchline.providers import open_provider
 from batchline.providers.base import (
-    BatchAnswer,
     BatchRequest,
     HostedBatchEngine,
     ProviderError,
@@ -23,6 +22,7 @@ from batchline.providers.base import (
 from batchline.spec import DecodingSpec, ProviderSpec
 from tests.fakes.provider_servers import FakeAnswerError, FakeOpenAIBatch, openai_batch_server
 from tests.helpers import SIMPLE_SCHEMA
+from tests.providers.support import by_id, requests_for, run_to_end
 
 pytest.importorskip("httpx")
 
@@ -59,26 +59,6 @@ def make_spec(base_url: str, **overrides: Any) -> ProviderSpec:
 def make_provider(server: FakeOpenAIBatch, job_name: str = "ticket triage/v1", **overrides: Any) -> OpenAIBatchProvider:
     return OpenAIBatchProvider(make_spec(server.base_url, **overrides), DECODING, SIMPLE_SCHEMA, job_name,
                                backoff_seconds=0.01)
-
-
-def requests_for(*ids: str) -> list[BatchRequest]:
-    return [BatchRequest(i, f"prompt of {i}") for i in ids]
-
-
-def run_to_end(provider: OpenAIBatchProvider, batch: SubmittedBatch, limit: int = 20) -> list[str]:
-    statuses = []
-    for _ in range(limit):
-        progress = provider.progress(batch)
-        statuses.append(progress.status)
-        if progress.ended:
-            return statuses
-    raise AssertionError(f"the batch did not end: {statuses}")
-
-
-def by_id(answers: list[BatchAnswer]) -> dict[str, BatchAnswer]:
-    out = {a.custom_id: a for a in answers}
-    assert len(out) == len(answers), "a custom id was answered twice"
-    return out
 
 
 def test_happy_path_submits_polls_and_answers_every_request(server: FakeOpenAIBatch) -> None:
