@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 from batchline.providers.base import (
     BatchAnswer,
+    BatchClient,
     BatchProgress,
     BatchRequest,
     ProviderError,
     ProviderHttp,
-    RetryableError,
     SubmittedBatch,
     api_key,
+    with_options,
 )
 from batchline.spec import DecodingSpec, ProviderSpec
 
@@ -48,8 +49,6 @@ API_VERSION = "2023-06-01"
 TOOL_NAME = "record_output"
 BATCHES = "/v1/messages/batches"
 _CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-# The provider's clock and the store's differ; see the OpenAI provider.
-CLOCK_SKEW_SECONDS = 120.0
 # The API's limits on one batch.
 MAX_REQUESTS = 100_000
 MAX_BODY_BYTES = 256 * 1024 * 1024
@@ -73,22 +72,17 @@ def _total(batch: Mapping[str, Any]) -> int:
     return sum(int(v) for v in counts.values() if isinstance(v, int))
 
 
-class AnthropicBatchProvider:
+class AnthropicBatchProvider(BatchClient):
     api = "anthropic"
 
     def __init__(self, spec: ProviderSpec, decoding: DecodingSpec, output_schema: Mapping[str, Any],
                  job_name: str, *, client: httpx.Client | None = None, max_tries: int = 5,
                  backoff_seconds: float = 0.5) -> None:
-        self.spec = spec
-        self.decoding = decoding
-        self.output_schema = dict(output_schema)
-        self.job_name = job_name
         key = api_key(spec, DEFAULT_KEY_ENV)
-        self.http = ProviderHttp("anthropic", spec.base_url or DEFAULT_BASE_URL,
-                                 {"x-api-key": key, "anthropic-version": API_VERSION}, client=client,
-                                 max_tries=max_tries, backoff_seconds=backoff_seconds)
-        self.problems: list[str] = []  # unreadable result lines, kept for the report
-        self.page_size = 100  # batches a list request asks for
+        super().__init__(spec, decoding, output_schema, job_name,
+                         ProviderHttp("anthropic", spec.base_url or DEFAULT_BASE_URL,
+                                      {"x-api-key": key, "anthropic-version": API_VERSION}, client=client,
+                                      max_tries=max_tries, backoff_seconds=backoff_seconds))
 
     # --- requests ----------------------------------------------------------------------
 
@@ -108,12 +102,7 @@ class AnthropicBatchProvider:
         }
         if self.decoding.top_p < 1.0:
             params["top_p"] = self.decoding.top_p
-        for key, value in self.spec.options.items():
-            if value is None:
-                params.pop(key, None)
-            else:
-                params[key] = value
-        return params
+        return with_options(params, self.spec.options)
 
     # --- BatchProvider -----------------------------------------------------------------
 
@@ -129,42 +118,18 @@ class AnthropicBatchProvider:
             raise ProviderError(f"a batch of {len(requests)} requests ({len(content)} bytes) is over the Anthropic "
                                 f"limit of {MAX_REQUESTS} requests and {MAX_BODY_BYTES} bytes; lower the "
                                 f"route's shard_size", fatal=True)
-        # A create that timed out or got a 5xx may still have made the batch: look for it
-        # before trying again, or the shard would be paid for twice.
-        for attempt in range(self.http.max_tries):
-            try:
-                created = self.http.attempt("POST", BATCHES, content=content,
-                                            headers={"content-type": "application/json"}).json()
-                return SubmittedBatch(api=self.api, batch_id=str(created["id"]), tag=tag,
-                                      request_count=len(requests), submitted_at=time.time())
-            except RetryableError as exc:
-                adopted = self.find(tag, len(requests), started)
-                if adopted is not None:
-                    return adopted
-                if attempt + 1 >= self.http.max_tries:
-                    raise ProviderError(f"{exc} (gave up after {self.http.max_tries} tries)") from exc
-                self.http.retries += 1
-                self.http.sleep(self.http.delay(attempt, exc.retry_after))
-        raise AssertionError("unreachable")
+        created = self.http.create("POST", BATCHES, lambda: self.find(tag, len(requests), started),
+                                   content=content, headers={"content-type": "application/json"})
+        if isinstance(created, SubmittedBatch):
+            return created
+        return SubmittedBatch(api=self.api, batch_id=str(created.json()["id"]), tag=tag,
+                              request_count=len(requests), submitted_at=time.time())
 
     def find(self, tag: str, request_count: int, since: float) -> SubmittedBatch | None:
-        candidates: list[dict[str, Any]] = []
-        after: str | None = None
-        while True:
-            params: dict[str, Any] = {"limit": self.page_size}
-            if after:
-                params["after_id"] = after
-            page = self.http.json("GET", BATCHES, params=params)
-            data = [b for b in page.get("data") or [] if isinstance(b, dict)]
-            for batch in data:
-                if parse_time(batch.get("created_at")) >= since - CLOCK_SKEW_SECONDS and \
-                        _total(batch) == request_count:
-                    candidates.append(batch)
-            # Newest first: once a page reaches back past `since`, older pages cannot match.
-            oldest = min((parse_time(b.get("created_at")) for b in data), default=0.0)
-            if not page.get("has_more") or not data or oldest < since - CLOCK_SKEW_SECONDS:
-                break
-            after = page.get("last_id") or data[-1].get("id")
+        # No metadata to match on: the one batch of this size created since the intent.
+        candidates = [b for b in self.http.recent(BATCHES, after_param="after_id", page_size=self.page_size,
+                                                  since=since, created_at=lambda b: parse_time(b.get("created_at")))
+                      if _total(b) == request_count]
         if len(candidates) != 1:
             return None
         found = candidates[0]
@@ -191,9 +156,6 @@ class AnthropicBatchProvider:
                 yield parse_result_line(line)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 self.problems.append(f"batch {batch.batch_id} results line {number}: {exc}")
-
-    def close(self) -> None:
-        self.http.close()
 
 
 def parse_result_line(line: str) -> BatchAnswer:

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from batchline.spec import DecodingSpec, ProviderSpec
 
 CUSTOM_ID_PREFIX = "bl-"
+# The provider's clock and the store's differ; a batch stamped a little before `since`
+# may still be the one a worker created just after it.
+CLOCK_SKEW_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -239,15 +242,50 @@ class ProviderHttp:
         return response
 
     def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self._retrying(method, path, kwargs, None)
+        assert not isinstance(response, SubmittedBatch)
+        return response
+
+    def create(self, method: str, path: str, find: Callable[[], SubmittedBatch | None],
+               **kwargs: Any) -> httpx.Response | SubmittedBatch:
+        """Creates a batch, retried like any call, except that a try that timed out or got
+        a 5xx may still have made the batch: `find` looks for it before the next try, and
+        the batch it finds is the answer, or the shard would be paid for twice."""
+        return self._retrying(method, path, kwargs, find)
+
+    def _retrying(self, method: str, path: str, kwargs: dict[str, Any],
+                  recover: Callable[[], SubmittedBatch | None] | None) -> httpx.Response | SubmittedBatch:
         for attempt in range(self.max_tries):
             try:
                 return self.attempt(method, path, **dict(kwargs))
             except RetryableError as exc:
+                found = recover() if recover is not None else None
+                if found is not None:
+                    return found
                 if attempt + 1 >= self.max_tries:
                     raise ProviderError(f"{exc} (gave up after {self.max_tries} tries)") from exc
                 self.retries += 1
                 self.sleep(self.delay(attempt, exc.retry_after))
         raise AssertionError("unreachable")
+
+    def recent(self, path: str, *, after_param: str, page_size: int, since: float,
+               created_at: Callable[[dict[str, Any]], float]) -> Iterator[dict[str, Any]]:
+        """The batches a list endpoint gives (newest first, a page at a time) that were
+        created at or after `since`, less the clock skew between the provider and us."""
+        after: str | None = None
+        oldest_wanted = since - CLOCK_SKEW_SECONDS
+        while True:
+            params: dict[str, Any] = {"limit": page_size}
+            if after:
+                params[after_param] = after
+            page = self.json("GET", path, params=params)
+            data = [b for b in page.get("data") or [] if isinstance(b, dict)]
+            yield from (b for b in data if created_at(b) >= oldest_wanted)
+            # Once a page reaches back past `since`, older pages cannot hold a match.
+            oldest = min((created_at(b) for b in data), default=0.0)
+            if not page.get("has_more") or not data or oldest < oldest_wanted:
+                return
+            after = page.get("last_id") or data[-1].get("id")
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self.call(method, path, **kwargs)
@@ -295,6 +333,37 @@ class ProviderHttp:
     def close(self) -> None:
         if self._owns_client:
             self.client.close()
+
+
+def with_options(body: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """A request body with the route's options merged in; an option set to null removes
+    that field (reasoning models refuse `temperature` and `top_p`)."""
+    for key, value in options.items():
+        if value is None:
+            body.pop(key, None)
+        else:
+            body[key] = value
+    return body
+
+
+class BatchClient:
+    """What both hosted APIs' clients hold: the route, the job's decoding and schema, and
+    the HTTP client with its retry policy."""
+
+    def __init__(self, spec: ProviderSpec, decoding: DecodingSpec, output_schema: Mapping[str, Any],
+                 job_name: str, http: ProviderHttp) -> None:
+        self.spec = spec
+        self.decoding = decoding
+        self.output_schema = dict(output_schema)
+        self.job_name = job_name
+        self.http = http
+        # Lines of a download that could not be read, kept for the report rather than
+        # failing the whole download: the records they belonged to simply stay unanswered.
+        self.problems: list[str] = []
+        self.page_size = 100  # batches a list request asks for
+
+    def close(self) -> None:
+        self.http.close()
 
 
 def api_key(spec: ProviderSpec, default_env: str) -> str:

@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from batchline.providers.base import (
     BatchAnswer,
+    BatchClient,
     BatchProgress,
     BatchRequest,
     ProviderError,
     ProviderHttp,
-    RetryableError,
     SubmittedBatch,
     api_key,
+    with_options,
 )
 from batchline.spec import DecodingSpec, ProviderSpec
 
@@ -45,9 +46,6 @@ TAG_KEY = "batchline_tag"
 ENDED = frozenset({"completed", "expired", "failed", "cancelled"})
 # Stricter than the API needs: these characters survive every tool that reads the files.
 _CUSTOM_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-# The provider's clock and the store's differ; a batch stamped a little before `since`
-# may still be the one a worker created just after it.
-CLOCK_SKEW_SECONDS = 120.0
 # The API's limits on one batch's input file.
 MAX_REQUESTS = 50_000
 MAX_FILE_BYTES = 200 * 1024 * 1024
@@ -91,24 +89,16 @@ def _strict_all(node: Any) -> bool:
                if key in node)
 
 
-class OpenAIBatchProvider:
+class OpenAIBatchProvider(BatchClient):
     api = "openai"
 
     def __init__(self, spec: ProviderSpec, decoding: DecodingSpec, output_schema: Mapping[str, Any],
                  job_name: str, *, client: httpx.Client | None = None, max_tries: int = 5,
                  backoff_seconds: float = 0.5) -> None:
-        self.spec = spec
-        self.decoding = decoding
-        self.output_schema = dict(output_schema)
-        self.job_name = job_name
         key = api_key(spec, DEFAULT_KEY_ENV)
-        self.http = ProviderHttp("openai", spec.base_url or DEFAULT_BASE_URL,
-                                 {"Authorization": f"Bearer {key}"}, client=client,
-                                 max_tries=max_tries, backoff_seconds=backoff_seconds)
-        # Lines of a download that could not be read, kept for the report rather than
-        # failing the whole download: the records they belonged to simply stay unanswered.
-        self.problems: list[str] = []
-        self.page_size = 100  # batches a list request asks for
+        super().__init__(spec, decoding, output_schema, job_name,
+                         ProviderHttp("openai", spec.base_url or DEFAULT_BASE_URL, {"Authorization": f"Bearer {key}"},
+                                      client=client, max_tries=max_tries, backoff_seconds=backoff_seconds))
 
     # --- requests ----------------------------------------------------------------------
 
@@ -129,12 +119,7 @@ class OpenAIBatchProvider:
                                 "strict": strict_compatible(self.output_schema)},
             },
         }
-        for key, value in self.spec.options.items():
-            if value is None:
-                body.pop(key, None)
-            else:
-                body[key] = value
-        return body
+        return with_options(body, self.spec.options)
 
     def input_file(self, requests: Sequence[BatchRequest]) -> bytes:
         lines = [json.dumps({"custom_id": r.custom_id, "method": "POST", "url": ENDPOINT,
@@ -159,53 +144,23 @@ class OpenAIBatchProvider:
         file_id = str(upload["id"])
         create = {"input_file_id": file_id, "endpoint": ENDPOINT,
                   "completion_window": self.spec.completion_window, "metadata": {TAG_KEY: tag}}
-        created = self._create_without_duplicate(create, tag, len(requests), started)
+        created = self.http.create("POST", "/batches", lambda: self.find(tag, len(requests), started), json=create)
         if isinstance(created, SubmittedBatch):
             return created
-        return SubmittedBatch(api=self.api, batch_id=str(created["id"]), tag=tag, request_count=len(requests),
-                              submitted_at=time.time(), input_file_id=file_id)
-
-    def _create_without_duplicate(self, create: dict[str, Any], tag: str, count: int,
-                     started: float) -> dict[str, Any] | SubmittedBatch:
-        # A create that timed out or got a 5xx may still have made the batch: look for it by
-        # its tag before trying again, or the shard would be paid for twice.
-        for attempt in range(self.http.max_tries):
-            try:
-                created: dict[str, Any] = self.http.attempt("POST", "/batches", json=create).json()
-                return created
-            except RetryableError as exc:
-                adopted = self.find(tag, count, started)
-                if adopted is not None:
-                    return adopted
-                if attempt + 1 >= self.http.max_tries:
-                    raise ProviderError(f"{exc} (gave up after {self.http.max_tries} tries)") from exc
-                self.http.retries += 1
-                self.http.sleep(self.http.delay(attempt, exc.retry_after))
-        raise AssertionError("unreachable")
+        return SubmittedBatch(api=self.api, batch_id=str(created.json()["id"]), tag=tag,
+                              request_count=len(requests), submitted_at=time.time(), input_file_id=file_id)
 
     def find(self, tag: str, request_count: int, since: float) -> SubmittedBatch | None:
-        after: str | None = None
-        while True:
-            params: dict[str, Any] = {"limit": self.page_size}
-            if after:
-                params["after"] = after
-            page = self.http.json("GET", "/batches", params=params)
-            data = page.get("data") or []
-            for batch in data:
-                if not isinstance(batch, dict) or float(batch.get("created_at") or 0) < since - CLOCK_SKEW_SECONDS:
-                    continue
-                metadata = batch.get("metadata") or {}
-                # A batch that failed validation never ran: it is no submission to adopt.
-                if metadata.get(TAG_KEY) == tag and batch.get("status") != "failed":
-                    return SubmittedBatch(api=self.api, batch_id=str(batch["id"]), tag=tag,
-                                          request_count=request_count,
-                                          submitted_at=float(batch.get("created_at") or time.time()),
-                                          input_file_id=batch.get("input_file_id"))
-            # Newest first: once a page reaches back past `since`, older pages cannot match.
-            oldest = min((float(b.get("created_at") or 0) for b in data if isinstance(b, dict)), default=0.0)
-            if not page.get("has_more") or not data or oldest < since - CLOCK_SKEW_SECONDS:
-                return None
-            after = page.get("last_id") or data[-1].get("id")
+        for batch in self.http.recent("/batches", after_param="after", page_size=self.page_size, since=since,
+                                      created_at=lambda b: float(b.get("created_at") or 0)):
+            metadata = batch.get("metadata") or {}
+            # A batch that failed validation never ran: it is no submission to adopt.
+            if metadata.get(TAG_KEY) == tag and batch.get("status") != "failed":
+                return SubmittedBatch(api=self.api, batch_id=str(batch["id"]), tag=tag,
+                                      request_count=request_count,
+                                      submitted_at=float(batch.get("created_at") or time.time()),
+                                      input_file_id=batch.get("input_file_id"))
+        return None
 
     def progress(self, batch: SubmittedBatch) -> BatchProgress:
         data = self.http.json("GET", f"/batches/{batch.batch_id}")
@@ -226,9 +181,6 @@ class OpenAIBatchProvider:
                     yield parse_answer_line(line)
                 except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
                     self.problems.append(f"batch {batch.batch_id} file {file_id} line {number}: {exc}")
-
-    def close(self) -> None:
-        self.http.close()
 
 
 def _batch_errors(data: Mapping[str, Any]) -> str:

@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 # Backoff for a provider that refuses or cannot be reached, doubled per failure in a row.
 PROVIDER_RETRY_SECONDS = 30.0
 PROVIDER_RETRY_MAX_SECONDS = 900.0
-# How far back `find` looks before the recorded intent: the provider's clock and the store's differ.
-CLOCK_SKEW_SECONDS = 300.0
 ERROR_KIND = "provider_error"
 EXPIRED_KIND = "provider_expired"
 
@@ -61,8 +59,7 @@ class HostedShardRun:
         try:
             return self._run()
         except LeaseLost as exc:
-            self.w.log(str(exc))
-            self.w.telemetry.stale_epoch(exc.op)
+            self.w.lease_lost(exc)
             return "lost"
 
     def _run(self) -> str:
@@ -129,7 +126,7 @@ class HostedShardRun:
         if intent.get("state") != "submitting" or not intent.get("tag"):
             return None
         return self.provider.find(str(intent["tag"]), int(intent.get("request_count", 0)),
-                                  float(intent.get("since", 0.0)) - CLOCK_SKEW_SECONDS)
+                                  float(intent.get("since", 0.0)))
 
     def _refused(self, pending: list[Record], exc: ProviderError, intent: dict[str, Any]) -> str:
         """The provider refused the batch as a whole: each record in it is charged an
@@ -148,8 +145,7 @@ class HostedShardRun:
         return self._run()
 
     def _provider_failed(self, intent: dict[str, Any], exc: ProviderError, during: str) -> str:
-        if exc.fatal:
-            raise EngineFatal(f"{self.spec.route}: {exc}") from None
+        self._fatal(exc)
         failures = int(intent.get("failures", 0)) + 1
         wait = min(PROVIDER_RETRY_SECONDS * 2 ** (failures - 1), PROVIDER_RETRY_MAX_SECONDS)
         self.store.log_event("provider_error", version=self.lease.version, worker=self.w.worker_id,
@@ -166,25 +162,29 @@ class HostedShardRun:
         try:
             progress = self.provider.progress(batch)
         except ProviderError as exc:
-            if exc.fatal:
-                raise EngineFatal(f"{self.spec.route}: {exc}") from None
-            self.store.await_provider(self.lease, self.lease.batch or batch.to_json(), self.spec.poll_seconds)
-            self.w.log(f"shard {self.lease.shard_no}: polling {batch.batch_id} failed ({exc}); polling again later")
-            return "waiting"
+            return self._wait(batch, f"polling {batch.batch_id} failed ({self._fatal(exc)})")
         if not progress.ended:
-            self.store.await_provider(self.lease, self.lease.batch or batch.to_json(), self.spec.poll_seconds)
-            return "waiting"
+            return self._wait(batch, None)
         try:
             answers = list(self.provider.answers(batch))
         except ProviderError as exc:
-            if exc.fatal:
-                raise EngineFatal(f"{self.spec.route}: {exc}") from None
-            self.store.await_provider(self.lease, self.lease.batch or batch.to_json(), self.spec.poll_seconds)
-            self.w.log(f"shard {self.lease.shard_no}: downloading {batch.batch_id} failed ({exc}); trying later")
-            return "waiting"
+            return self._wait(batch, f"downloading {batch.batch_id} failed ({self._fatal(exc)})")
         expired = self._collect(batch, progress.status, progress.error, answers, by_id, to_record)
         self.lease = self.store.set_batch(self.lease, {"expired": expired} if expired else None)
         return None
+
+    def _wait(self, batch: SubmittedBatch, problem: str | None) -> str:
+        """Parks the shard with its batch until the next poll, holding no lease."""
+        self.store.await_provider(self.lease, self.lease.batch or batch.to_json(), self.spec.poll_seconds)
+        if problem:
+            self.w.log(f"shard {self.lease.shard_no}: {problem}; trying again at the next poll")
+        return "waiting"
+
+    def _fatal(self, exc: ProviderError) -> ProviderError:
+        """Raises EngineFatal for an error no retry can help (credentials refused); else gives it back."""
+        if exc.fatal:
+            raise EngineFatal(f"{self.spec.route}: {exc}") from None
+        return exc
 
     def _collect(self, batch: SubmittedBatch, status: str, batch_error: str | None, answers: list[BatchAnswer],
                  by_id: dict[str, Record], to_record: dict[str, str]) -> dict[str, int]:

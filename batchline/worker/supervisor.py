@@ -209,6 +209,10 @@ class Worker:
                 return lease
         return None
 
+    def lease_lost(self, exc: LeaseLost) -> None:
+        self.log(str(exc))
+        self.telemetry.stale_epoch(exc.op)
+
     def announce_retention(self, version: str, spec: ProviderSpec) -> None:
         """Says what the provider keeps, once per worker and route, before the first record goes."""
         if (version, spec.route) in self._announced:
@@ -294,8 +298,7 @@ class _ShardRun:
         try:
             return self._run()
         except LeaseLost as exc:
-            self.w.log(str(exc))
-            self.w.telemetry.stale_epoch(exc.op)
+            self.w.lease_lost(exc)
             if self._in_flight():
                 self.w.restart_engine()  # its records belong to a shard we no longer hold
             return "lost"

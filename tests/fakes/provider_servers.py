@@ -45,6 +45,7 @@ Observations:
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import datetime as dt
 import email.parser
@@ -116,7 +117,7 @@ def _now_rfc3339(when: float) -> str:
     return dt.datetime.fromtimestamp(when, dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-class _FakeBatchServer:
+class _FakeBatchServer(abc.ABC):
     """What both fakes share: the HTTP server, the log, the knobs and the request loop."""
 
     api_key = "test-key"
@@ -149,18 +150,22 @@ class _FakeBatchServer:
 
     # --- what the subclasses provide ---------------------------------------------------
 
+    @abc.abstractmethod
     def route(self, method: str, path: str, query: dict[str, list[str]], headers: dict[str, str],
               body: bytes) -> tuple[int, Any, dict[str, str]]:
-        raise NotImplementedError
+        """Answers one request: (status, JSON body or raw bytes, extra headers)."""
 
+    @abc.abstractmethod
     def check_auth(self, headers: dict[str, str]) -> None:
-        raise NotImplementedError
+        """Raises _Refused (401) unless the request carries the key the way the API wants it."""
 
+    @abc.abstractmethod
     def error_body(self, kind: str, message: str) -> dict[str, Any]:
-        raise NotImplementedError
+        """The API's error body for an error of this kind."""
 
+    @abc.abstractmethod
     def schema_of(self, body: dict[str, Any]) -> Any:
-        raise NotImplementedError
+        """The JSON Schema a request asks its answer to follow."""
 
     # --- shared ------------------------------------------------------------------------
 
