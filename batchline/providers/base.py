@@ -262,11 +262,15 @@ class ProviderHttp:
                 found = recover() if recover is not None else None
                 if found is not None:
                     return found
-                if attempt + 1 >= self.max_tries:
-                    raise ProviderError(f"{exc} (gave up after {self.max_tries} tries)") from exc
-                self.retries += 1
-                self.sleep(self.delay(attempt, exc.retry_after))
+                self._back_off(attempt, exc)
         raise AssertionError("unreachable")
+
+    def _back_off(self, attempt: int, exc: RetryableError) -> None:
+        """Waits before the next try, or gives up after the last one."""
+        if attempt + 1 >= self.max_tries:
+            raise ProviderError(f"{exc} (gave up after {self.max_tries} tries)") from exc
+        self.retries += 1
+        self.sleep(self.delay(attempt, exc.retry_after))
 
     def recent(self, path: str, *, after_param: str, page_size: int, since: float,
                created_at: Callable[[dict[str, Any]], float]) -> Iterator[dict[str, Any]]:
@@ -325,10 +329,7 @@ class ProviderHttp:
                     finally:
                         response.close()
                     return
-            if attempt + 1 >= self.max_tries:
-                raise ProviderError(f"{failure} (gave up after {self.max_tries} tries)")
-            self.retries += 1
-            self.sleep(self.delay(attempt, failure.retry_after))
+            self._back_off(attempt, failure)
 
     def close(self) -> None:
         if self._owns_client:

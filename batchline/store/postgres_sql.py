@@ -381,10 +381,18 @@ ATTEMPTS = "SELECT record_id, attempts FROM attempts WHERE version = %s AND reco
 
 FENCE_LOCK = f"SELECT 1 FROM shards WHERE {FENCE} FOR NO KEY UPDATE"
 
+# A put commits without waiting for its WAL flush (synchronous_commit off for
+# this transaction only): the commit that costs most per row, and the one whose
+# loss is harmless. WAL is flushed in order, so the shard's completion, which
+# does wait, cannot be durable unless every put before it is; a server crash
+# loses at most the last fraction of a second of puts, the shard then cannot
+# complete (its count is short), and after its lease those records are done again.
+#
 # One round trip per flush: the fence takes the shard row's lock (so no claim
-# can take the shard over until this commits), the rows go in as arrays, and
+# can take the shard over until this commits), the rows come from `source`, and
 # the shard's result count moves in the same statement.
-PUT_RESULTS = f"""
+def _put_results(source: str) -> str:
+    return f"""
 WITH fence AS (
     SELECT batchline_now() AS now, set_config('synchronous_commit', 'off', true)
     FROM shards WHERE {FENCE} FOR NO KEY UPDATE
@@ -393,10 +401,7 @@ WITH fence AS (
                          input_tokens, output_tokens, created_at, model)
     SELECT %(v)s, u.record_id, %(s)s, u.output, u.label, u.acl, %(w)s, %(e)s, u.attempt,
            u.input_tokens, u.output_tokens, fence.now, u.model
-    FROM fence,
-         unnest(%(ids)s::text[], %(outputs)s::text[], %(labels)s::text[], %(acls)s::text[],
-                %(attempts)s::int[], %(tin)s::int[], %(tout)s::int[], %(models)s::text[])
-         AS u(record_id, output, label, acl, attempt, input_tokens, output_tokens, model)
+    FROM fence, {source}
     WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = %(v)s AND d.record_id = u.record_id)
     ON CONFLICT (version, record_id) DO NOTHING
     RETURNING 1
@@ -406,16 +411,16 @@ WITH fence AS (
 )
 SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)"""
 
+
+# The rows as arrays in parameters, for the smallest flushes.
+PUT_RESULTS = _put_results("""
+         unnest(%(ids)s::text[], %(outputs)s::text[], %(labels)s::text[], %(acls)s::text[],
+                %(attempts)s::int[], %(tin)s::int[], %(tout)s::int[], %(models)s::text[])
+         AS u(record_id, output, label, acl, attempt, input_tokens, output_tokens, model)""")
+
 # The COPY path of the same put, for all but the smallest flushes (it parses
 # rows faster than arrays in parameters): rows go to a per-session staging
-# table, then one insert-select under the same fence.
-#
-# A put commits without waiting for its WAL flush (synchronous_commit off for
-# this transaction only): the commit that costs most per row, and the one whose
-# loss is harmless. WAL is flushed in order, so the shard's completion, which
-# does wait, cannot be durable unless every put before it is; a server crash
-# loses at most the last fraction of a second of puts, the shard then cannot
-# complete (its count is short), and after its lease those records are done again.
+# table, then the same insert-select under the same fence.
 CREATE_STAGE = """
 CREATE TEMP TABLE IF NOT EXISTS put_stage (
     record_id text, output text, label text, acl text, attempt int, input_tokens int, output_tokens int,
@@ -424,24 +429,7 @@ CREATE TEMP TABLE IF NOT EXISTS put_stage (
 COPY_STAGE = ("COPY put_stage (record_id, output, label, acl, attempt, input_tokens, output_tokens, model) "
               "FROM STDIN (FORMAT BINARY)")
 STAGE_TYPES = ["text", "text", "text", "text", "int4", "int4", "int4", "text"]
-PUT_FROM_STAGE = f"""
-WITH fence AS (
-    SELECT batchline_now() AS now, set_config('synchronous_commit', 'off', true)
-    FROM shards WHERE {FENCE} FOR NO KEY UPDATE
-), ins AS (
-    INSERT INTO results (version, record_id, shard_no, output, label, acl, worker, epoch, attempt,
-                         input_tokens, output_tokens, created_at, model)
-    SELECT %(v)s, u.record_id, %(s)s, u.output, u.label, u.acl, %(w)s, %(e)s, u.attempt,
-           u.input_tokens, u.output_tokens, fence.now, u.model
-    FROM fence, put_stage u
-    WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = %(v)s AND d.record_id = u.record_id)
-    ON CONFLICT (version, record_id) DO NOTHING
-    RETURNING 1
-), bump AS (
-    UPDATE shards SET results_count = results_count + (SELECT count(*) FROM ins)
-    WHERE version = %(v)s AND shard_no = %(s)s AND EXISTS (SELECT 1 FROM fence)
-)
-SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)"""
+PUT_FROM_STAGE = _put_results("put_stage u")
 
 DEAD_LETTER = f"""
 WITH fence AS (
