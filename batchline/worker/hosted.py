@@ -85,7 +85,9 @@ class HostedShardRun:
             if self.w.stop.is_set():
                 self.store.release(self.lease, "stop")
                 return "stopped"
-            return self._submit(pending, to_custom, batch)
+            outcome = self._submit(pending, to_custom, batch)
+            if outcome != "refused":
+                return outcome  # else each record was charged: what is left goes in a new batch
 
     # -- submitting --
 
@@ -142,7 +144,7 @@ class HostedShardRun:
         self.lease = self.store.set_batch(self.lease, {"expired": expired} if expired else None)
         self.w.log(f"shard {self.lease.shard_no}: {self.spec.route} refused the batch ({exc}); "
                    f"{len(pending)} records charged an attempt")
-        return self._run()
+        return "refused"
 
     def _provider_failed(self, intent: dict[str, Any], exc: ProviderError, during: str) -> str:
         self._fatal(exc)
