@@ -51,6 +51,12 @@ class RequestSource(Protocol):
         ...
 
 
+def batches(requests: RequestSource, size: int) -> Iterator[list[EngineRequest]]:
+    """The source's requests in batches of at most `size`, until it says no more will come."""
+    while batch := requests.next_batch(size):
+        yield batch
+
+
 class ListRequestSource:
     """A fixed list of requests, for running an engine in-process (benchmarks, tools)."""
 

@@ -19,7 +19,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from batchline.digests import verify_weights
-from batchline.engines.base import EngineConfig, EngineOutcome, EngineRequest, RequestSource
+from batchline.engines.base import (
+    EngineConfig,
+    EngineOutcome,
+    EngineRequest,
+    RequestSource,
+    batches,
+)
 from batchline.engines.models import MINILM_PACKAGE, resolve_model_path
 from batchline.errors import EngineFatal
 
@@ -64,10 +70,7 @@ class EmbeddingEngine:
     def generate(self, requests: RequestSource) -> Iterator[EngineOutcome]:
         if self.model is None:
             raise EngineFatal("engine used before load()")
-        while True:
-            batch = requests.next_batch(self.batch_size)
-            if not batch:
-                return
+        for batch in batches(requests, self.batch_size):
             yield from self.run_batch(batch)
 
     def run_batch(self, batch: list[EngineRequest]) -> Iterator[EngineOutcome]:

@@ -56,6 +56,7 @@ from batchline.engines.base import (
     EngineOutcome,
     EngineRequest,
     RequestSource,
+    batches,
     plain_chat_prompt,
 )
 from batchline.engines.grammar import GrammarSession, json_schema_grammar, pick_token, record_rng
@@ -185,10 +186,7 @@ class LlamaCppEngine:
     def generate(self, requests: RequestSource) -> Iterator[EngineOutcome]:
         if self._llm is None:
             raise EngineFatal("engine used before load()")
-        while True:
-            batch = requests.next_batch(self.batch_items)
-            if not batch:
-                return
+        for batch in batches(requests, self.batch_items):
             for request in batch:
                 yield self.run_one(request)
 

@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from batchline.engines.base import EngineConfig, EngineOutcome, RequestSource
+from batchline.engines.base import EngineConfig, EngineOutcome, RequestSource, batches
 from batchline.errors import EngineFatal
 
 
@@ -65,7 +65,7 @@ class SyntheticEngine:
         return math.ceil(len(text) / self.chars_per_token)
 
     def generate(self, requests: RequestSource) -> Iterator[EngineOutcome]:
-        while batch := requests.next_batch(self.batch_size):
+        for batch in batches(requests, self.batch_size):
             for req in batch:
                 yield self._one(req.record_id, req.text, req.prompt)
 

@@ -37,6 +37,7 @@ from batchline.engines.base import (
     EngineOutcome,
     EngineRequest,
     RequestSource,
+    batches,
     hf_chat_prompt,
     hf_templated,
 )
@@ -156,10 +157,7 @@ class TransformersEngine:
     def generate(self, requests: RequestSource) -> Iterator[EngineOutcome]:
         if self.model is None:
             raise EngineFatal("engine used before load()")
-        while True:
-            batch = requests.next_batch(self.batch_size)
-            if not batch:
-                return
+        for batch in batches(requests, self.batch_size):
             yield from self.run_batch(batch)
 
     def close(self) -> None:
