@@ -36,6 +36,10 @@ class EngineOutcome:
     error_kind: str | None = None  # "engine_error" (charged) or "too_long" (not charged)
     input_tokens: int | None = None
     output_tokens: int | None = None
+    # Why the generation ended: "stop" (the model, a stop string or the grammar ended it)
+    # or "length" (it reached decoding.max_tokens); None where the engine cannot tell.
+    finish_reason: str | None = None
+    constrained: bool = False  # a grammar held the output to the schema while it was decoded
 
 
 class RequestSource(Protocol):

@@ -48,7 +48,8 @@ class _Writer:
 
     def outcome(self, o: EngineOutcome) -> None:
         self.send({"op": "out", "id": o.record_id, "output": o.output, "error": o.error,
-                   "kind": o.error_kind, "in": o.input_tokens, "outt": o.output_tokens})
+                   "kind": o.error_kind, "in": o.input_tokens, "outt": o.output_tokens,
+                   "finish": o.finish_reason, "constrained": o.constrained})
 
 
 class _Source:
