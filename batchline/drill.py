@@ -49,7 +49,8 @@ from typing import IO, Any
 import yaml
 
 from batchline.errors import BatchlineError
-from batchline.store import ShardRow, Store, open_store
+from batchline.spec import JobSpec, stored_spec
+from batchline.store import Event, ShardRow, Store, open_store
 
 FAULT_KINDS = ("kill9", "sigstop", "sigterm")
 POISON_KINDS = {"crash_on": "crash", "error_on": "engine_error", "hang_on": "hang", "invalid_on": "invalid_output"}
@@ -211,41 +212,42 @@ def _dur(seconds: float) -> str:
 # --- the checker: from the store alone ---------------------------------------------------------
 
 
-def check_job(store: Store, version: str, *, work_dir: Path | None = None,
-              validate_gate: bool = True) -> tuple[JobFigures, list[Check]]:
-    """The invariants of a finished drill job, read from the store (and an export)."""
+@dataclass
+class _Stored:
+    """A version's outcomes as stored, counted per id (a second row for an id is a duplicate)."""
+
+    planned: Counter[str]
+    results: Counter[str]
+    dead: Counter[str]
+    dead_kind: dict[str, str]
+    dead_attempts: dict[str, int]
+    invalid: list[str]
+    last_write: float
+
+    @classmethod
+    def read(cls, store: Store, version: str, spec: JobSpec) -> _Stored:
+        from batchline.outputs import OutputChecker
+
+        checker = OutputChecker(spec.output_schema)
+        t = cls(Counter(store.planned_ids(version)), Counter(), Counter(), {}, {}, [], 0.0)
+        for r in store.iter_results(version):
+            t.results[r.record_id] += 1
+            t.last_write = max(t.last_write, r.created_at)
+            if r.origin is None and checker.check(r.output)[1] is not None:
+                t.invalid.append(r.record_id)
+        for d in store.iter_dead_letters(version):
+            t.dead[d.record_id] += 1
+            t.dead_kind[d.record_id] = d.kind
+            t.dead_attempts[d.record_id] = d.attempts
+            t.last_write = max(t.last_write, d.created_at)
+        return t
+
+
+def _exported_ids(store: Store, version: str, work_dir: Path | None) -> Counter[str]:
+    """What a reader downstream would get: the export, counted again on its own."""
     from batchline.export import export_jsonl
-    from batchline.outputs import OutputChecker
 
-    info = store.job(version)
-    if info is None:
-        raise BatchlineError(f"no job version {version!r} in {store.url}")
-    spec = info.spec
-    options = (spec.get("model") or {}).get("options") or {}
-    max_attempts = int((spec.get("shards") or {}).get("max_attempts", 3))
-    poison = {str(rid): kind for key, kind in POISON_KINDS.items() for rid in options.get(key, ())}
-
-    planned = Counter(store.planned_ids(version))
-    results = Counter[str]()
-    checker = OutputChecker(spec["output"]["schema"])
-    invalid: list[str] = []
-    last_write = 0.0
-    for r in store.iter_results(version):
-        results[r.record_id] += 1
-        last_write = max(last_write, r.created_at)
-        if r.origin is None and checker.check(r.output)[1] is not None:
-            invalid.append(r.record_id)
-    dead: Counter[str] = Counter()
-    dead_kind: dict[str, str] = {}
-    dead_attempts: dict[str, int] = {}
-    for d in store.iter_dead_letters(version):
-        dead[d.record_id] += 1
-        dead_kind[d.record_id] = d.kind
-        dead_attempts[d.record_id] = d.attempts
-        last_write = max(last_write, d.created_at)
-
-    # What a reader downstream would get: the export, counted again on its own.
-    export_counts: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
     if work_dir is not None:
         Path(work_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="batchline-drill-check-", dir=work_dir) as scratch:
@@ -254,8 +256,20 @@ def check_job(store: Store, version: str, *, work_dir: Path | None = None,
         with export_path.open(encoding="utf-8") as f:
             for line in f:
                 if line.strip():
-                    export_counts[str(json.loads(line)["id"])] += 1
+                    counts[str(json.loads(line)["id"])] += 1
+    return counts
 
+
+def check_job(store: Store, version: str, *, work_dir: Path | None = None,
+              validate_gate: bool = True) -> tuple[JobFigures, list[Check]]:
+    """The invariants of a finished drill job, read from the store (and an export)."""
+    info = store.job(version)
+    if info is None:
+        raise BatchlineError(f"no job version {version!r} in {store.url}")
+    spec = stored_spec(info)
+    stored = _Stored.read(store, version, spec)
+    export_counts = _exported_ids(store, version, work_dir)
+    planned, results, dead = stored.planned, stored.results, stored.dead
     answered = set(results) | set(dead)
     lost = sorted(set(planned) - answered)
     both = set(results) & set(dead)
@@ -265,20 +279,15 @@ def check_job(store: Store, version: str, *, work_dir: Path | None = None,
 
     events = store.events(version)
     kinds = Counter(e.kind for e in events)
-    stale_by_op = Counter(str(e.detail.get("op", "?")) for e in events if e.kind == "stale_epoch")
-    charged = {str(e.detail.get("record_id")) for e in events if e.kind == "attempt_failed"}
-    seal = next((e for e in events if e.kind == "seal"), None)
-
     figures = JobFigures(
         version=version, state=info.state, records=sum(planned.values()), results=sum(results.values()),
-        dead_letters=sum(dead.values()), dead_letters_by_kind=dict(Counter(dead_kind.values())),
+        dead_letters=sum(dead.values()), dead_letters_by_kind=dict(Counter(stored.dead_kind.values())),
         records_lost=len(lost), duplicate_results=dup_results, duplicate_in_export=dup_export,
         result_and_dead_letter=len(both), unexpected=len(unexpected), stale_refused=kinds["stale_epoch"],
-        stale_refused_by_op=dict(stale_by_op), leases_expired=kinds["lease_expired"], releases=kinds["release"],
-        engine_crashes=kinds["engine_crash"], engine_hangs=kinds["engine_hang"],
-        attempts_charged=kinds["attempt_failed"], lost_sample=lost[:10],
+        stale_refused_by_op=dict(Counter(str(e.detail.get("op", "?")) for e in events if e.kind == "stale_epoch")),
+        leases_expired=kinds["lease_expired"], releases=kinds["release"], engine_crashes=kinds["engine_crash"],
+        engine_hangs=kinds["engine_hang"], attempts_charged=kinds["attempt_failed"], lost_sample=lost[:10],
     )
-
     cov = store.coverage(version)
     checks = [
         Check("I1 one outcome per record", not (both or dup_results or dup_export or unexpected),
@@ -289,27 +298,15 @@ def check_job(store: Store, version: str, *, work_dir: Path | None = None,
               + (f" (e.g. {', '.join(lost[:3])})" if lost else "")),
         Check("the store's own coverage agrees", cov.missing == len(lost) and cov.both == len(both),
               f"coverage(): {cov.missing} missing, {cov.both} both, {cov.unexpected} unexpected"),
+        *_poison_checks(spec, stored, events),
     ]
-    wrong_kind = sorted(r for r in poison if r in dead_kind and dead_kind[r] != poison[r])
-    escaped = sorted(r for r in poison if r not in dead_kind)
-    collateral = sorted(r for r in dead_kind if r not in poison and dead_kind[r] != "too_long")
-    short = sorted(r for r in poison if r in dead_attempts and dead_attempts[r] != max_attempts)
-    checks.append(Check(
-        "I4 poison costs only itself", not (wrong_kind or escaped or collateral or short),
-        f"{len(poison)} poison records: {len(poison) - len(escaped)} dead-lettered, {len(wrong_kind)} with the "
-        f"wrong kind, {len(short)} not after {max_attempts} attempts; {len(collateral)} other records "
-        f"dead-lettered" + (f" (e.g. {collateral[:3]})" if collateral else "")))
-    healthy_charged = sorted(charged - set(poison))
-    checks.append(Check(
-        "I4 batch-mates never charged", not healthy_charged,
-        f"{len(charged)} records charged an attempt, {len(healthy_charged)} of them not poison"
-        + (f" (e.g. {healthy_charged[:3]})" if healthy_charged else "")))
+    seal = next((e for e in events if e.kind == "seal"), None)
     sealed_ok = info.state == "sealed" and seal is not None
-    after_seal = seal is not None and last_write > seal.ts
+    after_seal = seal is not None and stored.last_write > seal.ts
     checks.append(Check("I3 sealed, nothing written after", sealed_ok and not after_seal,
                         f"state {info.state}" + (", a write after the seal" if after_seal else "")))
-    checks.append(Check("results valid against the schema", not invalid,
-                        f"{len(invalid)} invalid of {sum(results.values()):,}"))
+    checks.append(Check("results valid against the schema", not stored.invalid,
+                        f"{len(stored.invalid)} invalid of {sum(results.values()):,}"))
     if validate_gate and sealed_ok:
         from batchline.validate import validate
 
@@ -318,6 +315,29 @@ def check_job(store: Store, version: str, *, work_dir: Path | None = None,
         checks.append(Check("validation gate", report.passed,
                             "passed" if report.passed else f"failed: {', '.join(failed)}"))
     return figures, checks
+
+
+def _poison_checks(spec: JobSpec, stored: _Stored, events: list[Event]) -> list[Check]:
+    """I4: each poison record is a dead letter of its kind after max_attempts, and nothing else was charged."""
+    options = spec.model.options
+    max_attempts = spec.shards.max_attempts
+    poison = {str(rid): kind for key, kind in POISON_KINDS.items() for rid in options.get(key, ())}
+    dead_kind, dead_attempts = stored.dead_kind, stored.dead_attempts
+    wrong_kind = sorted(r for r in poison if r in dead_kind and dead_kind[r] != poison[r])
+    escaped = sorted(r for r in poison if r not in dead_kind)
+    collateral = sorted(r for r in dead_kind if r not in poison and dead_kind[r] != "too_long")
+    short = sorted(r for r in poison if r in dead_attempts and dead_attempts[r] != max_attempts)
+    charged = {str(e.detail.get("record_id")) for e in events if e.kind == "attempt_failed"}
+    healthy_charged = sorted(charged - set(poison))
+    return [
+        Check("I4 poison costs only itself", not (wrong_kind or escaped or collateral or short),
+              f"{len(poison)} poison records: {len(poison) - len(escaped)} dead-lettered, {len(wrong_kind)} with "
+              f"the wrong kind, {len(short)} not after {max_attempts} attempts; {len(collateral)} other records "
+              f"dead-lettered" + (f" (e.g. {collateral[:3]})" if collateral else "")),
+        Check("I4 batch-mates never charged", not healthy_charged,
+              f"{len(charged)} records charged an attempt, {len(healthy_charged)} of them not poison"
+              + (f" (e.g. {healthy_charged[:3]})" if healthy_charged else "")),
+    ]
 
 
 def fault_checks(store: Store, version: str, faults: list[Fault]) -> list[Check]:

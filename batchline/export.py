@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import sys
 import tempfile
@@ -19,16 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from batchline.errors import BatchlineError, InputError
-from batchline.store import Store, StoredResult
+from batchline.store import ReaderStore, StoredResult
 
 PARQUET_ROWS_PER_GROUP = 50_000
 
 
-def _rows(store: Store, version: str) -> Iterator[StoredResult]:
+def _rows(store: ReaderStore, version: str) -> Iterator[StoredResult]:
     return store.iter_results(version)
 
 
-def export_jsonl(store: Store, version: str, out: Path | None) -> int:
+def export_jsonl(store: ReaderStore, version: str, out: Path | None) -> int:
     def write(f: Any) -> int:
         n = 0
         for r in _rows(store, version):
@@ -43,10 +42,10 @@ def export_jsonl(store: Store, version: str, out: Path | None) -> int:
         with tmp.open("w", encoding="utf-8") as f:
             return write(f)
 
-    return _atomic(out, write_file)
+    return atomic_write(out, write_file)
 
 
-def export_parquet(store: Store, version: str, out: Path) -> int:
+def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -72,35 +71,21 @@ def export_parquet(store: Store, version: str, out: Path) -> int:
                 n += len(batch)
         return n
 
-    return _atomic(out, write)
+    return atomic_write(out, write)
 
 
-def export_dataset(store: Store, name: str, root: Path) -> tuple[str, Path]:
-    """The warehouse layout: one Parquet dataset per version of a published name,
-    and a CURRENT file naming the published one, replaced atomically.
+def export_dataset(store: ReaderStore, name: str, root: Path) -> tuple[str, Path]:
+    """The published version of `name` as a Parquet dataset under `root`, with CURRENT
+    naming it (see `batchline.targets.parquet`)."""
+    from batchline.targets.parquet import ParquetDataset
 
-        root/NAME/VERSION/part-00000.parquet
-        root/NAME/CURRENT            (contains VERSION)
-
-    A consumer that reads CURRENT and then the folder it names always sees one
-    whole version: a version's folder is complete before it is renamed into
-    place, and CURRENT is flipped only after that."""
     version = store.resolve_name(name)
     if version is None:
         raise BatchlineError(f"nothing is published under {name!r} in {store.url}")
-    base = root / name
-    folder = base / version.replace("@", "-")
-    if not folder.exists():
-        base.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=base))
-        try:
-            export_parquet(store, version, staging / "part-00000.parquet")
-            os.replace(staging, folder)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-    _atomic(base / "CURRENT", lambda tmp: tmp.write_text(folder.name + "\n"))
-    return version, folder
+    dataset = ParquetDataset(root)
+    dataset.stage(store, version)
+    dataset.show(name, version)
+    return version, dataset.folder(name, version)
 
 
 @dataclass(frozen=True)
@@ -119,14 +104,14 @@ def openai_errors_path(out: Path) -> Path:
     return out.with_name(f"{stem}.errors.jsonl")
 
 
-def export_openai_batch(store: Store, version: str, out: Path, errors: Path, *,
+def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Path, *,
                         partial: bool = False) -> OpenAIBatchExport:
     """OpenAI's batch output file (one response line per result) and error file (one line
     per dead letter), both in the order of the job's input, for any job: custom_id is the
     record's id. The input is streamed and results are fetched a page of ids at a time."""
     from batchline.openai_format import error_line, response_line
-    from batchline.snapshot import file_digest, scan
-    from batchline.spec import spec_from_store
+    from batchline.snapshot import file_digest, input_sources, scan
+    from batchline.spec import stored_spec
 
     info = store.job(version)
     if info is None:
@@ -136,17 +121,17 @@ def export_openai_batch(store: Store, version: str, out: Path, errors: Path, *,
         raise BatchlineError(f"{version} is not finished ({st.results + st.dead_letters:,} of {st.records:,} "
                              "records have an outcome): export it once it is sealed, or pass --partial to "
                              "write the outcomes there are")
-    spec = spec_from_store(info.spec)
+    spec = stored_spec(info)
     # The files follow the input's order, so the input must still be the planned snapshot.
-    if spec.version(file_digest(spec.input.paths), info.spec.get("base_version")) != version:
-        raise InputError(f"{', '.join(str(p) for p in spec.input.paths)}: the input changed since {version} "
+    if spec.version(file_digest(spec.input), spec.base_version) != version:
+        raise InputError(f"{', '.join(spec.input.locations)}: the input changed since {version} "
                          "was planned; the export reads it for the order of the lines")
     local_model = _local_model_name(spec.model.engine, spec.model.path, spec.model.options)
     counts = {"responses": 0, "errors": 0, "pending": 0}
 
     def ids() -> Iterator[str]:
-        for path in spec.input.paths:
-            for scanned in scan(path, spec.input):
+        for source in input_sources(spec.input):
+            for scanned in scan(source, spec.input):
                 yield scanned.record.id
 
     def write(out_tmp: Path, errors_tmp: Path, dead: _DeadLetterIndex) -> int:
@@ -178,7 +163,7 @@ def export_openai_batch(store: Store, version: str, out: Path, errors: Path, *,
         try:
             # The error file is renamed into place just before the output file; a failure
             # before then leaves neither changed.
-            _atomic(out, lambda out_tmp: _atomic(errors, lambda errors_tmp: write(out_tmp, errors_tmp, dead)))
+            atomic_write(out, lambda out_tmp: atomic_write(errors, lambda errors_tmp: write(out_tmp, errors_tmp, dead)))
         finally:
             dead.close()
     return OpenAIBatchExport(counts["responses"], counts["errors"], counts["pending"])
@@ -208,7 +193,7 @@ class _DeadLetterIndex:
 
     _CHUNK = 500  # ids per query, under SQLite's limit on bound parameters
 
-    def __init__(self, store: Store, version: str, folder: Path) -> None:
+    def __init__(self, store: ReaderStore, version: str, folder: Path) -> None:
         self.db = sqlite3.connect(folder / "dead-letters.db")
         self.db.execute("CREATE TABLE dead (id TEXT PRIMARY KEY, kind TEXT NOT NULL, error TEXT NOT NULL)")
         self.db.executemany("INSERT INTO dead VALUES (?, ?, ?)",
@@ -245,7 +230,8 @@ def _table(pa: Any, schema: Any, rows: list[StoredResult], version: str) -> Any:
     }, schema=schema)
 
 
-def _atomic(out: Path, write: Any) -> int:
+def atomic_write(out: Path, write: Any) -> int:
+    """`write(tmp)` into a file beside `out`, then renamed over it: readers see the old file or the new."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     os.close(fd)

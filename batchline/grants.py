@@ -27,34 +27,37 @@ import psycopg
 from psycopg import sql
 
 from batchline.errors import BatchlineError, StoreError
+from batchline.store import postgres_sql as q
 from batchline.store.postgres import redact
 
-# (table, privileges, command the policy is for, USING, WITH CHECK). The
-# expressions are SQL templates where {v} is the version as a literal.
-_POLICIES: list[tuple[str, str, str, str | None, str | None]] = [
-    ("jobs", "SELECT", "SELECT", "version = {v}", None),
-    # Sealing is the one change a worker makes to its job: the completion of the last shard.
-    ("jobs", "UPDATE (state, sealed_at)", "UPDATE", "version = {v} AND state = 'ready'",
-     "version = {v} AND state IN ('ready', 'sealed')"),
-    ("shards", "SELECT", "SELECT", "version = {v}", None),
-    ("shards", "UPDATE (state, owner, epoch, lease_expires, claims, results_count, dead_count, done_at)",
-     "UPDATE", "version = {v}", "version = {v}"),
-    # Results are read (what is already answered) and inserted, never changed;
-    # a worker cannot forge a carried result.
-    ("results", "SELECT", "SELECT", "version = {v}", None),
-    ("results", "INSERT", "INSERT", None, "version = {v} AND origin IS NULL"),
-    ("dead_letters", "SELECT", "SELECT", "version = {v}", None),
-    ("dead_letters", "INSERT", "INSERT", None, "version = {v}"),
-    ("attempts", "SELECT", "SELECT", "version = {v}", None),
-    ("attempts", "INSERT", "INSERT", None, "version = {v}"),
-    ("attempts", "UPDATE (attempts, last_kind, last_error)", "UPDATE", "version = {v}", "version = {v}"),
-    # Events are read back only to learn whether a write retried after a lost
-    # connection had committed.
-    ("events", "SELECT", "SELECT", "version = {v}", None),
-    ("events", "INSERT", "INSERT", None, "version = {v}"),
-]
+# Row-level security admits the role to its version's rows only. Where a
+# command needs more than `version = {v}`, it is said here: sealing is the one
+# change a worker makes to its job (from ready to sealed), and a worker cannot
+# forge a carried result. {v} is the version as a literal.
+_POLICY_OVERRIDES: dict[tuple[str, str], tuple[str | None, str | None]] = {
+    ("jobs", "UPDATE"): ("version = {v} AND state = 'ready'", "version = {v} AND state IN ('ready', 'sealed')"),
+    ("results", "INSERT"): (None, "version = {v} AND origin IS NULL"),
+}
 # Tables without a version column that every worker reads: the schema version and the test clock.
-_READ_ONLY = ("schema_migrations", "clock")
+_UNVERSIONED = ("schema_migrations", "clock")
+
+
+@dataclass(frozen=True)
+class TableRight:
+    table: str
+    privilege: str  # SELECT | INSERT | UPDATE
+    columns: tuple[str, ...]  # UPDATE only
+
+
+def worker_rights() -> list[TableRight]:
+    """The union of what every statement a worker runs declares it needs
+    (`postgres_sql.WorkerStatement`), one right per table and privilege."""
+    wanted: dict[tuple[str, str], set[str]] = {("schema_migrations", "SELECT"): set()}
+    for statement in q.worker_statements().values():
+        for access in statement.access:
+            wanted.setdefault((access.table, access.privilege), set()).update(access.columns)
+    return [TableRight(table, privilege, tuple(sorted(columns)))
+            for (table, privilege), columns in sorted(wanted.items())]
 
 
 def role_name(version: str) -> str:
@@ -90,18 +93,26 @@ def statements(version: str, role: str, schema: str, *, role_exists: bool,
     # Start from nothing, so a re-run after a change of this file removes what was dropped from it.
     out.append(sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA {} FROM {}").format(s, r))
     out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, r))
-    out.append(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.SQL(", ").join(map(sql.Identifier, _READ_ONLY)), r))
-    for table, privileges, command, using, check in _POLICIES:
-        out.append(sql.SQL("GRANT {} ON {} TO {}").format(sql.SQL(privileges), sql.Identifier(table), r))
-        name = sql.Identifier(_policy_name(role, table, command))
-        out.append(sql.SQL("DROP POLICY IF EXISTS {} ON {}").format(name, sql.Identifier(table)))
+    for right in worker_rights():
+        table = sql.Identifier(right.table)
+        privilege: sql.Composable = sql.SQL(right.privilege)
+        if right.columns:
+            privilege = sql.SQL("{} ({})").format(privilege, sql.SQL(", ").join(map(sql.Identifier, right.columns)))
+        out.append(sql.SQL("GRANT {} ON {} TO {}").format(privilege, table, r))
+        if right.table in _UNVERSIONED:
+            continue
+        using, check = _POLICY_OVERRIDES.get((right.table, right.privilege), (
+            "version = {v}" if right.privilege != "INSERT" else None,
+            "version = {v}" if right.privilege != "SELECT" else None))
+        name = sql.Identifier(_policy_name(role, right.table, right.privilege))
+        out.append(sql.SQL("DROP POLICY IF EXISTS {} ON {}").format(name, table))
         clauses: list[sql.Composable] = []
         if using is not None:
             clauses.append(sql.SQL("USING ({})").format(sql.SQL(using).format(v=v)))
         if check is not None:
             clauses.append(sql.SQL("WITH CHECK ({})").format(sql.SQL(check).format(v=v)))
         out.append(sql.SQL("CREATE POLICY {} ON {} FOR {} TO {} {}").format(
-            name, sql.Identifier(table), sql.SQL(command), r, sql.SQL(" ").join(clauses)))
+            name, table, sql.SQL(right.privilege), r, sql.SQL(" ").join(clauses)))
     return out
 
 

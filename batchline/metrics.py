@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 from batchline.errors import BatchlineError
+from batchline.store.model import FENCED_OPS
 from batchline.telemetry import WorkerTelemetry
 
 # The client is an optional extra: a worker without --metrics-port never needs it.
@@ -38,7 +39,7 @@ except ImportError as exc:  # pragma: no cover - only where the extra is not ins
 # front makes them scrape as 0 rather than be absent, so rate() and alerts on
 # a series that has not happened yet (a first stale epoch) work from the start.
 OUTCOMES = ("result", "dead_letter", "retry", "too_long")
-STALE_OPS = ("put", "completion", "charge", "dead_letter", "renew")
+STALE_OPS = FENCED_OPS
 FAILURE_KINDS = ("crash", "hang")
 
 # Batches run from tens of milliseconds (a small model, short records) to the

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from batchline.errors import InputError, SpecError
 from batchline.snapshot import (
@@ -17,15 +16,16 @@ from batchline.snapshot import (
     ScannedRecord,
     Slice,
     csv_header,
-    file_digest,
+    input_sources,
     parquet_slice_digest,
     read_slice,
     scan,
     slice_digest_bytes,
 )
-from batchline.spec import LOCAL_ROUTE, JobSpec, spec_from_store
+from batchline.sources import Source, snapshot_digest
+from batchline.spec import LOCAL_ROUTE, JobSpec, stored_spec
 from batchline.store import DeadLetterRow, DuplicateRecord, PlannedRecord, PlannedShard, Store
-from batchline.store.base import PlanWriter
+from batchline.store.ports import PlanWriter
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,9 @@ class PlanResult:
 
 
 def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m: None) -> PlanResult:
-    before = _file_states(spec.input.paths)
-    digest = file_digest(spec.input.paths)
+    sources = input_sources(spec.input)
+    before = [s.pin() for s in sources]
+    digest = snapshot_digest(before)
     base = _base_version(spec, store, log)
     version = spec.version(digest, base)
     existing = store.job(version)
@@ -55,7 +56,7 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
         if base is not None:
             carried = writer.carry_from(base)
             log(f"carried {carried} unchanged records from {base} without inference")
-        if _file_states(spec.input.paths) != before or file_digest(spec.input.paths) != digest:
+        if [s.pin() for s in sources] != before:
             raise InputError("input changed while it was being planned; plan again once it is stable")
         writer.commit(result.records, result.shards)
     except BaseException:
@@ -90,7 +91,7 @@ def _base_version(spec: JobSpec, store: Store, log: Callable[[str], None]) -> st
     info = store.job(base)
     if info is None or info.state != "sealed":
         raise InputError(f"base version {base} is not a sealed version in {store.url}")
-    base_spec = spec_from_store(info.spec)
+    base_spec = stored_spec(info)
     if base_spec.inference_identity() != spec.inference_identity():
         log(f"{base} used another model, prompt, decoding or schema: every record is inferred")
         return None
@@ -104,7 +105,7 @@ def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, log: Callabl
     assert sh.interruptions_per_hour is not None and sh.workers and sh.records_per_second
     measured = store.run_throughput(base) if base else 0.0
     rate = measured or sh.records_per_second
-    records = sum(estimate_records(p, spec.input.format) for p in spec.input.paths)
+    records = sum(estimate_records(s, spec.input.format) for s in input_sources(spec.input))
     try:
         size = recommend_shard_size(max(records, 1), sh.workers, rate, sh.interruptions_per_hour,
                                     lease_seconds=sh.lease_seconds)
@@ -116,28 +117,18 @@ def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, log: Callabl
     return replace(spec, shards=replace(sh, size=size, size_auto=False))
 
 
-def estimate_records(path: Path, fmt: str) -> int:
+def estimate_records(source: Source, fmt: str) -> int:
     """A cheap count for sizing: Parquet metadata, or lines of a text file."""
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        return int(pq.ParquetFile(path).metadata.num_rows)
+        with source.random_access() as f:
+            return int(pq.ParquetFile(f).metadata.num_rows)
     lines = 0
-    with path.open("rb") as f:
+    with source.stream() as f:
         while chunk := f.read(1 << 22):
             lines += chunk.count(b"\n")
     return lines
-
-
-def _file_states(paths: tuple[Path, ...]) -> list[tuple[int, int]]:
-    out = []
-    for p in paths:
-        try:
-            st = p.stat()
-        except OSError as exc:
-            raise InputError(f"{p}: cannot read input: {exc.strerror or exc}") from None
-        out.append((st.st_size, st.st_mtime_ns))
-    return out
 
 
 def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
@@ -147,16 +138,16 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
     slices: dict[int, Slice] = {}
     per_route: dict[str, int] = {}
 
-    for path in spec.input.paths:
-        header = csv_header(path) if spec.input.format == "csv" else None
-        for route, chunk in _route_chunks(scan(path, spec.input), spec):
+    for source in input_sources(spec.input):
+        header = csv_header(source) if spec.input.format == "csv" else None
+        for route, chunk in _route_chunks(scan(source, spec.input), spec):
             first, last = chunk[0], chunk[-1]
             batch = [s.record for s in chunk]
             if spec.input.format == "parquet":
                 digest = parquet_slice_digest(batch)
             else:
-                digest = slice_digest_bytes(path, first.start, last.end)
-            sl = Slice(path=str(path), format=spec.input.format, start=first.start, end=last.end,
+                digest = slice_digest_bytes(source, first.start, last.end)
+            sl = Slice(path=source.location, format=spec.input.format, start=first.start, end=last.end,
                        first_line=first.record.line, digest=digest, header=header,
                        route=route if spec.routing else None)
             slices[shard_no] = sl
@@ -178,7 +169,7 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
             records += len(batch)
             shard_no += 1
     if records == 0:
-        raise InputError(f"no records in {', '.join(str(p) for p in spec.input.paths)} (empty input)")
+        raise InputError(f"no records in {', '.join(spec.input.locations)} (empty input)")
     return PlanResult(version, True, records, shard_no, dead_total, per_route)
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import getpass
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from batchline.errors import BatchlineError
-from batchline.spec import spec_from_store
-from batchline.store import Store
+from batchline.spec import stored_spec
+from batchline.store import PublisherStore
+from batchline.targets import PublicationTarget
 
 
 def who() -> str:
@@ -28,8 +29,11 @@ class PublishResult:
     removed: tuple[str, ...]
 
 
-def publish(store: Store, version: str, *, force: bool = False, reason: str | None = None,
-            log: Callable[[str], None] = lambda _m: None) -> PublishResult:
+def publish(store: PublisherStore, version: str, *, force: bool = False, reason: str | None = None,
+            log: Callable[[str], None] = lambda _m: None,
+            targets: Sequence[PublicationTarget] = ()) -> PublishResult:
+    """Moves the name's pointer to `version` once it is sealed and validated; each target
+    first gets the version staged, then shown once the pointer has moved."""
     info = store.job(version)
     if info is None:
         raise BatchlineError(f"no job version {version!r} in {store.url}")
@@ -45,17 +49,27 @@ def publish(store: Store, version: str, *, force: bool = False, reason: str | No
             failed = ", ".join(c["name"] for c in latest.report.get("checks", []) if not c["passed"])
             raise BatchlineError(f"{version} failed its latest validation ({failed}); "
                                  "fix it, or publish with --force --reason")
+    for target in targets:
+        target.stage(store, version)
     previous = store.publish(info.name, version, who(), reason if force else None,
                              latest.report if latest else None)
-    removed = prune(store, info.name, spec_from_store(info.spec).retention.versions, log=log)
+    for target in targets:
+        target.show(info.name, version)
+    removed = prune(store, info.name, stored_spec(info).retention.versions, log=log, targets=targets)
     return PublishResult(info.name, version, previous, removed)
 
 
-def rollback(store: Store, name: str, reason: str | None = None) -> tuple[str, str]:
-    return store.rollback(name, who(), reason)
+def rollback(store: PublisherStore, name: str, reason: str | None = None,
+             targets: Sequence[PublicationTarget] = ()) -> tuple[str, str]:
+    current, previous = store.rollback(name, who(), reason)
+    for target in targets:
+        target.stage(store, previous)  # staged when it was published, unless that target is new
+        target.show(name, previous)
+    return current, previous
 
 
-def prune(store: Store, name: str, keep: int, *, log: Callable[[str], None] = lambda _m: None) -> tuple[str, ...]:
+def prune(store: PublisherStore, name: str, keep: int, *, log: Callable[[str], None] = lambda _m: None,
+          targets: Sequence[PublicationTarget] = ()) -> tuple[str, ...]:
     """Removes sealed versions of `name` beyond the newest `keep`, never the published
     one or the one a rollback would return to."""
     current = store.resolve_name(name)
@@ -71,6 +85,8 @@ def prune(store: Store, name: str, keep: int, *, log: Callable[[str], None] = la
         if job.version in protected or job.state != "sealed":
             continue
         store.remove_version(job.version)
+        for target in targets:
+            target.forget(name, job.version)
         removed.append(job.version)
         log(f"removed {job.version} (retention keeps {keep} versions of {name})")
     return tuple(removed)

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from batchline.errors import BatchlineError
-from batchline.spec import LOCAL_ROUTE
-from batchline.store import Event, JobInfo, JobStatus, RouteTotals, Store, StoredDeadLetter
-from batchline.store.base import ValidationRecord
+from batchline.spec import LOCAL_ROUTE, JobSpec, ProviderSpec, stored_spec
+from batchline.store import Event, JobInfo, JobStatus, ReaderStore, RouteTotals, StoredDeadLetter
+from batchline.store.model import ValidationRecord
 
 DEFAULT_GPU_HOUR_PRICE = 3.50
 THROUGHPUT_BINS = 60
@@ -74,6 +74,7 @@ class Marker:
 @dataclass
 class ReportData:
     info: JobInfo
+    spec: JobSpec
     status: JobStatus
     generated: float
     price: float
@@ -105,7 +106,7 @@ class ReportData:
     carried: int
     lease_seconds_by_outcome: dict[str, float] = field(default_factory=dict)
     routes: dict[str, RouteTotals] = field(default_factory=dict)
-    providers: list[dict[str, Any]] = field(default_factory=list)  # routing.providers, each with its route
+    providers: tuple[ProviderSpec, ...] = ()
 
     @property
     def gpu_hours(self) -> float:
@@ -179,27 +180,56 @@ def _bin_seconds(span: float, bins: int) -> float:
     return math.ceil(raw / 86400) * 86400.0
 
 
-def collect(store: Store, version: str, *, price: float = DEFAULT_GPU_HOUR_PRICE) -> ReportData:
+def collect(store: ReaderStore, version: str, *, price: float = DEFAULT_GPU_HOUR_PRICE) -> ReportData:
     """Reads everything the page shows. Results are counted in the store by attempt and
     time bin; dead letters are streamed once into fixed-size tallies (kinds, samples), so
     memory does not grow with the job; the event log is read whole (a few events per
     shard, plus one per charged attempt)."""
-    info = store.job(version)
-    if info is None:
-        resolved = store.resolve_name(version)
-        info = store.job(resolved) if resolved else None
-        if info is None:
-            raise BatchlineError(f"no job version or published name {version!r} in {store.url}")
-        version = info.version
+    info = _job_or_published(store, version)
+    version = info.version
+    spec = stored_spec(info)
     status = store.status(version, window_seconds=60.0)
     now = store.now()
     events = store.events(version)
     clock = _Clock([e for e in events if e.kind == CLOCK_SHIFT])
     leases = _leases((e for e in events if e.kind in LEASE_KINDS), clock, now)
+    markers, stale_by_op = _markers(events, clock)
+    seal = next((e for e in events if e.kind == "seal"), None)
+    sealed_at = clock(seal.ts) if seal else None
+    timeline = _Timeline.of(leases, markers, sealed_at)
+    outcomes = _OutcomeTallies.count(store, version, clock, timeline)
+    published, compare_to, why = _comparison(store, info.name, version)
+    return ReportData(
+        info=info, spec=spec, status=status, generated=now, price=price, published=published,
+        compare_to=compare_to, compare_why=why, leases=leases, markers=markers, t_start=timeline.start,
+        t_end=timeline.end, bin_seconds=timeline.bin_seconds, bins=timeline.bins,
+        attempts_results=dict(outcomes.attempts_results), attempts_dead=dict(outcomes.attempts_dead),
+        dead_counts=dict(outcomes.dead_counts), dead_samples=dict(outcomes.dead_samples),
+        labels=_labels(store, version), compare_labels=_labels(store, compare_to) if compare_to else {},
+        label_field=spec.label_field, validation=store.latest_validation(version),
+        tokens=store.token_totals(version), per_worker_rate=store.run_throughput(version),
+        stale_by_op=stale_by_op, event_counts=dict(collections.Counter(e.kind for e in events)),
+        shifted_seconds=clock.total, deadline=spec.deadline.timestamp() if spec.deadline else None,
+        sealed_at=sealed_at, computed=outcomes.computed, carried=info.carried,
+        lease_seconds_by_outcome=_gpu_seconds(store, version, leases), routes=store.route_totals(version),
+        providers=spec.routing.providers if spec.routing else (),
+    )
 
+
+def _job_or_published(store: ReaderStore, target: str) -> JobInfo:
+    info = store.job(target)
+    if info is None:
+        resolved = store.resolve_name(target)
+        info = store.job(resolved) if resolved else None
+        if info is None:
+            raise BatchlineError(f"no job version or published name {target!r} in {store.url}")
+    return info
+
+
+def _markers(events: list[Event], clock: _Clock) -> tuple[list[Marker], dict[str, int]]:
+    """The moments the timeline marks (refused writes, engine crashes and hangs), and the refusals by operation."""
     markers: list[Marker] = []
     stale_by_op: collections.Counter[str] = collections.Counter()
-    counts: collections.Counter[str] = collections.Counter(e.kind for e in events)
     for e in events:
         if e.kind not in MARKER_KINDS or not e.worker:
             continue
@@ -211,96 +241,103 @@ def collect(store: Store, version: str, *, price: float = DEFAULT_GPU_HOUR_PRICE
             what = "engine crashed" if e.kind == "engine_crash" else "engine missed a batch deadline"
             text = f"{what} on shard {e.shard_no} ({e.detail.get('in_flight', '?')} records in flight)"
         markers.append(Marker(clock(e.ts), e.worker, e.kind, text))
+    return markers, dict(stale_by_op)
 
-    claims = [s.start for s in leases]
-    t_start = min(claims) if claims else None
-    seal = next((e for e in events if e.kind == "seal"), None)
-    sealed_at = clock(seal.ts) if seal else None
-    t_end: float | None = None
-    if t_start is not None:
-        ends = [s.end for s in leases if s.end is not None] + [m.ts for m in markers]
-        t_end = max([sealed_at or t_start, *ends])
-        if t_end <= t_start:
-            t_end = t_start + 1.0
-    bin_seconds = _bin_seconds((t_end - t_start) if t_start is not None and t_end else 1.0, THROUGHPUT_BINS)
-    n_bins = max(1, math.ceil(((t_end or 0.0) - (t_start or 0.0)) / bin_seconds)) if t_start is not None else 0
-    bins = [0] * n_bins
 
-    def place(ts: float) -> None:
-        if t_start is None or not bins:
+@dataclass
+class _Timeline:
+    """The run's span, from the first claim to the seal (or the last thing that happened), in bins."""
+
+    start: float | None
+    end: float | None
+    bin_seconds: float
+    bins: list[int]
+
+    @classmethod
+    def of(cls, leases: list[LeaseSpan], markers: list[Marker], sealed_at: float | None) -> _Timeline:
+        claims = [s.start for s in leases]
+        start = min(claims) if claims else None
+        end: float | None = None
+        if start is not None:
+            ends = [s.end for s in leases if s.end is not None] + [m.ts for m in markers]
+            end = max([sealed_at or start, *ends])
+            if end <= start:
+                end = start + 1.0
+        bin_seconds = _bin_seconds((end - start) if start is not None and end else 1.0, THROUGHPUT_BINS)
+        n_bins = max(1, math.ceil(((end or 0.0) - (start or 0.0)) / bin_seconds)) if start is not None else 0
+        return cls(start, end, bin_seconds, [0] * n_bins)
+
+    def place(self, ts: float) -> None:
+        if self.start is None or not self.bins:
             return
-        i = int((clock(ts) - t_start) // bin_seconds)
-        bins[min(max(i, 0), len(bins) - 1)] += 1
+        i = int((ts - self.start) // self.bin_seconds)
+        self.bins[min(max(i, 0), len(self.bins) - 1)] += 1
 
-    attempts_results: collections.Counter[int] = collections.Counter()
-    computed = 0
-    if clock.total == 0:
-        # Counted in the store: the page reads a few hundred rows, not every result.
-        for attempt, i, n in store.result_histogram(version, t_start or 0.0, bin_seconds, len(bins) or 1):
-            computed += n
-            attempts_results[attempt] += n
-            if bins:
-                bins[i] += n
-    else:
-        # The test hook moved the database clock: times are mapped back one by one.
-        for r in store.iter_results(version, computed_only=True):
-            computed += 1
-            attempts_results[r.attempt] += 1
-            place(r.created_at)
-    attempts_dead: collections.Counter[int] = collections.Counter()
-    dead_counts: collections.Counter[str] = collections.Counter()
-    dead_samples: dict[str, list[StoredDeadLetter]] = collections.defaultdict(list)
-    for d in store.iter_dead_letters(version):
-        attempts_dead[d.attempts] += 1
-        dead_counts[d.kind] += 1
-        if len(dead_samples[d.kind]) < DEAD_LETTER_SAMPLES:
-            dead_samples[d.kind].append(d)
-        if d.worker is not None:  # the planner's dead letters were never worked on
-            place(d.created_at)
 
-    label_field = (info.spec.get("output") or {}).get("label_field")
-    published = store.resolve_name(info.name)
-    compare_to: str | None = None
+@dataclass
+class _OutcomeTallies:
+    computed: int = 0
+    attempts_results: collections.Counter[int] = field(default_factory=collections.Counter)
+    attempts_dead: collections.Counter[int] = field(default_factory=collections.Counter)
+    dead_counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    dead_samples: dict[str, list[StoredDeadLetter]] = field(
+        default_factory=lambda: collections.defaultdict(list))
+
+    @classmethod
+    def count(cls, store: ReaderStore, version: str, clock: _Clock, timeline: _Timeline) -> _OutcomeTallies:
+        """Results by attempt and throughput bin, and dead letters by kind, placed on the timeline."""
+        t = cls()
+        if clock.total == 0:
+            # Counted in the store: the page reads a few hundred rows, not every result.
+            for attempt, i, n in store.result_histogram(version, timeline.start or 0.0, timeline.bin_seconds,
+                                                        len(timeline.bins) or 1):
+                t.computed += n
+                t.attempts_results[attempt] += n
+                if timeline.bins:
+                    timeline.bins[i] += n
+        else:
+            # The test hook moved the database clock: times are mapped back one by one.
+            for r in store.iter_results(version, computed_only=True):
+                t.computed += 1
+                t.attempts_results[r.attempt] += 1
+                timeline.place(clock(r.created_at))
+        for d in store.iter_dead_letters(version):
+            t.attempts_dead[d.attempts] += 1
+            t.dead_counts[d.kind] += 1
+            if len(t.dead_samples[d.kind]) < DEAD_LETTER_SAMPLES:
+                t.dead_samples[d.kind].append(d)
+            if d.worker is not None:  # the planner's dead letters were never worked on
+                timeline.place(clock(d.created_at))
+        return t
+
+
+def _comparison(store: ReaderStore, name: str, version: str) -> tuple[str | None, str | None, str]:
+    """What is published under the name, the version the label distribution is compared
+    with, and why that one."""
+    published = store.resolve_name(name)
     if published and published != version:
-        compare_to, why = published, f"the version published as {info.name}"
-    elif published == version:
-        before = [p for p in store.publications(info.name) if p.version == version and p.action == "publish"]
+        return published, published, f"the version published as {name}"
+    if published == version:
+        before = [p for p in store.publications(name) if p.version == version and p.action == "publish"]
         compare_to = before[-1].previous if before else None
         why = "the version published before this one" if compare_to else "nothing was published before this one"
-    else:
-        why = f"nothing is published as {info.name} yet"
-    labels = {_label(k): v for k, v in store.label_counts(version).items() if k is not None}
-    compare_labels = ({_label(k): v for k, v in store.label_counts(compare_to).items() if k is not None}
-                      if compare_to else {})
+        return published, compare_to, why
+    return published, None, f"nothing is published as {name} yet"
 
-    # GPU time is lease time on the local engine's shards; a hosted shard's lease
-    # is a poller's few seconds, paid for in the provider's tokens instead.
+
+def _labels(store: ReaderStore, version: str) -> dict[str, int]:
+    return {_label(k): v for k, v in store.label_counts(version).items() if k is not None}
+
+
+def _gpu_seconds(store: ReaderStore, version: str, leases: list[LeaseSpan]) -> dict[str, float]:
+    """Lease time on the local engine's shards, by how each lease ended. A hosted shard's
+    lease is a poller's few seconds, paid for in the provider's tokens instead."""
     hosted_shards = {row.shard_no for row in store.shard_rows(version) if row.route != LOCAL_ROUTE}
     by_outcome: dict[str, float] = collections.defaultdict(float)
     for s in leases:
         if s.shard_no not in hosted_shards:
             by_outcome[s.outcome] += max(0.0, (s.end or s.start) - s.start)
-    routing = info.spec.get("routing") or {}
-    providers = [{"route": route, **body} for route, body in (routing.get("providers") or {}).items()]
-
-    deadline: float | None = None
-    if info.spec.get("deadline"):
-        try:
-            deadline = dt.datetime.fromisoformat(str(info.spec["deadline"]).replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            deadline = None
-
-    return ReportData(
-        info=info, status=status, generated=now, price=price, published=published, compare_to=compare_to,
-        compare_why=why, leases=leases, markers=markers, t_start=t_start, t_end=t_end, bin_seconds=bin_seconds,
-        bins=bins, attempts_results=dict(attempts_results), attempts_dead=dict(attempts_dead),
-        dead_counts=dict(dead_counts), dead_samples=dict(dead_samples), labels=labels,
-        compare_labels=compare_labels, label_field=label_field, validation=store.latest_validation(version),
-        tokens=store.token_totals(version), per_worker_rate=store.run_throughput(version),
-        stale_by_op=dict(stale_by_op), event_counts=dict(counts), shifted_seconds=clock.total,
-        deadline=deadline, sealed_at=sealed_at, computed=computed, carried=info.carried,
-        lease_seconds_by_outcome=dict(by_outcome), routes=store.route_totals(version), providers=providers,
-    )
+    return dict(by_outcome)
 
 
 def _label(value: Any) -> str:
@@ -853,27 +890,26 @@ def _cost_section(d: ReportData) -> str:
             f'<table><tbody>{fact_rows}</tbody></table></div></section>')
 
 
-def provider_cost(provider: dict[str, Any], totals: RouteTotals | None) -> float | None:
+def provider_cost(provider: ProviderSpec, totals: RouteTotals | None) -> float | None:
     """Tokens at the configured batch prices; None when no price is configured."""
-    prices = provider.get("prices") or {}
-    if totals is None or not prices:
+    if totals is None or (provider.input_price_per_mtok is None and provider.output_price_per_mtok is None):
         return None
-    return (totals.input_tokens * float(prices.get("input_per_mtok", 0.0))
-            + totals.output_tokens * float(prices.get("output_per_mtok", 0.0))) / 1e6
+    return (totals.input_tokens * (provider.input_price_per_mtok or 0.0)
+            + totals.output_tokens * (provider.output_price_per_mtok or 0.0)) / 1e6
 
 
 def _routes_section(d: ReportData) -> str:
     if not d.providers:
         return ""
     local = d.routes.get(LOCAL_ROUTE)
-    engine = (d.info.spec.get("model") or {}).get("engine", "?")
+    engine = d.spec.model.engine
     rows = [(LOCAL_ROUTE, f"{engine} (in-house)", local, f"{d.gpu_hours:,.3f} GPU-hours",
              f"${d.cost:,.2f}", "stays in-house")]
     for p in d.providers:
-        totals = d.routes.get(p["route"])
+        totals = d.routes.get(p.route)
         cost = provider_cost(p, totals)
-        rows.append((p["route"], f"{p.get('api')} batch, {p.get('model')}", totals, "tokens at batch prices",
-                     f"${cost:,.2f}" if cost is not None else "no price configured", str(p.get("retention", "?"))))
+        rows.append((p.route, f"{p.api} batch, {p.model}", totals, "tokens at batch prices",
+                     f"${cost:,.2f}" if cost is not None else "no price configured", p.retention))
     body = "".join(
         f"<tr><td>{esc(route)}</td><td>{esc(where)}</td>"
         f'<td class="num">{(t.records if t else 0):,}</td><td class="num">{(t.results if t else 0):,}</td>'
@@ -881,7 +917,7 @@ def _routes_section(d: ReportData) -> str:
         f'<td class="num">{(t.input_tokens if t else 0):,} / {(t.output_tokens if t else 0):,}</td>'
         f"<td>{esc(basis)}</td><td class=\"num\">{esc(cost)}</td><td>{esc(retention)}</td></tr>"
         for route, where, t, basis, cost, retention in rows)
-    field_name = (d.info.spec.get("routing") or {}).get("class_field", "?")
+    field_name = d.spec.routing.class_field if d.spec.routing else "?"
     return ('<section><h2>Where records went</h2><p class="what">Records go to a hosted provider only when '
             f"their {esc(field_name)} names a class cleared for it; a record without it, or with any other "
             "class, stays in-house. Cost is GPU-hours at the GPU price for the in-house engine and tokens at "
@@ -897,7 +933,7 @@ def render(d: ReportData) -> str:
         '<div class="pair">', _attempts_section(d), _labels_section(d), "</div>",
         _dead_letters_section(d), _validation_section(d), _routes_section(d), _cost_section(d),
         f'<footer>Generated {esc(_utc(d.generated))} by batchline report; engine '
-        f'{esc((d.info.spec.get("model") or {}).get("engine", "?"))}.</footer>',
+        f'{esc(d.spec.model.engine)}.</footer>',
     ])
     csp = (f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
            f"script-src '{_csp_hash(SENTINEL_JS)}'; base-uri 'none'; form-action 'none'")
@@ -910,7 +946,7 @@ def render(d: ReportData) -> str:
             f"<body><main>{body}</main></body></html>\n")
 
 
-def write_report(store: Store, version: str, out: Path, *, price: float = DEFAULT_GPU_HOUR_PRICE) -> ReportData:
+def write_report(store: ReaderStore, version: str, out: Path, *, price: float = DEFAULT_GPU_HOUR_PRICE) -> ReportData:
     if price < 0:
         raise BatchlineError("--gpu-hour-price must not be negative")
     data = collect(store, version, price=price)

@@ -22,9 +22,9 @@ import orjson
 
 from batchline.errors import InputError
 from batchline.openai_format import messages_hash_text, parse_request
+from batchline.sources import Source, open_source, snapshot_digest
 from batchline.spec import OPENAI_BATCH, InputSpec, RoutingSpec
 
-_CHUNK = 1 << 20
 # The slice a worker checks must be read whole before any record is parsed, so
 # a shard of a text format is bounded in bytes as well as in records.
 PARQUET_BATCH_ROWS = 8192
@@ -92,19 +92,14 @@ def content_hash(text: str, acl: Any, data_class: str | None = None) -> str:
     return h.hexdigest()[:32]
 
 
-def file_digest(paths: Sequence[Path]) -> str:
-    """The snapshot digest: every byte of every input file, in order, with its name."""
-    outer = hashlib.sha256()
-    for path in paths:
-        h = hashlib.sha256()
-        try:
-            with path.open("rb") as f:
-                while chunk := f.read(_CHUNK):
-                    h.update(chunk)
-        except OSError as exc:
-            raise InputError(f"{path}: cannot read input: {exc.strerror or exc}") from None
-        outer.update(f"{path.name}\0{h.hexdigest()}\n".encode())
-    return "sha256:" + outer.hexdigest()
+def input_sources(spec: InputSpec) -> list[Source]:
+    return [open_source(location) for location in spec.locations]
+
+
+def file_digest(spec: InputSpec) -> str:
+    """The snapshot digest: what each input source guarantees about itself (a local
+    file: every byte, with its name), in order."""
+    return snapshot_digest([s.pin() for s in input_sources(spec)])
 
 
 # --- scanning (planning) -------------------------------------------------------
@@ -121,69 +116,55 @@ _COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "
                      b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip"}
 
 
-def refuse_compressed(path: Path) -> None:
+def refuse_compressed(source: Source, head: bytes) -> None:
     """A compressed stream cannot be read from a byte offset, so a shard's slice
     of it could not be read on its own: refuse it whatever its name says."""
-    try:
-        with path.open("rb") as f:
-            head = f.read(8)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read input: {exc.strerror or exc}") from None
     for magic, kind in _COMPRESSED_MAGIC.items():
         if head.startswith(magic):
-            raise InputError(f"{path} is {kind}-compressed; decompress it (or convert it to Parquet) first: "
-                             "each shard reads its own byte range")
+            raise InputError(f"{source.location} is {kind}-compressed; decompress it (or convert it to Parquet) "
+                             "first: each shard reads its own byte range")
 
 
-def scan(path: Path, spec: InputSpec) -> Iterator[ScannedRecord]:
-    """Every record of one input file in order, with its position, validated."""
-    if spec.format != "parquet":
-        refuse_compressed(path)
+def scan(source: Source | str, spec: InputSpec) -> Iterator[ScannedRecord]:
+    """Every record of one input source in order, with its position, validated."""
+    source = open_source(source) if isinstance(source, str) else source
     if spec.format in ("jsonl", OPENAI_BATCH):
-        yield from _scan_jsonl(path, spec)
+        yield from _scan_jsonl(source, spec)
     elif spec.format == "csv":
-        yield from _scan_csv(path, spec)
+        yield from _scan_csv(source, spec)
     else:
-        yield from _scan_parquet(path, spec)
+        yield from _scan_parquet(source, spec)
 
 
-def csv_header(path: Path) -> tuple[str, ...]:
-    with path.open("rb") as f:
+def csv_header(source: Source) -> tuple[str, ...]:
+    with source.stream() as f:
         first = f.readline()
+    return _parse_header(source, first)
+
+
+def _parse_header(source: Source, first: bytes) -> tuple[str, ...]:
+    refuse_compressed(source, first[:8])
     try:
         text = first.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise InputError(f"{path}:1: header is not valid UTF-8") from None
+        raise InputError(f"{source.location}:1: header is not valid UTF-8") from None
     header = next(csv.reader([text]), None)
     if not header:
-        raise InputError(f"{path}: empty file (no CSV header)")
+        raise InputError(f"{source.location}: empty file (no CSV header)")
     return tuple(header)
 
 
-def slice_digest_bytes(path: Path, start: int, end: int) -> str:
-    return "sha256:" + hashlib.sha256(_read_range(path, start, end)).hexdigest()
+def slice_digest_bytes(source: Source, start: int, end: int) -> str:
+    return "sha256:" + hashlib.sha256(source.read(start, end)).hexdigest()
 
 
-def _read_range(path: Path, start: int, end: int) -> bytes:
-    try:
-        with path.open("rb") as f:
-            f.seek(start)
-            data = f.read(end - start)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read input: {exc.strerror or exc}") from None
-    if len(data) != end - start:
-        raise InputError(f"{path}: input changed since planning (file is shorter than byte {end})")
-    return data
-
-
-def _scan_jsonl(path: Path, spec: InputSpec) -> Iterator[ScannedRecord]:
+def _scan_jsonl(source: Source, spec: InputSpec) -> Iterator[ScannedRecord]:
     offset = 0
-    try:
-        f = path.open("rb")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read input: {exc.strerror or exc}") from None
-    with f:
+    path = source.location
+    with source.stream() as f:
         for line_no, raw in enumerate(f, start=1):
+            if line_no == 1:
+                refuse_compressed(source, raw[:8])
             start, offset = offset, offset + len(raw)
             record = parse_jsonl_line(raw, path, line_no, spec)
             if record is not None:
@@ -250,14 +231,15 @@ def class_key(spec: InputSpec, data_class: Any) -> str | None:
     return data_class if isinstance(data_class, str) else ""
 
 
-def _scan_csv(path: Path, spec: InputSpec) -> Iterator[ScannedRecord]:
-    header = csv_header(path)
-    for name in (spec.id_field, spec.text_field):
-        if name not in header:
-            raise InputError(f"{path}:1: CSV header has no column {name!r} (columns: {', '.join(header)})")
-    with path.open("rb") as f:
+def _scan_csv(source: Source, spec: InputSpec) -> Iterator[ScannedRecord]:
+    with source.stream() as f:
         first = f.readline()
-        yield from _csv_records(f, path, len(first), 2, header, spec)
+        header = _parse_header(source, first)
+        for name in (spec.id_field, spec.text_field):
+            if name not in header:
+                raise InputError(f"{source.location}:1: CSV header has no column {name!r} "
+                                 f"(columns: {', '.join(header)})")
+        yield from _csv_records(f, source.location, len(first), 2, header, spec)
 
 
 def _csv_records(stream: io.BufferedIOBase | io.BytesIO | Any, path: Path | str, offset: int,
@@ -299,16 +281,20 @@ def _csv_records(stream: io.BufferedIOBase | io.BytesIO | Any, path: Path | str,
         row_start, start_line = consumed, line_no + 1
 
 
-def _parquet_file(path: Path) -> Any:
+def _parquet_file(source: Source) -> Any:
     import pyarrow.parquet as pq
 
+    f = source.random_access()
     try:
-        return pq.ParquetFile(path)
+        # Without pre-buffering: pyarrow would otherwise keep every column chunk it read
+        # for the life of the file, and planning would grow with the input.
+        return pq.ParquetFile(f, pre_buffer=False)
     except Exception as exc:  # pyarrow raises several types for unreadable files
-        raise InputError(f"{path}: not a readable Parquet file: {exc}") from None
+        f.close()
+        raise InputError(f"{source.location}: not a readable Parquet file: {exc}") from None
 
 
-def _parquet_columns(pf: Any, path: Path, spec: InputSpec) -> list[str]:
+def _parquet_columns(pf: Any, path: str, spec: InputSpec) -> list[str]:
     names = set(pf.schema_arrow.names)
     columns = ([spec.id_field, spec.text_field] + ([spec.acl_field] if spec.acl_field else [])
                + ([spec.class_field] if spec.class_field else []))
@@ -318,14 +304,16 @@ def _parquet_columns(pf: Any, path: Path, spec: InputSpec) -> list[str]:
     return [c for c in columns if c in names]
 
 
-def _scan_parquet(path: Path, spec: InputSpec) -> Iterator[ScannedRecord]:
-    pf = _parquet_file(path)
-    columns = _parquet_columns(pf, path, spec)
-    row = 0
-    for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
-        for obj in batch.to_pylist():
-            row += 1
-            yield ScannedRecord(_record(obj, path, row, spec), row - 1, row)
+def _scan_parquet(source: Source, spec: InputSpec) -> Iterator[ScannedRecord]:
+    pf = _parquet_file(source)
+    path = source.location
+    with pf:
+        columns = _parquet_columns(pf, path, spec)
+        row = 0
+        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
+            for obj in batch.to_pylist():
+                row += 1
+                yield ScannedRecord(_record(obj, path, row, spec), row - 1, row)
 
 
 def parquet_slice_digest(records: Sequence[Record]) -> str:
@@ -352,14 +340,15 @@ def read_slice(sl: Slice, spec: InputSpec, routing: RoutingSpec | None = None) -
 
 
 def _read_slice(sl: Slice, spec: InputSpec) -> list[Record]:
-    path = Path(sl.path)
+    source = open_source(sl.path)
+    path = sl.path
     changed = f"input changed since planning: {sl.describe()}"
     if sl.format == "parquet":
-        records = _read_parquet_rows(path, sl.start, sl.end, spec)
+        records = _read_parquet_rows(source, sl.start, sl.end, spec)
         if sl.route is None and parquet_slice_digest(records) != sl.digest:
             raise InputError(changed)
         return records
-    data = _read_range(path, sl.start, sl.end)
+    data = source.read(sl.start, sl.end)
     if "sha256:" + hashlib.sha256(data).hexdigest() != sl.digest:
         raise InputError(changed)
     if sl.format in ("jsonl", OPENAI_BATCH):
@@ -375,22 +364,23 @@ def _read_slice(sl: Slice, spec: InputSpec) -> list[Record]:
     return [s.record for s in _csv_records(stream, path, sl.start, sl.first_line, sl.header, spec)]
 
 
-def _read_parquet_rows(path: Path, start: int, end: int, spec: InputSpec) -> list[Record]:
-    pf = _parquet_file(path)
-    columns = _parquet_columns(pf, path, spec)
+def _read_parquet_rows(source: Source, start: int, end: int, spec: InputSpec) -> list[Record]:
+    path = source.location
     # Only the row groups that overlap the slice are read.
     out: list[Record] = []
-    first_row = 0
-    for g in range(pf.metadata.num_row_groups):
-        n = pf.metadata.row_group(g).num_rows
-        group_start, group_end = first_row, first_row + n
-        first_row = group_end
-        if group_end <= start or group_start >= end:
-            continue
-        table = pf.read_row_group(g, columns=columns)
-        lo, hi = max(start, group_start) - group_start, min(end, group_end) - group_start
-        for i, obj in enumerate(table.slice(lo, hi - lo).to_pylist()):
-            out.append(_record(obj, path, group_start + lo + i + 1, spec))
+    with _parquet_file(source) as pf:
+        columns = _parquet_columns(pf, path, spec)
+        first_row = 0
+        for g in range(pf.metadata.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            group_start, group_end = first_row, first_row + n
+            first_row = group_end
+            if group_end <= start or group_start >= end:
+                continue
+            table = pf.read_row_group(g, columns=columns)
+            lo, hi = max(start, group_start) - group_start, min(end, group_end) - group_start
+            for i, obj in enumerate(table.slice(lo, hi - lo).to_pylist()):
+                out.append(_record(obj, path, group_start + lo + i + 1, spec))
     if len(out) != end - start:
         raise InputError(f"input changed since planning: {path} has fewer rows than {end}")
     return out

@@ -12,20 +12,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from pathlib import Path
-from typing import Any, NoReturn
+from pathlib import Path, PurePosixPath
+from typing import Any, NoReturn, Protocol
 
 import jsonschema
 import yaml
 
 from batchline.errors import SpecError
+from batchline.registry import ENGINES, PROVIDERS
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-ENGINES = ("llamacpp", "transformers", "vllm", "openai", "embedding", "synthetic")
-# Part of every job version: an engine's code defaults (calibration strength, stop
-# strings, prompt formatting) change results as surely as its options do, so a
-# change to them bumps the engine's revision and makes new versions.
-ENGINE_REVISIONS = {"llamacpp": 1, "transformers": 1, "vllm": 1, "openai": 1, "embedding": 1, "synthetic": 1}
 TEXT_FORMATS = ("jsonl", "csv")
 # openai-batch: OpenAI batch input lines (JSONL, read in byte ranges like jsonl), never
 # guessed from a suffix since such a file is also plain JSONL.
@@ -42,7 +38,7 @@ DEFAULT_MAX_BYTES_PER_TOKEN = 32
 
 @dataclass(frozen=True)
 class InputSpec:
-    paths: tuple[Path, ...]
+    locations: tuple[str, ...]  # local paths, resolved; each is opened through batchline.sources
     id_field: str = "id"
     text_field: str = "text"
     acl_field: str | None = None
@@ -151,9 +147,6 @@ class RetentionSpec:
     versions: int = 5  # versions of a name kept for rollback; never the published one or its predecessor
 
 
-PROVIDER_APIS = ("openai", "anthropic")
-# Part of the version, as ENGINE_REVISIONS: how requests are built for an API.
-PROVIDER_REVISIONS = {"openai": 1, "anthropic": 1}
 LOCAL_ROUTE = "local"
 ROUTE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
@@ -178,7 +171,7 @@ class ProviderSpec:
 
     def identity(self) -> dict[str, Any]:
         """What can change an answer: the API, the model, the request options and who is sent."""
-        return {"api": self.api, "api_revision": PROVIDER_REVISIONS[self.api], "model": self.model,
+        return {"api": self.api, "api_revision": PROVIDERS[self.api].revision, "model": self.model,
                 "classes": sorted(self.classes), "options": dict(self.options)}
 
 
@@ -221,6 +214,7 @@ class JobSpec:
     base: str | None = None  # "published" or a version: carry unchanged records from it
     retention: RetentionSpec = field(default_factory=RetentionSpec)
     routing: RoutingSpec | None = None
+    base_version: str | None = None  # a planned version's base, as the planner resolved `base`
 
     def inference_identity(self) -> str:
         """What decides a record's result given its content: a base version's result
@@ -234,7 +228,7 @@ class JobSpec:
         """Everything that can change a result, and nothing else (I2)."""
         model: dict[str, Any] = {
             "engine": self.model.engine,
-            "engine_revision": ENGINE_REVISIONS[self.model.engine],
+            "engine_revision": ENGINES[self.model.engine].revision,
             "digest": self.model.digest,
             "options": dict(self.model.options),
         }
@@ -279,7 +273,7 @@ class JobSpec:
         out: dict[str, Any] = {
             "name": self.name,
             "input": {
-                "path": [str(p) for p in self.input.paths],
+                "path": list(self.input.locations),
                 "id_field": self.input.id_field,
                 "text_field": self.input.text_field,
                 "max_bytes_per_token": self.input.max_bytes_per_token,
@@ -363,18 +357,44 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
     name = r.string(top["name"], "name")
     if not NAME_PATTERN.match(name):
         r.fail("name", f"{name!r} must be lower-case letters, digits, '-' or '_', starting with a letter")
+    input_spec = _parse_input(r, top, base_dir)
+    chat = input_spec.format == OPENAI_BATCH
+    model_spec = _parse_model(r, top["model"], base_dir)
+    prompt_spec = _parse_prompt(r, top, base_dir, chat)
+    decoding = _parse_decoding(r, top.get("decoding", {}) or {})
+    out = r.mapping(top["output"], "output", required={"schema"}, allowed={"schema", "label_field"})
+    schema, schema_path = _load_schema(r, out["schema"], base_dir)
+    label_field = r.optional_string(out.get("label_field"), "output.label_field")
+    shards = _parse_shards(r, top.get("shards", {}) or {})
+    deadline = _parse_deadline(r, top.get("deadline"))
+    validate = _parse_validate(r, top.get("validate", {}) or {}, base_dir, label_field)
+    base = r.optional_string(top.get("base"), "base")
+    ret = r.mapping(top.get("retention", {}) or {}, "retention", allowed={"versions"})
+    retention = RetentionSpec(versions=r.integer(ret.get("versions", 5), "retention.versions", 2))
+    routing = _parse_routing(r, top["routing"]) if top.get("routing") is not None else None
+    if chat:
+        input_spec = replace(input_spec, chat_rules=ChatRules(decoding=decoding, output_schema=schema))
+    if routing is not None:
+        input_spec = replace(input_spec, class_field=routing.class_field)
+    return JobSpec(name=name, input=input_spec, model=model_spec, prompt=prompt_spec,
+                   decoding=decoding, output_schema=schema, schema_path=schema_path,
+                   shards=shards, deadline=deadline, validate=validate, source=source,
+                   label_field=label_field, base=base, retention=retention, routing=routing)
 
+
+def _parse_input(r: _Reader, top: Mapping[str, Any], base_dir: Path) -> InputSpec:
     inp = r.mapping(top["input"], "input", required={"path"},
                     allowed={"path", "id_field", "text_field", "acl_field", "max_input_tokens",
                              "max_bytes_per_token", "format"})
-    paths = _input_paths(r, inp["path"], base_dir)
-    for p in paths:
-        if p.suffix.lower() in COMPRESSED_SUFFIXES:
-            r.fail("input.path", f"{p} is compressed ({p.suffix.lower()}); batchline reads byte ranges of each "
+    locations = _input_locations(r, inp["path"], base_dir)
+    for location in locations:
+        suffix = PurePosixPath(location).suffix.lower()
+        if suffix in COMPRESSED_SUFFIXES:
+            r.fail("input.path", f"{location} is compressed ({suffix}); batchline reads byte ranges of each "
                                  "shard directly, so decompress it (or convert it to Parquet) first")
     fmt = inp.get("format")
     if fmt is None:
-        fmt = _format_of(r, paths)
+        fmt = _format_of(r, locations)
     elif fmt not in FORMATS:
         r.fail("input.format", f"{fmt!r} is not one of {', '.join(FORMATS)}")
     chat = fmt == OPENAI_BATCH
@@ -382,8 +402,8 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
         _check_chat_input(r, inp, top)
     elif top.get("prompt") is None:
         r.fail("prompt", "is required")
-    input_spec = InputSpec(
-        paths=paths,
+    return InputSpec(
+        locations=locations,
         id_field=r.string(inp.get("id_field", "custom_id" if chat else "id"), "input.id_field"),
         text_field=r.string(inp.get("text_field", "messages" if chat else "text"), "input.text_field"),
         acl_field=r.optional_string(inp.get("acl_field"), "input.acl_field"),
@@ -394,7 +414,9 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
         format=fmt,
     )
 
-    mod = r.mapping(top["model"], "model", required={"engine"},
+
+def _parse_model(r: _Reader, raw: Any, base_dir: Path) -> ModelSpec:
+    mod = r.mapping(raw, "model", required={"engine"},
                     allowed={"engine", "path", "digest", "options"})
     engine = r.string(mod["engine"], "model.engine")
     if engine not in ENGINES:
@@ -408,9 +430,10 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
     options = mod.get("options", {}) or {}
     if not isinstance(options, dict):
         r.fail("model.options", "must be a mapping")
-    model_spec = ModelSpec(engine=engine, path=model_path,
-                           digest=digest.lower() if digest else None, options=options)
+    return ModelSpec(engine=engine, path=model_path, digest=digest.lower() if digest else None, options=options)
 
+
+def _parse_prompt(r: _Reader, top: Mapping[str, Any], base_dir: Path, chat: bool) -> PromptSpec:
     pr = {} if chat else r.mapping(top["prompt"], "prompt", required={"version"},
                                    allowed={"file", "text", "version"})
     if not chat and ("file" in pr) == ("text" in pr):
@@ -426,23 +449,22 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
             r.fail("prompt.file", f"cannot read {prompt_file}: {_one_line(exc)}")
     else:
         prompt_text = r.string(pr["text"], "prompt.text")
-    prompt_spec = PromptSpec(file=prompt_file, version=OPENAI_BATCH if chat else str(pr["version"]),
-                             text=prompt_text)
+    return PromptSpec(file=prompt_file, version=OPENAI_BATCH if chat else str(pr["version"]), text=prompt_text)
 
-    dec = r.mapping(top.get("decoding", {}) or {}, "decoding",
+
+def _parse_decoding(r: _Reader, raw: Any) -> DecodingSpec:
+    dec = r.mapping(raw, "decoding",
                     allowed={"temperature", "max_tokens", "seed", "top_p"})
-    decoding = DecodingSpec(
+    return DecodingSpec(
         temperature=r.number(dec.get("temperature", 0.0), "decoding.temperature", 0.0),
         max_tokens=r.integer(dec.get("max_tokens", 256), "decoding.max_tokens", 1),
         seed=r.integer(dec.get("seed", 0), "decoding.seed", 0),
         top_p=r.number(dec.get("top_p", 1.0), "decoding.top_p", 0.0),
     )
 
-    out = r.mapping(top["output"], "output", required={"schema"}, allowed={"schema", "label_field"})
-    schema, schema_path = _load_schema(r, out["schema"], base_dir)
-    label_field = r.optional_string(out.get("label_field"), "output.label_field")
 
-    sh = r.mapping(top.get("shards", {}) or {}, "shards", allowed=set(ShardSpec.__dataclass_fields__))
+def _parse_shards(r: _Reader, raw: Any) -> ShardSpec:
+    sh = r.mapping(raw, "shards", allowed=set(ShardSpec.__dataclass_fields__))
     defaults = ShardSpec()
     size_auto = sh.get("size") == "auto"
     if size_auto:
@@ -472,30 +494,18 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
     if shards.renew_seconds >= shards.lease_seconds:
         r.fail("shards.renew_seconds", "must be shorter than shards.lease_seconds")
 
-    deadline = None
-    if top.get("deadline") is not None:
-        value = top["deadline"]
-        if isinstance(value, datetime):
-            deadline = value
-        else:
-            try:
-                deadline = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-            except ValueError:
-                r.fail("deadline", f"{value!r} is not an ISO 8601 time")
+    return shards
 
-    validate = _parse_validate(r, top.get("validate", {}) or {}, base_dir, label_field)
-    base = r.optional_string(top.get("base"), "base")
-    ret = r.mapping(top.get("retention", {}) or {}, "retention", allowed={"versions"})
-    retention = RetentionSpec(versions=r.integer(ret.get("versions", 5), "retention.versions", 2))
-    routing = _parse_routing(r, top["routing"]) if top.get("routing") is not None else None
-    if chat:
-        input_spec = replace(input_spec, chat_rules=ChatRules(decoding=decoding, output_schema=schema))
-    if routing is not None:
-        input_spec = replace(input_spec, class_field=routing.class_field)
-    return JobSpec(name=name, input=input_spec, model=model_spec, prompt=prompt_spec,
-                   decoding=decoding, output_schema=schema, schema_path=schema_path,
-                   shards=shards, deadline=deadline, validate=validate, source=source,
-                   label_field=label_field, base=base, retention=retention, routing=routing)
+
+def _parse_deadline(r: _Reader, value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        r.fail("deadline", f"{value!r} is not an ISO 8601 time")
 
 
 _PROVIDER_FIELDS = {"api", "model", "classes", "retention", "base_url", "api_key_env", "completion_window",
@@ -517,8 +527,8 @@ def _parse_routing(r: _Reader, raw: Any) -> RoutingSpec:
                           f"and not {LOCAL_ROUTE!r}")
         pv = r.mapping(body, where, required={"api", "model", "classes", "retention"}, allowed=_PROVIDER_FIELDS)
         api = r.string(pv["api"], f"{where}.api")
-        if api not in PROVIDER_APIS:
-            r.fail(f"{where}.api", f"{api!r} is not one of {', '.join(PROVIDER_APIS)}")
+        if api not in PROVIDERS:
+            r.fail(f"{where}.api", f"{api!r} is not one of {', '.join(PROVIDERS)}")
         classes = pv["classes"]
         if not isinstance(classes, list) or not classes:
             r.fail(f"{where}.classes", "must be a non-empty list of class names")
@@ -556,7 +566,19 @@ STORE_ONLY_KEYS = ("base_version",)
 
 def spec_from_store(data: Mapping[str, Any]) -> JobSpec:
     """The spec a version was planned with, from its self-contained stored form."""
-    return parse_spec({k: v for k, v in data.items() if k not in STORE_ONLY_KEYS}, base_dir=Path("/"))
+    spec = parse_spec({k: v for k, v in data.items() if k not in STORE_ONLY_KEYS}, base_dir=Path("/"))
+    return replace(spec, base_version=data.get("base_version"))
+
+
+class _PlannedJob(Protocol):
+    @property
+    def spec(self) -> Mapping[str, Any]: ...
+
+
+def stored_spec(job: _PlannedJob) -> JobSpec:
+    """The spec of a planned job (a store's JobInfo), as every reader of it should see it:
+    parsed, with every default applied once, here."""
+    return spec_from_store(job.spec)
 
 
 def _parse_validate(r: _Reader, raw: Any, base_dir: Path, label_field: str | None) -> ValidateSpec:
@@ -596,7 +618,7 @@ def _parse_validate(r: _Reader, raw: Any, base_dir: Path, label_field: str | Non
     )
 
 
-def _input_paths(r: _Reader, value: Any, base_dir: Path) -> tuple[Path, ...]:
+def _input_locations(r: _Reader, value: Any, base_dir: Path) -> tuple[str, ...]:
     items = value if isinstance(value, list) else [value]
     if not items:
         r.fail("input.path", "is empty")
@@ -611,7 +633,7 @@ def _input_paths(r: _Reader, value: Any, base_dir: Path) -> tuple[Path, ...]:
             paths.extend(m.resolve() for m in matches)
         else:
             paths.append((base_dir / text).resolve())
-    return tuple(paths)
+    return tuple(str(p) for p in paths)
 
 
 def _check_chat_input(r: _Reader, inp: Mapping[str, Any], top: Mapping[str, Any]) -> None:
@@ -631,10 +653,10 @@ def _check_chat_input(r: _Reader, inp: Mapping[str, Any], top: Mapping[str, Any]
                           "sent one prompt, not a conversation")
 
 
-def _format_of(r: _Reader, paths: tuple[Path, ...]) -> str:
+def _format_of(r: _Reader, locations: tuple[str, ...]) -> str:
     formats: set[str] = set()
-    for p in paths:
-        suffix = p.suffix.lower()
+    for p in locations:
+        suffix = PurePosixPath(p).suffix.lower()
         fmt = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}.get(suffix)
         if fmt is None:
             r.fail("input.path", f"{p}: cannot tell the format from {suffix or 'no suffix'!r}; "

@@ -20,7 +20,7 @@ from typing import Any
 
 from batchline.errors import BatchlineError
 from batchline.outputs import OutputChecker
-from batchline.spec import EvalSpec, JobSpec, spec_from_store
+from batchline.spec import EvalSpec, JobSpec, stored_spec
 from batchline.store import Store
 
 PSI_EPSILON = 1e-4  # stands in for a category's share where it is absent, so PSI stays finite
@@ -61,7 +61,7 @@ def validate(store: Store, version: str, *, record: bool = True) -> ValidationRe
         st = store.status(version)
         raise BatchlineError(f"{version} is not sealed ({st.pending:,} records without an outcome); "
                              "only a finished version is validated")
-    spec = spec_from_store(info.spec)
+    spec = stored_spec(info)
     started = time.perf_counter()
     checks = [check_coverage(store, version), check_schema(store, version, spec),
               check_dead_letters(store, version, spec), check_drift(store, version, spec)]

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def raw_loop(spec_path: Path) -> float:
     spec = load_spec(spec_path)
-    records = [json.loads(line) for line in spec.input.paths[0].read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in Path(spec.input.locations[0]).read_text().splitlines() if line.strip()]
     prefix, suffix = split_template(spec.prompt.text)
     start = time.perf_counter()
     engine = create_engine(EngineConfig(spec.model, spec.decoding, spec.output_schema))
@@ -49,7 +49,7 @@ def raw_loop(spec_path: Path) -> float:
 
 
 def pipeline(spec_path: Path, store: str) -> float:
-    n = sum(1 for line in load_spec(spec_path).input.paths[0].read_text().splitlines() if line.strip())
+    n = sum(1 for line in Path(load_spec(spec_path).input.locations[0]).read_text().splitlines() if line.strip())
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "batchline", "run", str(spec_path), "--store", store, "--workers", "1"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -64,7 +64,7 @@ def main() -> int:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     base = yaml.safe_load(args.spec.read_text())
-    source = load_spec(args.spec).input.paths[0]
+    source = Path(load_spec(args.spec).input.locations[0])
     lines = [line for line in source.read_text().splitlines() if line.strip()][:args.records]
     raw_rates, pipe_rates = [], []
     for i in range(args.rounds):

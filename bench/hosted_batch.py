@@ -99,7 +99,7 @@ def main() -> int:
         info = store.job(version)
         assert code == 0 and info is not None and info.state == "sealed", "the batch did not complete"
         print(f"one hosted batch of {args.batch:,} records, claim to sealed (submit, poll, download, validate, "
-              f"write), {spec.input.paths[0].name} on {store.url.split(':')[0]}:")
+              f"write), {Path(spec.input.locations[0]).name} on {store.url.split(':')[0]}:")
         print(f"  {seconds:6.2f} s  {args.batch / seconds:10,.0f} records/s  ({len(server.submissions)} batch)")
         store.close()
     return 0

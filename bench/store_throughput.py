@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from batchline.store import PlannedRecord, PlannedShard, ResultRow, Store, open_store
-from batchline.store.base import WRITE_BATCH_ROWS
+from batchline.store.model import WRITE_BATCH_ROWS
 
 OUTPUT = '{"category":"Hardware","summary":"laptop screen flickers after update","entities":["laptop"]}'
 

@@ -11,12 +11,25 @@ import pytest
 import yaml
 
 from batchline.store import Store, open_store
-from tests.helpers import SIMPLE_SCHEMA, make_records, write_jsonl
+from tests.helpers import SIMPLE_SCHEMA, fresh_pg_database, make_records, write_jsonl
+
+# Every test that takes a store runs on each backend, as one suite (each PostgreSQL
+# run gets a database of its own on the real server).
+STORES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=STORES)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture
-def store_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'store.db'}"
+def store_url(store_kind: str, tmp_path: Path) -> Iterator[str]:
+    if store_kind == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+        return
+    with fresh_pg_database("bl_pg") as url:
+        yield url
 
 
 @pytest.fixture

@@ -83,6 +83,40 @@ def fresh_pg_database(prefix: str) -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+class Database:
+    """Plain SQL on a test store's own database, whichever the backend: what a dashboard
+    reading the published view does, or a test that tampers with stored rows. Parameters
+    are written `?` and sent in the backend's own style."""
+
+    def __init__(self, store_url: str) -> None:
+        self.postgres = not store_url.startswith("sqlite:///")
+        if self.postgres:
+            import psycopg
+
+            self.conn: Any = psycopg.connect(store_url, autocommit=True)
+        else:
+            import sqlite3
+
+            self.conn = sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None)
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        cur = self.conn.execute(sql.replace("?", "%s") if self.postgres else sql, params)
+        return list(cur.fetchall()) if cur.description is not None else []
+
+    def view(self, name: str) -> str:
+        """How a reader names the view published under `name`."""
+        return f'published."{name}"' if self.postgres else f'"{name}"'
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def postgres_missing(reason: str) -> None:
     """Skips a PostgreSQL test where the server is absent, but fails it where the
     run promised one (`make test` sets BATCHLINE_REQUIRE_POSTGRES=1 after starting it)."""
@@ -137,7 +171,7 @@ def check_invariants(store: Store, version: str, spec: JobSpec) -> tuple[set[str
     from batchline.outputs import OutputChecker
     from batchline.snapshot import scan
 
-    snapshot_ids = [s.record.id for p in spec.input.paths for s in scan(p, spec.input)]
+    snapshot_ids = [s.record.id for p in spec.input.locations for s in scan(p, spec.input)]
     results = {r.record_id: r for r in store.iter_results(version)}
     dead = {d.record_id for d in store.iter_dead_letters(version)}
     assert not (set(results) & dead), f"ids both answered and dead-lettered: {sorted(set(results) & dead)[:5]}"

@@ -11,6 +11,7 @@ from types import FrameType
 
 from batchline.cli.common import add_store_option
 from batchline.errors import BatchlineError
+from batchline.spec import stored_spec
 from batchline.store import default_url, open_store
 
 
@@ -109,7 +110,7 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
             store.close()
         if job is None:
             raise BatchlineError(f"no job version {args.job!r} in the store")
-        grace = float(job.spec.get("shards", {}).get("grace_seconds", grace))
+        grace = stored_spec(job).shards.grace_seconds
     text = to_yaml(render(K8sOptions(
         version=args.job, workers=args.workers, image=args.image, queue=args.queue,
         store_secret=args.store_secret, store_secret_key=args.store_secret_key, namespace=args.namespace,

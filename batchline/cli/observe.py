@@ -13,6 +13,7 @@ from typing import IO
 
 from batchline.cli.common import add_store_option, store_command
 from batchline.errors import BatchlineError
+from batchline.spec import stored_spec
 from batchline.store import Store, open_store
 
 
@@ -123,7 +124,8 @@ def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[s
     info = store.job(version)
     if info is None:
         raise BatchlineError(f"no job version {version!r} in {store.url}")
-    deadline = _deadline(info.spec.get("deadline"))
+    spec = stored_spec(info)
+    deadline = spec.deadline.timestamp() if spec.deadline else None
     samples: collections.deque[tuple[float, int]] = collections.deque()
     started = time.monotonic()
     updates = 0
@@ -153,14 +155,3 @@ def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[s
         if tty:
             stream.write("\n")
     return 0
-
-
-def _deadline(value: object) -> float | None:
-    if not value:
-        return None
-    import datetime as dt
-
-    try:
-        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None

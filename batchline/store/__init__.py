@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from batchline.errors import StoreError
-from batchline.store.base import (
+from batchline.store.model import (
     ChargeResult,
     DeadLetterRow,
     DuplicateRecord,
@@ -20,18 +20,25 @@ from batchline.store.base import (
     ResultRow,
     RouteTotals,
     ShardRow,
-    Store,
     StoredDeadLetter,
     StoredResult,
+)
+from batchline.store.ports import (
+    PlannerStore,
+    PlanWriter,
+    PublisherStore,
+    ReaderStore,
+    Store,
+    WorkerStore,
 )
 
 DEFAULT_URL = "sqlite:///batchline.db"
 
 __all__ = [
     "DEFAULT_URL", "ChargeResult", "DeadLetterRow", "DuplicateRecord", "Event", "JobInfo", "JobStatus",
-    "Lease", "LeaseLost", "PlannedRecord", "PlannedShard", "ResultRow", "RouteTotals", "ShardRow", "Store",
-    "StoredDeadLetter",
-    "StoredResult", "default_url", "open_store",
+    "Lease", "LeaseLost", "PlanWriter", "PlannedRecord", "PlannedShard", "PlannerStore", "PublisherStore",
+    "ReaderStore", "ResultRow", "RouteTotals", "ShardRow", "Store", "StoredDeadLetter", "StoredResult",
+    "WorkerStore", "default_url", "open_store",
 ]
 
 

@@ -31,6 +31,8 @@ Layout and why:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # (version, description, SQL). Applied in order under an advisory lock, each in
 # the transaction that records it; an applied entry is never edited.
 MIGRATIONS: list[tuple[int, str, str]] = [
@@ -183,6 +185,30 @@ ALTER TABLE shards ADD COLUMN batch jsonb;
 ALTER TABLE shards ADD COLUMN poll_at float8;
 ALTER TABLE results ADD COLUMN model text;
 """),
+    # Route totals and tokens read from the shards alone, so status costs the same at
+    # any size; the claimer's process, so that a take-back can prove its death; and
+    # published views in a schema of their own, apart from the store's tables.
+    (5, "per-shard token and carried counters, the owner's process, a schema for published views", """
+ALTER TABLE shards ADD COLUMN carried int NOT NULL DEFAULT 0;
+ALTER TABLE shards ADD COLUMN input_tokens bigint NOT NULL DEFAULT 0;
+ALTER TABLE shards ADD COLUMN output_tokens bigint NOT NULL DEFAULT 0;
+ALTER TABLE shards ADD COLUMN owner_process jsonb;
+UPDATE shards s SET carried = c.carried, input_tokens = c.tin, output_tokens = c.tout
+FROM (SELECT version, shard_no, count(*) FILTER (WHERE origin IS NOT NULL) AS carried,
+             COALESCE(sum(input_tokens) FILTER (WHERE origin IS NULL), 0) AS tin,
+             COALESCE(sum(output_tokens) FILTER (WHERE origin IS NULL), 0) AS tout
+      FROM results GROUP BY version, shard_no) c
+WHERE s.version = c.version AND s.shard_no = c.shard_no;
+CREATE SCHEMA IF NOT EXISTS published;
+DO $$
+DECLARE n text;
+BEGIN
+    FOR n IN SELECT p.name FROM pointers p
+             JOIN pg_views v ON v.viewname = p.name AND v.schemaname = current_schema() LOOP
+        EXECUTE format('ALTER VIEW %I SET SCHEMA published', n);
+    END LOOP;
+END $$;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -202,52 +228,110 @@ CURRENT_SCHEMA = "SELECT COALESCE(max(version), 0) FROM schema_migrations"
 
 # Tables split by version; each version gets one partition of each when planned.
 PARTITIONED = ("records", "results", "dead_letters")
-# Only a version still in 'planning' is ever deleted whole: it never existed for
-# anyone, so its rows and its events go.
-PER_VERSION = ("shards", "attempts", "events", "jobs")
+# Where the views named after published jobs live: never among the store's tables.
+PUBLISHED_SCHEMA = "published"
+
+
+# --- what a worker may do ------------------------------------------------------------------
+#
+# Every statement a worker runs is declared here with the access it needs, beside
+# its text; `batchline grants` gives the worker role exactly the union of these
+# (and row-level security keeps it to its version's rows), so a statement that
+# writes a new column cannot run under the role until its declaration says so.
+
+
+@dataclass(frozen=True)
+class Access:
+    table: str
+    privilege: str  # SELECT | INSERT | UPDATE
+    columns: tuple[str, ...] = ()
+
+
+class WorkerStatement(str):
+    """A statement a worker runs, carrying the table access it needs."""
+
+    access: tuple[Access, ...]
+
+    def __new__(cls, text: str, *access: Access) -> WorkerStatement:
+        statement = super().__new__(cls, text)
+        statement.access = access
+        return statement
+
+
+def reads(*tables: str) -> tuple[Access, ...]:
+    return tuple(Access(t, "SELECT") for t in tables)
+
+
+def inserts(table: str) -> Access:
+    return Access(table, "INSERT")
+
+
+def updates(table: str, *columns: str) -> Access:
+    return Access(table, "UPDATE", columns)
+
+
+def worker_statements() -> dict[str, WorkerStatement]:
+    return {name: value for name, value in globals().items() if isinstance(value, WorkerStatement)}
+
 
 OPEN_STATES = "('ready', 'leased', 'submitted')"
 FENCE = ("version = %(v)s AND shard_no = %(s)s AND owner = %(w)s AND epoch = %(e)s "
          "AND state = 'leased'")
+ROUTES = "(%(routes)s::text[] IS NULL OR s.route = ANY(%(routes)s::text[]))"
 
 # --- clock -------------------------------------------------------------------------
 
-NOW = "SELECT batchline_now()"
-SHIFT_CLOCK = "UPDATE clock SET offset_s = offset_s + %s WHERE id = 1"
+NOW = WorkerStatement("SELECT batchline_now()", *reads("clock"))
+SHIFT_CLOCK = "UPDATE clock SET offset_s = offset_s + %(seconds)s WHERE id = 1"
 
 # --- events ------------------------------------------------------------------------
 
-INSERT_EVENT = ("INSERT INTO events (version, ts, kind, worker, shard_no, epoch, detail, op) "
-                "VALUES (%s, batchline_now(), %s, %s, %s, %s, %s, %s)")
-EVENTS_BY_OP = "SELECT kind, version, shard_no, epoch, detail FROM events WHERE op = %s ORDER BY id"
-EVENTS = "SELECT id, version, ts, kind, worker, shard_no, epoch, detail FROM events"
+INSERT_EVENT = WorkerStatement(
+    "INSERT INTO events (version, ts, kind, worker, shard_no, epoch, detail, op) "
+    "VALUES (%(v)s, batchline_now(), %(kind)s, %(w)s, %(s)s, %(e)s, %(detail)s, %(op)s)",
+    inserts("events"), *reads("clock"))
+# Events are read back only to learn whether a write retried after a lost connection committed.
+EVENTS_BY_OP = WorkerStatement(
+    "SELECT kind, version, shard_no, epoch, detail FROM events WHERE op = %(op)s ORDER BY id", *reads("events"))
+_EVENT_COLUMNS = "SELECT id, version, ts, kind, worker, shard_no, epoch, detail FROM events"
+_KINDS = "(%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))"
+EVENTS = f"{_EVENT_COLUMNS} WHERE version = %(v)s AND {_KINDS} ORDER BY id"
+ALL_EVENTS = f"{_EVENT_COLUMNS} WHERE {_KINDS} ORDER BY id"
 
 # --- jobs and planning ----------------------------------------------------------------
 
-JOB_COLUMNS = "version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count"
-JOB = f"SELECT {JOB_COLUMNS} FROM jobs WHERE version = %s"
-JOBS = f"SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'sealed') ORDER BY created_at"
-PLAN_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
-JOB_STATE_FOR_UPDATE = "SELECT state FROM jobs WHERE version = %s FOR UPDATE"
+_JOB_COLUMNS = "version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count"
+JOB = WorkerStatement(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE version = %(v)s", *reads("jobs"))
+JOBS = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'sealed') ORDER BY created_at"
+PLAN_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))"
+JOB_STATE_FOR_UPDATE = "SELECT state FROM jobs WHERE version = %(v)s FOR UPDATE"
 INSERT_JOB = ("INSERT INTO jobs (version, name, state, spec, plan_token, created_at) "
-              "VALUES (%s, %s, 'planning', %s, %s, batchline_now())")
-PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = %s AND state = 'planning' FOR SHARE"
-PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = %s FOR UPDATE"
+              "VALUES (%(v)s, %(name)s, 'planning', %(spec)s, %(token)s, batchline_now())")
+DELETE_PLANNING = tuple(f"DELETE FROM {table} WHERE version = %(v)s" for table in (
+    *PARTITIONED, "shards", "attempts", "events", "jobs"))
+PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = %(v)s AND state = 'planning' FOR SHARE"
+PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = %(v)s FOR UPDATE"
 INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route) "
-                "VALUES (%s, %s, %s, %s, 'ready', %s)")
+                "VALUES (%(v)s, %(s)s, %(slice)s, %(n)s, 'ready', %(route)s)")
 COPY_RECORDS = "COPY records (version, record_id, shard_no, content_hash) FROM STDIN"
-RECORD_SHARD = "SELECT shard_no FROM records WHERE version = %s AND record_id = ANY(%s) LIMIT 1"
-PLAN_DEAD_LETTERS = """
+RECORD_SHARD = "SELECT shard_no FROM records WHERE version = %(v)s AND record_id = %(r)s"
+PLAN_DEAD_LETTER = """
 INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, created_at)
-SELECT %(v)s, u.record_id, %(s)s, u.kind, u.error, u.acl, 0, batchline_now()
-FROM unnest(%(ids)s::text[], %(kinds)s::text[], %(errors)s::text[], %(acls)s::text[])
-     AS u(record_id, kind, error, acl)"""
-BUMP_DEAD = "UPDATE shards SET dead_count = dead_count + %s WHERE version = %s AND shard_no = %s"
-COMMIT_PLAN = ("UPDATE jobs SET state = 'ready', record_count = %s, shard_count = %s, plan_token = NULL "
-               "WHERE version = %s")
-SEAL_IF_NOTHING_OPEN = f"""
+VALUES (%(v)s, %(r)s, %(s)s, %(kind)s, %(error)s, %(acl)s, 0, batchline_now())"""
+BUMP_DEAD = "UPDATE shards SET dead_count = dead_count + %(n)s WHERE version = %(v)s AND shard_no = %(s)s"
+COMMIT_PLAN = ("UPDATE jobs SET state = 'ready', record_count = %(records)s, shard_count = %(shards)s, "
+               "plan_token = NULL WHERE version = %(v)s")
+# Sealing is the one change a worker makes to its job: the completion of the last shard.
+SEAL = WorkerStatement(f"""
 UPDATE jobs SET state = 'sealed', sealed_at = batchline_now()
-WHERE version = %(v)s AND NOT EXISTS (SELECT 1 FROM shards WHERE version = %(v)s AND state IN {OPEN_STATES})"""
+WHERE version = %(v)s AND state = 'ready'
+  AND NOT EXISTS (SELECT 1 FROM shards WHERE version = %(v)s AND state IN {OPEN_STATES})
+RETURNING version""", updates("jobs", "state", "sealed_at"), *reads("jobs", "shards", "clock"))
+# Completions of one version take the job's row lock only at the end, so the one
+# that finishes the last open shard sees (in SEAL's fresh snapshot, after the
+# lock) every other completion committed, and seals exactly once.
+LOCK_JOB = WorkerStatement("SELECT 1 FROM jobs WHERE version = %(v)s FOR NO KEY UPDATE",
+                           updates("jobs", "state", "sealed_at"), *reads("jobs"))
 
 # An incremental plan refers to the base version's results for records whose id
 # and content hash are unchanged; the payload stays in the row that computed it.
@@ -262,7 +346,7 @@ JOIN results b ON b.version = %(base)s AND b.record_id = n.record_id
 WHERE n.version = %(v)s"""
 # One pass over the carried rows, not one per shard.
 CARRY_COUNTS = """
-UPDATE shards s SET results_count = s.results_count + c.n
+UPDATE shards s SET results_count = s.results_count + c.n, carried = s.carried + c.n
 FROM (SELECT shard_no, count(*) AS n FROM results WHERE version = %(v)s AND origin IS NOT NULL
       GROUP BY shard_no) c
 WHERE s.version = %(v)s AND s.shard_no = c.shard_no"""
@@ -272,114 +356,82 @@ CARRY_DONE = ("UPDATE shards SET state = 'done', done_at = batchline_now() WHERE
 
 # --- leases --------------------------------------------------------------------------
 
-READY_JOBS = "SELECT version, lease_seconds FROM jobs WHERE state = 'ready' ORDER BY created_at"
-OPEN_VERSIONS = f"""
+READY_JOBS = WorkerStatement("SELECT version FROM jobs WHERE state = 'ready' ORDER BY created_at", *reads("jobs"))
+OPEN_VERSIONS = WorkerStatement(f"""
 SELECT j.version FROM jobs j
 WHERE j.state = 'ready'
   AND EXISTS (SELECT 1 FROM shards s WHERE s.version = j.version AND s.state IN {OPEN_STATES})
-ORDER BY j.created_at"""
+ORDER BY j.created_at""", *reads("jobs", "shards"))
 
 # The lowest shard that is ready or whose lease has expired, skipping rows other
 # claimers hold locked right now: they are being granted, and waiting on them
 # would make claimers queue on each other.
-PICK_SHARD = """
-SELECT s.shard_no, s.state, s.owner, s.epoch, s.slice, s.record_count, batchline_now(), j.lease_seconds,
-       s.route, s.batch
+PICK_SHARD = WorkerStatement(f"""
+SELECT s.shard_no, s.state, s.owner, s.epoch, s.slice, s.record_count, s.route, s.batch, batchline_now(),
+       j.lease_seconds
 FROM shards s JOIN jobs j ON j.version = s.version
 WHERE s.version = %(v)s AND j.state = 'ready' AND s.state IN ('ready', 'leased', 'submitted')
   AND (s.state = 'ready' OR (s.state = 'leased' AND s.lease_expires <= batchline_now())
        OR (s.state = 'submitted' AND s.poll_at <= batchline_now()))
-  AND (%(routes)s::text[] IS NULL OR s.route = ANY(%(routes)s::text[]))
+  AND {ROUTES}
 ORDER BY s.shard_no
 LIMIT 1
-FOR UPDATE OF s SKIP LOCKED"""
-
-# The grant and its events in one statement (the shard's row is locked since
-# PICK_SHARD, so the new epoch is the old one plus one).
-GRANT_SHARD = """
-WITH granted AS (
-    UPDATE shards SET state = 'leased', owner = %(w)s, epoch = epoch + 1,
-                      lease_expires = %(now)s + %(lease)s, claims = claims + 1
-    WHERE version = %(v)s AND shard_no = %(s)s
-    RETURNING epoch, lease_expires
-), logged AS (
-    INSERT INTO events (version, ts, kind, worker, shard_no, epoch, detail, op)
-    SELECT %(v)s, batchline_now(), e.kind, e.worker, %(s)s, e.epoch, e.detail, %(op)s
-    FROM granted,
-         (VALUES (1, 'lease_expired', %(old_owner)s::text, %(old_epoch)s::bigint, %(expired)s::jsonb),
-                 (2, 'claim', %(w)s::text, %(old_epoch)s::bigint + 1, '{}'::jsonb))
-         AS e(ord, kind, worker, epoch, detail)
-    WHERE e.ord = 2 OR %(expired)s::jsonb IS NOT NULL
-    ORDER BY e.ord
-)
-SELECT epoch, lease_expires FROM granted"""
-
-LEASE_BY_CLAIM = ("SELECT slice, record_count, lease_expires, owner, epoch, route, batch FROM shards "
-                  "WHERE version = %s AND shard_no = %s")
-
-RENEW = """
+FOR UPDATE OF s SKIP LOCKED""", *reads("shards", "jobs", "clock"))
+GRANT_SHARD = WorkerStatement("""
+UPDATE shards SET state = 'leased', owner = %(w)s, epoch = epoch + 1, lease_expires = %(expires)s,
+                  claims = claims + 1, owner_process = %(process)s
+WHERE version = %(v)s AND shard_no = %(s)s
+RETURNING epoch, lease_expires""",
+    updates("shards", "state", "owner", "epoch", "lease_expires", "claims", "owner_process"), *reads("shards"))
+LEASE_BY_CLAIM = WorkerStatement(
+    "SELECT slice, record_count, lease_expires, route, batch FROM shards WHERE version = %(v)s AND shard_no = %(s)s",
+    *reads("shards"))
+RENEW = WorkerStatement("""
 UPDATE shards s SET lease_expires = batchline_now() + j.lease_seconds
 FROM jobs j
 WHERE j.version = s.version AND s.version = %(v)s AND s.shard_no = %(s)s AND s.owner = %(w)s
   AND s.epoch = %(e)s AND s.state = 'leased'
-RETURNING s.lease_expires"""
-
+RETURNING s.lease_expires""", updates("shards", "lease_expires"), *reads("shards", "jobs", "clock"))
 # A batch already at the provider is not given up with the lease: the shard
 # waits there for the next poller, who must not submit it again.
-RELEASE = f"""
+RELEASE = WorkerStatement(f"""
 UPDATE shards SET state = CASE WHEN batch ->> 'batch_id' IS NOT NULL THEN 'submitted' ELSE 'ready' END,
                   owner = NULL, lease_expires = NULL, poll_at = batchline_now()
-WHERE {FENCE}"""
-SET_BATCH = f"UPDATE shards SET batch = %(batch)s WHERE {FENCE}"
-SHARD_FOR_AWAIT = ("SELECT state, owner, epoch, batch FROM shards WHERE version = %s AND shard_no = %s "
-                   "FOR NO KEY UPDATE")
-AWAIT_PROVIDER = f"""
+WHERE {FENCE}""", updates("shards", "state", "owner", "lease_expires", "poll_at"), *reads("shards", "clock"))
+SET_BATCH = WorkerStatement(f"UPDATE shards SET batch = %(batch)s WHERE {FENCE}",
+                            updates("shards", "batch"), *reads("shards"))
+SHARD_FOR_AWAIT = WorkerStatement(
+    "SELECT state, owner, epoch, batch FROM shards WHERE version = %(v)s AND shard_no = %(s)s FOR NO KEY UPDATE",
+    updates("shards", "state"), *reads("shards"))
+AWAIT_PROVIDER = WorkerStatement(f"""
 UPDATE shards SET state = 'submitted', batch = %(batch)s, lease_expires = NULL,
                   poll_at = batchline_now() + %(poll_in)s
-WHERE {FENCE}"""
-
-SHARD_FOR_COMPLETE = ("SELECT state, owner, epoch, record_count, results_count, dead_count FROM shards "
-                      "WHERE version = %s AND shard_no = %s FOR NO KEY UPDATE")
-# Completions of one version take the job's row lock only at the end, so the
-# one that finishes the last open shard sees (in SEAL's fresh snapshot, after
-# the lock) every other completion committed, and seals exactly once.
-FINISH_SHARD = f"""
-WITH finished AS (
-    UPDATE shards SET state = 'done', done_at = batchline_now(), lease_expires = NULL WHERE {FENCE}
-    RETURNING 1
-), logged AS (
-    INSERT INTO events (version, ts, kind, worker, shard_no, epoch, detail, op)
-    SELECT %(v)s, batchline_now(), 'complete', %(w)s, %(s)s, %(e)s, %(detail)s, %(op)s FROM finished
-)
-SELECT 1 FROM jobs WHERE version = %(v)s FOR NO KEY UPDATE"""
-SEAL = f"""
-WITH sealed AS (
-    UPDATE jobs SET state = 'sealed', sealed_at = batchline_now()
-    WHERE version = %(v)s AND state = 'ready'
-      AND NOT EXISTS (SELECT 1 FROM shards WHERE version = %(v)s AND state IN {OPEN_STATES})
-    RETURNING version
-)
-INSERT INTO events (version, ts, kind, worker, detail, op)
-SELECT version, batchline_now(), 'seal', %(w)s, '{{}}', %(op)s FROM sealed"""
-
-HAS_OPEN = f"""
-SELECT EXISTS (SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version
-               WHERE j.state = 'ready' AND s.state IN {OPEN_STATES}
-                 AND (%(routes)s::text[] IS NULL OR s.route = ANY(%(routes)s::text[])))"""
-HAS_OPEN_VERSION = f"""
-SELECT EXISTS (SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version
-               WHERE j.state = 'ready' AND s.version = %(v)s AND s.state IN {OPEN_STATES}
-                 AND (%(routes)s::text[] IS NULL OR s.route = ANY(%(routes)s::text[])))"""
+WHERE {FENCE}""", updates("shards", "state", "batch", "lease_expires", "poll_at"), *reads("shards", "clock"))
+SHARD_FOR_COMPLETE = WorkerStatement(
+    "SELECT state, owner, epoch, record_count, results_count, dead_count FROM shards "
+    "WHERE version = %(v)s AND shard_no = %(s)s FOR NO KEY UPDATE", updates("shards", "state"), *reads("shards"))
+FINISH_SHARD = WorkerStatement(
+    f"UPDATE shards SET state = 'done', done_at = batchline_now(), lease_expires = NULL WHERE {FENCE}",
+    updates("shards", "state", "done_at", "lease_expires"), *reads("shards", "clock"))
+_OPEN_OF_READY = (f"SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version WHERE j.state = 'ready' "
+                  f"AND s.state IN {OPEN_STATES} AND {ROUTES}")
+HAS_OPEN = WorkerStatement(f"SELECT EXISTS ({_OPEN_OF_READY})", *reads("shards", "jobs"))
+HAS_OPEN_VERSION = WorkerStatement(f"SELECT EXISTS ({_OPEN_OF_READY} AND s.version = %(v)s)",
+                                   *reads("shards", "jobs"))
 
 # --- records --------------------------------------------------------------------------
 
-ANSWERED = """
+ANSWERED = WorkerStatement("""
 SELECT record_id FROM results WHERE version = %(v)s AND record_id = ANY(%(ids)s)
 UNION ALL
-SELECT record_id FROM dead_letters WHERE version = %(v)s AND record_id = ANY(%(ids)s)"""
-ATTEMPTS = "SELECT record_id, attempts FROM attempts WHERE version = %s AND record_id = ANY(%s)"
+SELECT record_id FROM dead_letters WHERE version = %(v)s AND record_id = ANY(%(ids)s)""",
+    *reads("results", "dead_letters"))
+ATTEMPTS = WorkerStatement(
+    "SELECT record_id, attempts FROM attempts WHERE version = %(v)s AND record_id = ANY(%(ids)s)",
+    *reads("attempts"))
 
-FENCE_LOCK = f"SELECT 1 FROM shards WHERE {FENCE} FOR NO KEY UPDATE"
+FENCE_LOCK = WorkerStatement(f"SELECT 1 FROM shards WHERE {FENCE} FOR NO KEY UPDATE",
+                             updates("shards", "state"), *reads("shards"))
 
 # A put commits without waiting for its WAL flush (synchronous_commit off for
 # this transaction only): the commit that costs most per row, and the one whose
@@ -390,9 +442,13 @@ FENCE_LOCK = f"SELECT 1 FROM shards WHERE {FENCE} FOR NO KEY UPDATE"
 #
 # One round trip per flush: the fence takes the shard row's lock (so no claim
 # can take the shard over until this commits), the rows come from `source`, and
-# the shard's result count moves in the same statement.
-def _put_results(source: str) -> str:
-    return f"""
+# the shard's counters move in the same statement.
+_PUT_ACCESS = (inserts("results"), updates("shards", "state", "results_count", "input_tokens", "output_tokens"),
+               *reads("shards", "results", "dead_letters", "clock"))
+
+
+def _put_results(source: str) -> WorkerStatement:
+    return WorkerStatement(f"""
 WITH fence AS (
     SELECT batchline_now() AS now, set_config('synchronous_commit', 'off', true)
     FROM shards WHERE {FENCE} FOR NO KEY UPDATE
@@ -404,12 +460,14 @@ WITH fence AS (
     FROM fence, {source}
     WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = %(v)s AND d.record_id = u.record_id)
     ON CONFLICT (version, record_id) DO NOTHING
-    RETURNING 1
+    RETURNING input_tokens, output_tokens
 ), bump AS (
-    UPDATE shards SET results_count = results_count + (SELECT count(*) FROM ins)
+    UPDATE shards SET results_count = results_count + (SELECT count(*) FROM ins),
+                      input_tokens = input_tokens + (SELECT COALESCE(sum(input_tokens), 0) FROM ins),
+                      output_tokens = output_tokens + (SELECT COALESCE(sum(output_tokens), 0) FROM ins)
     WHERE version = %(v)s AND shard_no = %(s)s AND EXISTS (SELECT 1 FROM fence)
 )
-SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)"""
+SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)""", *_PUT_ACCESS)
 
 
 # The rows as arrays in parameters, for the smallest flushes.
@@ -431,7 +489,7 @@ COPY_STAGE = ("COPY put_stage (record_id, output, label, acl, attempt, input_tok
 STAGE_TYPES = ["text", "text", "text", "text", "int4", "int4", "int4", "text"]
 PUT_FROM_STAGE = _put_results("put_stage u")
 
-DEAD_LETTER = f"""
+INSERT_DEAD = WorkerStatement(f"""
 WITH fence AS (
     SELECT batchline_now() AS now FROM shards WHERE {FENCE} FOR NO KEY UPDATE
 ), ins AS (
@@ -449,68 +507,70 @@ WITH fence AS (
     UPDATE shards SET dead_count = dead_count + (SELECT count(*) FROM ins)
     WHERE version = %(v)s AND shard_no = %(s)s AND EXISTS (SELECT 1 FROM fence)
 )
-SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)"""
+SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)""",
+    inserts("dead_letters"), updates("shards", "state", "dead_count"),
+    *reads("shards", "results", "dead_letters", "clock"))
 
-IS_ANSWERED = """
+IS_ANSWERED = WorkerStatement("""
 SELECT EXISTS (SELECT 1 FROM results WHERE version = %(v)s AND record_id = %(r)s)
-    OR EXISTS (SELECT 1 FROM dead_letters WHERE version = %(v)s AND record_id = %(r)s)"""
-CHARGE = """
-INSERT INTO attempts (version, record_id, attempts, last_kind, last_error) VALUES (%s, %s, 1, %s, %s)
+    OR EXISTS (SELECT 1 FROM dead_letters WHERE version = %(v)s AND record_id = %(r)s)""",
+    *reads("results", "dead_letters"))
+CHARGE = WorkerStatement("""
+INSERT INTO attempts (version, record_id, attempts, last_kind, last_error)
+VALUES (%(v)s, %(r)s, 1, %(kind)s, %(error)s)
 ON CONFLICT (version, record_id) DO UPDATE
 SET attempts = attempts.attempts + 1, last_kind = excluded.last_kind, last_error = excluded.last_error
-RETURNING attempts"""
+RETURNING attempts""", inserts("attempts"), updates("attempts", "attempts", "last_kind", "last_error"),
+    *reads("attempts"))
 
 # --- reading ---------------------------------------------------------------------------
 
 STATUS_SHARDS = ("SELECT state, count(*), COALESCE(sum(results_count), 0), COALESCE(sum(dead_count), 0) "
-                 "FROM shards WHERE version = %s GROUP BY state")
-DEAD_BY_KIND = "SELECT kind, count(*) FROM dead_letters WHERE version = %s GROUP BY kind"
-LEASES_LOST = "SELECT count(*) FROM events WHERE version = %s AND kind = 'lease_expired'"
-RECENT = ("SELECT COALESCE(sum(record_count), 0) FROM shards WHERE version = %s AND state = 'done' "
-          "AND done_at >= %s")
+                 "FROM shards WHERE version = %(v)s GROUP BY state")
+DEAD_BY_KIND = "SELECT kind, count(*) FROM dead_letters WHERE version = %(v)s GROUP BY kind"
+LEASES_LOST = "SELECT count(*) FROM events WHERE version = %(v)s AND kind = 'lease_expired'"
+RECENT = ("SELECT COALESCE(sum(record_count), 0) FROM shards WHERE version = %(v)s AND state = 'done' "
+          "AND done_at >= %(since)s")
 SHARD_ROWS = ("SELECT shard_no, state, owner, epoch, lease_expires, claims, record_count, results_count, "
-              "dead_count, route, batch ->> 'batch_id', poll_at FROM shards WHERE version = %s ORDER BY shard_no")
+              "dead_count, route, batch ->> 'batch_id', poll_at FROM shards WHERE version = %(v)s ORDER BY shard_no")
+ROUTE_TOTALS = ("SELECT route, count(*), sum(record_count), sum(results_count), sum(carried), sum(dead_count), "
+                "sum(input_tokens), sum(output_tokens) FROM shards WHERE version = %(v)s GROUP BY route")
+TOKEN_TOTALS = "SELECT sum(input_tokens), sum(output_tokens) FROM shards WHERE version = %(v)s"
 RESULT_HISTOGRAM = """
 SELECT attempt, LEAST(GREATEST(floor((created_at - %(start)s) / %(width)s)::int, 0), %(last)s) AS bin, count(*)
 FROM results WHERE version = %(v)s AND origin IS NULL GROUP BY attempt, bin"""
-ROUTE_SHARDS = ("SELECT route, count(*), COALESCE(sum(record_count), 0), COALESCE(sum(dead_count), 0) "
-                "FROM shards WHERE version = %s GROUP BY route")
-ROUTE_RESULTS = """
-SELECT s.route, count(*), COALESCE(sum(r.input_tokens), 0), COALESCE(sum(r.output_tokens), 0)
-FROM results r JOIN shards s ON s.version = r.version AND s.shard_no = r.shard_no
-WHERE r.version = %s AND r.origin IS NULL GROUP BY s.route"""
-# A carried result's payload lives in the row of the version that computed it.
-RESULT_COLUMNS = ("r.record_id, COALESCE(r.output, o.output), r.acl, r.shard_no, r.worker, r.epoch, r.attempt, "
-                  "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin, r.model")
-RESULTS_FROM = ("FROM results r LEFT JOIN results o "
-                "ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id")
-RESULTS_PAGE = (f"SELECT {RESULT_COLUMNS} {RESULTS_FROM} WHERE r.version = %s AND r.record_id > %s "
-                f"ORDER BY r.record_id LIMIT %s")
-COMPUTED_RESULTS_PAGE = (f"SELECT {RESULT_COLUMNS} {RESULTS_FROM} WHERE r.version = %s AND r.record_id > %s "
-                         f"AND r.origin IS NULL ORDER BY r.record_id LIMIT %s")
-RESULTS_FOR = f"SELECT {RESULT_COLUMNS} {RESULTS_FROM} WHERE r.version = %s AND r.record_id = ANY(%s)"
-TOKEN_TOTALS = ("SELECT COALESCE(sum(input_tokens), 0), COALESCE(sum(output_tokens), 0) FROM results "
-                "WHERE version = %s AND origin IS NULL")
 RUN_THROUGHPUT = """
 SELECT sum((c.detail ->> 'records')::float8), sum(c.ts - k.ts)
 FROM events c
 JOIN events k ON k.version = c.version AND k.kind = 'claim' AND k.shard_no = c.shard_no AND k.epoch = c.epoch
-WHERE c.version = %s AND c.kind = 'complete'"""
+WHERE c.version = %(v)s AND c.kind = 'complete'"""
+# A carried result's payload lives in the row of the version that computed it.
+_RESULT_COLUMNS = ("r.record_id, COALESCE(r.output, o.output), r.acl, r.shard_no, r.worker, r.epoch, r.attempt, "
+                   "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin, r.model")
+_RESULTS_FROM = ("FROM results r LEFT JOIN results o "
+                 "ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id")
+RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = %(v)s AND r.record_id > %(after)s "
+                f"ORDER BY r.record_id LIMIT %(n)s")
+COMPUTED_RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = %(v)s "
+                         f"AND r.record_id > %(after)s AND r.origin IS NULL ORDER BY r.record_id LIMIT %(n)s")
+RESULTS_FOR = f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = %(v)s AND r.record_id = ANY(%(ids)s)"
 DEAD_LETTERS_PAGE = ("SELECT record_id, shard_no, kind, error, acl, attempts, worker, created_at FROM dead_letters "
-                     "WHERE version = %s AND record_id > %s ORDER BY record_id LIMIT %s")
-PLANNED_PAGE = "SELECT record_id FROM records WHERE version = %s AND record_id > %s ORDER BY record_id LIMIT %s"
-RESOLVE_NAME = "SELECT version FROM pointers WHERE name = %s"
+                     "WHERE version = %(v)s AND record_id > %(after)s ORDER BY record_id LIMIT %(n)s")
+PLANNED_PAGE = ("SELECT record_id FROM records WHERE version = %(v)s AND record_id > %(after)s "
+                "ORDER BY record_id LIMIT %(n)s")
+RESOLVE_NAME = "SELECT version FROM pointers WHERE name = %(name)s"
+LABEL_COUNTS = "SELECT label, count(*) FROM results WHERE version = %(v)s GROUP BY label"
 
 # --- validation and publication -------------------------------------------------------------
 
 ANALYZE_PARTITION = "ANALYZE {}"
-COVERAGE_SETTINGS = "SET LOCAL enable_nestloop = off; SET LOCAL work_mem = '256MB'"
-COUNT_RECORDS = "SELECT count(*) FROM records WHERE version = %s"
-COUNT_RESULTS = "SELECT count(*) FROM results WHERE version = %s"
-COUNT_DEAD = "SELECT count(*) FROM dead_letters WHERE version = %s"
-# One join per outcome table counts the outcomes whose id the snapshot has (ids
-# are unique on both sides); missing and unexpected follow from it, and the
-# anti-joins run only to list a sample when there are any.
+# Matching millions of ids is one hash join; probing an index per row (what the
+# planner picks on freshly loaded, unvacuumed partitions) visits the heap once
+# per row and takes twice as long.
+COVERAGE_SETTINGS = ("SET LOCAL enable_nestloop = off", "SET LOCAL work_mem = '256MB'")
+COUNT_RECORDS = "SELECT count(*) FROM records WHERE version = %(v)s"
+COUNT_RESULTS = "SELECT count(*) FROM results WHERE version = %(v)s"
+COUNT_DEAD = "SELECT count(*) FROM dead_letters WHERE version = %(v)s"
 COUNT_MATCHED = """
 SELECT (SELECT count(*) FROM results r JOIN records p ON p.version = r.version AND p.record_id = r.record_id
         WHERE r.version = %(v)s)
@@ -529,16 +589,15 @@ SELECT x.record_id FROM (SELECT record_id FROM results WHERE version = %(v)s
                          UNION ALL SELECT record_id FROM dead_letters WHERE version = %(v)s) x
 WHERE NOT EXISTS (SELECT 1 FROM records p WHERE p.version = %(v)s AND p.record_id = x.record_id)
 ORDER BY x.record_id LIMIT %(n)s"""
-LABEL_COUNTS = "SELECT label, count(*) FROM results WHERE version = %s GROUP BY label"
-INSERT_VALIDATION = "INSERT INTO validations (version, passed, report, ts) VALUES (%s, %s, %s, batchline_now())"
-LATEST_VALIDATION = "SELECT passed, report, ts FROM validations WHERE version = %s ORDER BY id DESC LIMIT 1"
-POINTER_FOR_UPDATE = "SELECT version FROM pointers WHERE name = %s FOR UPDATE"
+INSERT_VALIDATION = ("INSERT INTO validations (version, passed, report, ts) "
+                     "VALUES (%(v)s, %(passed)s, %(report)s, batchline_now())")
+LATEST_VALIDATION = "SELECT passed, report, ts FROM validations WHERE version = %(v)s ORDER BY id DESC LIMIT 1"
+POINTER_FOR_UPDATE = "SELECT version FROM pointers WHERE name = %(name)s FOR UPDATE"
 SET_POINTER = """
-INSERT INTO pointers (name, version, updated_at) VALUES (%s, %s, batchline_now())
+INSERT INTO pointers (name, version, updated_at) VALUES (%(name)s, %(v)s, batchline_now())
 ON CONFLICT (name) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at"""
 # The view named after the job reads through its pointer, so a reader's one
 # statement sees the whole old version or the whole new one, never a mix.
-VIEW_EXISTS = "SELECT to_regclass(%s) IS NOT NULL"
 CREATE_VIEW = """
 CREATE VIEW {view} AS
 SELECT r.record_id AS id, COALESCE(r.output, o.output) AS output, r.acl AS acl, r.label AS label,
@@ -547,19 +606,23 @@ FROM pointers p
 JOIN results r ON r.version = p.version
 LEFT JOIN results o ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id
 WHERE p.name = {name}"""
+RELATION_EXISTS = "SELECT to_regclass(%(relation)s) IS NOT NULL"
+IS_VIEW = f"SELECT EXISTS (SELECT 1 FROM pg_views WHERE schemaname = '{PUBLISHED_SCHEMA}' AND viewname = %(name)s)"
 INSERT_PUBLICATION = """
 INSERT INTO publications (name, version, previous, action, who, reason, validation, ts)
-VALUES (%s, %s, %s, %s, %s, %s, %s, batchline_now())"""
+VALUES (%(name)s, %(v)s, %(previous)s, %(action)s, %(who)s, %(reason)s, %(validation)s, batchline_now())"""
 PREVIOUS_PUBLISHED = """
-SELECT previous FROM publications WHERE name = %s AND version = %s AND action = 'publish'
+SELECT previous FROM publications WHERE name = %(name)s AND version = %(v)s AND action = 'publish'
 ORDER BY id DESC LIMIT 1"""
-IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = %s AND state = 'sealed')"
+IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = %(v)s AND state = 'sealed')"
 PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts FROM publications "
-                "WHERE name = %s ORDER BY id")
-IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = %s)"
+                "WHERE name = %(name)s ORDER BY id")
+IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = %(v)s)"
 # Rows that a later version carries stay: they hold that version's payload.
-REMOVE_RESULTS = """
-DELETE FROM results r WHERE r.version = %(v)s
-AND NOT EXISTS (SELECT 1 FROM results c WHERE c.origin = %(v)s AND c.record_id = r.record_id)"""
-REMOVE_PER_VERSION = ("shards", "records", "attempts", "dead_letters", "validations")
-MARK_REMOVED = "UPDATE jobs SET state = 'removed' WHERE version = %s"
+REMOVE_VERSION = (
+    """DELETE FROM results r WHERE r.version = %(v)s
+AND NOT EXISTS (SELECT 1 FROM results c WHERE c.origin = %(v)s AND c.record_id = r.record_id)""",
+    *(f"DELETE FROM {table} WHERE version = %(v)s" for table in (
+        "shards", "records", "attempts", "dead_letters", "validations")),
+    "UPDATE jobs SET state = 'removed' WHERE version = %(v)s",
+)

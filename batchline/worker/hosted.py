@@ -17,8 +17,8 @@ made for that intent and adopts it, so no record is submitted (or paid for) twic
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from batchline.errors import EngineFatal
 from batchline.prompt import render
@@ -33,9 +33,8 @@ from batchline.providers.base import (
 from batchline.snapshot import Record, Slice, read_slice
 from batchline.spec import ProviderSpec
 from batchline.store import DeadLetterRow, Lease, LeaseLost, ResultRow
-
-if TYPE_CHECKING:
-    from batchline.worker.supervisor import Worker, _Job
+from batchline.store.core import chunks
+from batchline.worker.shard import ShardContext
 
 # Backoff for a provider that refuses or cannot be reached, doubled per failure in a row.
 PROVIDER_RETRY_SECONDS = 30.0
@@ -45,21 +44,28 @@ EXPIRED_KIND = "provider_expired"
 
 
 class HostedShardRun:
-    def __init__(self, worker: Worker, lease: Lease, job: _Job, provider: BatchProvider,
-                 spec: ProviderSpec) -> None:
-        self.w = worker
-        self.store = worker.store
-        self.lease = lease
-        self.job = job
+    def __init__(self, ctx: ShardContext, provider: BatchProvider, spec: ProviderSpec,
+                 announce: Callable[[str, ProviderSpec], None]) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        self.job = ctx.job
         self.provider = provider
         self.spec = spec
-        self._last_renew = time.monotonic()
+        self.announce = announce
+
+    @property
+    def lease(self) -> Lease:
+        return self.ctx.lease
+
+    @lease.setter
+    def lease(self, value: Lease) -> None:
+        self.ctx.lease = value
 
     def run(self) -> str:
         try:
             return self._run()
         except LeaseLost as exc:
-            self.w.lease_lost(exc)
+            self.ctx.lost(exc)
             return "lost"
 
     def _run(self) -> str:
@@ -70,7 +76,7 @@ class HostedShardRun:
         while True:
             batch = self.lease.batch
             if batch is not None and batch.get("batch_id"):
-                if self.w.stop.is_set():
+                if self.ctx.stopping:
                     self.store.release(self.lease, "stop")  # the batch stays at the provider, and on record
                     return "stopped"
                 outcome = self._poll(SubmittedBatch.from_json(batch), by_id, to_record)
@@ -82,7 +88,7 @@ class HostedShardRun:
             if not pending:
                 self.store.complete(self.lease)
                 return "done"
-            if self.w.stop.is_set():
+            if self.ctx.stopping:
                 self.store.release(self.lease, "stop")
                 return "stopped"
             outcome = self._submit(pending, to_custom, batch)
@@ -100,10 +106,10 @@ class HostedShardRun:
                 return self._provider_failed(intent, exc, "find")
             if adopted is not None:
                 self.store.await_provider(self.lease, {**adopted.to_json(), "expired": intent.get("expired", {})}, 0.0)
-                self.w.log(f"shard {self.lease.shard_no}: adopted batch {adopted.batch_id}, submitted before a "
+                self.ctx.log(f"shard {self.lease.shard_no}: adopted batch {adopted.batch_id}, submitted before a "
                            f"worker stopped; not submitting again")
                 return "adopted"
-        self.w.announce_retention(self.lease.version, self.spec)
+        self.announce(self.lease.version, self.spec)
         tag = f"{self.lease.version}/{self.lease.shard_no}/{self.lease.epoch}"
         intent = {"state": "submitting", "tag": tag, "request_count": len(pending), "since": time.time(),
                   "failures": int((intent or {}).get("failures", 0)), "expired": (intent or {}).get("expired", {})}
@@ -120,7 +126,7 @@ class HostedShardRun:
             return self._provider_failed(intent, exc, "submit")
         record = {**submitted.to_json(), "submitted_at": self.store.now(), "expired": intent["expired"]}
         self.store.await_provider(self.lease, record, self.spec.poll_seconds)
-        self.w.log(f"shard {self.lease.shard_no}: submitted {len(requests)} records to {self.spec.route} as batch "
+        self.ctx.log(f"shard {self.lease.shard_no}: submitted {len(requests)} records to {self.spec.route} as batch "
                    f"{submitted.batch_id}")
         return "submitted"
 
@@ -133,16 +139,14 @@ class HostedShardRun:
     def _refused(self, pending: list[Record], exc: ProviderError, intent: dict[str, Any]) -> str:
         """The provider refused the batch as a whole: each record in it is charged an
         attempt, so a batch it will never take ends in dead letters instead of a loop."""
-        self.store.log_event("provider_error", version=self.lease.version, worker=self.w.worker_id,
-                             shard_no=self.lease.shard_no, epoch=self.lease.epoch,
-                             detail={"route": self.spec.route, "during": "submit", "error": str(exc)[:500],
-                                     "refused": True, "records": len(pending)})
+        self.ctx.event("provider_error", {"route": self.spec.route, "during": "submit", "error": str(exc)[:500],
+                                          "refused": True, "records": len(pending)})
         for record in pending:
-            self._charge(record, ERROR_KIND, f"{self.spec.route}: batch refused: {exc}")
-            self._renew()
+            self.ctx.charge(record, ERROR_KIND, f"{self.spec.route}: batch refused: {exc}")
+            self.ctx.renew_if_due()
         expired = intent.get("expired") or {}
         self.lease = self.store.set_batch(self.lease, {"expired": expired} if expired else None)
-        self.w.log(f"shard {self.lease.shard_no}: {self.spec.route} refused the batch ({exc}); "
+        self.ctx.log(f"shard {self.lease.shard_no}: {self.spec.route} refused the batch ({exc}); "
                    f"{len(pending)} records charged an attempt")
         return "refused"
 
@@ -150,12 +154,10 @@ class HostedShardRun:
         self._fatal(exc)
         failures = int(intent.get("failures", 0)) + 1
         wait = min(PROVIDER_RETRY_SECONDS * 2 ** (failures - 1), PROVIDER_RETRY_MAX_SECONDS)
-        self.store.log_event("provider_error", version=self.lease.version, worker=self.w.worker_id,
-                             shard_no=self.lease.shard_no, epoch=self.lease.epoch,
-                             detail={"route": self.spec.route, "during": during, "error": str(exc)[:500],
-                                     "retry_in": wait})
+        self.ctx.event("provider_error", {"route": self.spec.route, "during": during, "error": str(exc)[:500],
+                                          "retry_in": wait})
         self.store.await_provider(self.lease, {**intent, "failures": failures, "error": str(exc)[:500]}, wait)
-        self.w.log(f"shard {self.lease.shard_no}: {self.spec.route} {during} failed ({exc}); retrying in {wait:.0f}s")
+        self.ctx.log(f"shard {self.lease.shard_no}: {self.spec.route} {during} failed ({exc}); retrying in {wait:.0f}s")
         return "provider_error"
 
     # -- polling and collecting --
@@ -179,7 +181,7 @@ class HostedShardRun:
         """Parks the shard with its batch until the next poll, holding no lease."""
         self.store.await_provider(self.lease, self.lease.batch or batch.to_json(), self.spec.poll_seconds)
         if problem:
-            self.w.log(f"shard {self.lease.shard_no}: {problem}; trying again at the next poll")
+            self.ctx.log(f"shard {self.lease.shard_no}: {problem}; trying again at the next poll")
         return "waiting"
 
     def _fatal(self, exc: ProviderError) -> ProviderError:
@@ -218,7 +220,7 @@ class HostedShardRun:
             if chosen is not None:
                 canonical, answer = chosen
                 results.append(ResultRow(record_id, canonical, record.acl, attempts.get(record_id, 0) + 1,
-                                         answer.input_tokens, answer.output_tokens, self.w.label(self.job, canonical),
+                                         answer.input_tokens, answer.output_tokens, self.job.label(canonical),
                                          answer.model or self.spec.model))
             elif problem is not None:
                 failed.append((record, "invalid_output", problem))
@@ -250,36 +252,25 @@ class HostedShardRun:
             sent = [by_id[r] for r in to_record.values() if r in by_id and r not in answered]
             failed.extend((r, ERROR_KIND, f"{self.spec.route}: batch {batch.batch_id} {status}: {batch_error}")
                           for r in sent)
-        for chunk in _chunks(results, 500):
-            new = self.store.put_results(self.lease, chunk)
-            counts["results"] += new
-            self.w.telemetry.outcome("result", new)
-            self._renew()
+        for chunk in chunks(results, 500):
+            counts["results"] += self.ctx.put(chunk)
+            self.ctx.renew_if_due()
         for record, kind, error in failed:
-            self._charge(record, kind, error)
+            self.ctx.charge(record, kind, error)
             counts["errors"] += 1
-            self._renew()
+            self.ctx.renew_if_due()
         if given_up:
-            self.store.dead_letter(self.lease, given_up)
-            self.w.telemetry.outcome("dead_letter", len(given_up))
+            self.ctx.dead_letter(given_up)
             counts["given_up"] = len(given_up)
-        self.store.log_event("provider_collected", version=version, worker=self.w.worker_id,
-                             shard_no=self.lease.shard_no, epoch=self.lease.epoch,
-                             detail={"route": self.spec.route, "batch_id": batch.batch_id, "status": status,
-                                     **counts})
-        self.w.log(f"shard {self.lease.shard_no}: batch {batch.batch_id} {status}: {counts['results']} results, "
+        self.ctx.event("provider_collected", {"route": self.spec.route, "batch_id": batch.batch_id,
+                                              "status": status, **counts})
+        self.ctx.log(f"shard {self.lease.shard_no}: batch {batch.batch_id} {status}: {counts['results']} results, "
                    f"{counts['errors']} errors, {counts['expired']} to send again"
                    + (f", {counts['duplicates']} duplicate answers ignored" if counts["duplicates"] else "")
                    + (f", {unknown} answers for ids not in the shard ignored" if unknown else "")
                    + (f", {len(given_up)} given up after expiring in {self.job.spec.shards.max_attempts} batches"
                       if given_up else ""))
         return expired
-
-    def _charge(self, record: Record, kind: str, error: str) -> None:
-        outcome = self.store.charge_attempt(self.lease, record.id, kind, error, record.acl,
-                                            self.job.spec.shards.max_attempts)
-        if outcome.attempts:
-            self.w.telemetry.outcome("dead_letter" if outcome.dead_lettered else "retry")
 
     def _first_valid(self, oks: list[BatchAnswer]) -> tuple[tuple[str, BatchAnswer] | None, str | None]:
         """The first answer that passes the schema; a provider that answered one id twice
@@ -291,18 +282,3 @@ class HostedShardRun:
                 return (canonical, answer), None
             problem = problem or why or "invalid output"
         return None, problem
-
-    def _renew(self) -> None:
-        if time.monotonic() - self._last_renew < self.job.spec.shards.renew_seconds:
-            return
-        renewed = self.store.renew(self.lease)
-        if renewed is None:
-            raise LeaseLost(f"lease on shard {self.lease.shard_no} of {self.lease.version} lost at renewal", "renew")
-        self.lease = renewed
-        self._last_renew = time.monotonic()
-
-
-def _chunks(rows: list[ResultRow], size: int) -> Iterator[list[ResultRow]]:
-    for i in range(0, len(rows), size):
-        yield rows[i:i + size]
-

@@ -22,6 +22,7 @@ from batchline.planner import plan
 from batchline.report import collect, write_report
 from batchline.spec import load_spec
 from batchline.store import Store
+from batchline.telemetry import WorkerTelemetry
 from batchline.worker.supervisor import Worker
 from tests.fakes.provider_servers import anthropic_batch_server, openai_batch_server
 from tests.helpers import check_invariants, start_worker, stop_all, wait_for
@@ -305,3 +306,38 @@ def test_a_record_the_provider_lets_expire_batch_after_batch_is_given_up_on(
     assert letter.kind == "provider_expired" and "2 batches in a row" in letter.error
     assert sent_ids(provider).count("r005") == 2  # max_attempts batches, and no more
     assert not store.attempts(version, ["r005"])  # never charged: the provider's delay, not the record's fault
+
+
+class _Renewals(WorkerTelemetry):
+    def __init__(self) -> None:
+        self.renewed_ok = 0
+
+    def renewed(self, ok: bool) -> None:
+        self.renewed_ok += ok
+
+
+class _FastClock:
+    """A monotonic clock that moves a minute per reading: every renewal check is due."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def monotonic(self) -> float:
+        self.t += 60.0
+        return self.t
+
+
+def test_a_hosted_shard_reports_its_renewals(job_factory: Any, store: Store, provider: Any,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: the hosted run renewed through its own copy of renew, which never told the
+    # worker's telemetry, so hosted renewals were missing from the renewal metric.
+    import batchline.worker.shard as shard
+
+    monkeypatch.setattr(shard, "time", _FastClock())
+    spec = load_spec(job(job_factory, provider, classed(10)))
+    version = plan(spec, store).version
+    provider.error_ids = {"r001", "r004"}
+    telemetry = _Renewals()
+    assert Worker(store, version=version, poll_seconds=0.02, telemetry=telemetry).run() == 0
+    check_invariants(store, version, spec)
+    assert telemetry.renewed_ok >= 2  # one per charged error at least, each due on this clock

@@ -215,7 +215,7 @@ def test_an_input_changed_after_planning_is_refused_by_the_worker(
         job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
     spec_path = job_factory(n=100)
     spec, version = planned(spec_path, store)
-    path = spec.input.paths[0]
+    path = Path(spec.input.locations[0])
     data = path.read_bytes()
     path.write_bytes(data.replace(b"record number 3 ", b"record number X "))
     log = tmp_path / "w.log"

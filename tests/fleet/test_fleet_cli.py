@@ -44,6 +44,6 @@ def test_launch_refuses_a_version_the_store_does_not_have(store_url: str, store:
         run(["launch", "ray", "--store", store_url, "--job", "nope@1"])
 
 
-def test_grants_refuses_a_sqlite_store(store_url: str, store: Store) -> None:
+def test_grants_refuses_a_sqlite_store(tmp_path: Path) -> None:
     with pytest.raises(BatchlineError, match="needs a PostgreSQL store"):
-        run(["grants", "v@1", "--store", store_url, "--dry-run"])
+        run(["grants", "v@1", "--store", f"sqlite:///{tmp_path / 'store.db'}", "--dry-run"])

@@ -132,7 +132,7 @@ def test_an_error_that_is_not_a_lost_connection_is_not_retried(store_url: str) -
     try:
         started = time.monotonic()
         with pytest.raises(StoreError, match="syntax"):
-            store._read("SELEKT 1")
+            store._read(lambda tx: tx.one("SELEKT 1"))
         assert time.monotonic() - started < 5
         assert store.reconnects == 0
     finally:

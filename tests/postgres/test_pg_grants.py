@@ -3,6 +3,7 @@ job version, and the database itself refuses everything else."""
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,15 @@ from batchline.grants import grant
 from batchline.publish import publish
 from batchline.store import Store
 from batchline.store.postgres import PostgresStore
-from tests.helpers import PG_ADMIN_URL, check_invariants, make_records, planned, start_worker
+from tests.helpers import (
+    PG_ADMIN_URL,
+    check_invariants,
+    make_records,
+    planned,
+    start_worker,
+    wait_for,
+)
+from tests.store.conftest import role_url
 
 pytestmark = pytest.mark.postgres
 
@@ -34,9 +43,7 @@ def role(pg_url: str) -> Iterator[str]:
         conn.execute(f'DROP ROLE IF EXISTS "{name}"')
 
 
-def as_role(url: str, role: str) -> str:
-    # Trust authentication on the test server: the user name is the credential.
-    return url.replace("postgresql://postgres@", f"postgresql://{role}@")
+as_role = role_url
 
 
 def test_dry_run_prints_the_grants_and_creates_nothing(job_factory: Any, store: Store, store_url: str,
@@ -126,3 +133,44 @@ def test_a_worker_under_the_role_does_its_job_and_nothing_else(job_factory: Any,
     validate(store, mine)
     publish(store, mine, force=True, reason="one engine error, accepted in this test")
     assert store.resolve_name(spec.name) == mine
+
+
+def test_a_worker_under_the_role_gives_its_lease_back_on_sigterm(job_factory: Any, store: Store, store_url: str,
+                                                                 role: str, tmp_path: Path) -> None:
+    # Regression: the role could not write `poll_at`, which a release sets, so a worker
+    # told to stop printed `permission denied for table shards`, exited 4 instead of 75,
+    # and its shard stayed leased until the lease ran out (I5).
+    _spec, version = planned(job_factory(n=400, options={"seconds_per_record": 0.02},
+                                         shards={"size": 400, "lease_seconds": 600}), store)
+    grant(store_url, version, role=role)
+    log = tmp_path / "worker.log"
+    proc = start_worker(as_role(store_url, role), version, log)
+    wait_for(lambda: store.status(version).results >= 10, what="some results")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 75, log.read_text()[-2000:]
+    [shard] = store.shard_rows(version)
+    assert (shard.state, shard.owner) == ("ready", None)
+    assert [e.detail["reason"] for e in store.events(version, ["release"])] == ["stop"]
+    assert "permission denied" not in log.read_text()
+
+
+def test_a_hosted_route_runs_under_the_role(job_factory: Any, store: Store, store_url: str, role: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: intents, parking and polling write `batch` and `poll_at`, which the role lacked.
+    from tests.acceptance.test_hosted_routes import KEY_ENV, SERVED, classed, job
+    from tests.fakes.provider_servers import openai_batch_server
+
+    with openai_batch_server() as server:
+        monkeypatch.setenv(KEY_ENV, server.api_key)
+        server.served_model, server.api = SERVED["openai"], "openai"
+        spec, version = planned(job(job_factory, server, classed(20, cleared_every=2)), store)
+        grant(store_url, version, role=role)
+        narrow = PostgresStore(as_role(store_url, role))
+        try:
+            from batchline.worker.supervisor import Worker
+
+            assert Worker(narrow, version=version, poll_seconds=0.02).run() == 0
+        finally:
+            narrow.close()
+    check_invariants(store, version, spec)
+    assert store.route_totals(version)["hosted"].results == 10

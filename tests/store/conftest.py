@@ -1,21 +1,109 @@
-"""Backends the store contract suite runs over: each test gets an empty store."""
+"""Backends the store contract suite runs over: each test gets an empty store.
+
+`postgres-worker-role` runs every method of the worker's port (`WorkerStore`)
+as the role `batchline grants` makes for the version it names, and everything
+else (planning, reading, publishing) as the store's owner: the contract then
+proves that the narrow role can do all that a worker does.
+"""
 
 from __future__ import annotations
 
+import inspect
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
 from batchline.store import Store, open_store
-from tests.helpers import fresh_pg_database
+from batchline.store.ports import OutcomeWriter, ProviderParking, ShardLeases
+from tests.helpers import PG_ADMIN_URL, fresh_pg_database
 
-BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres),
+            pytest.param("postgres-worker-role", marks=pytest.mark.postgres)]
+
+# What a worker may call, from the port itself rather than a list kept by hand.
+WORKER_METHODS = frozenset(
+    name for port in (ShardLeases, OutcomeWriter, ProviderParking) for name in vars(port)
+    if not name.startswith("_"))
+
+
+def role_url(url: str, role: str) -> str:
+    # Trust authentication on the test server: the user name is the credential.
+    return url.replace("postgresql://postgres@", f"postgresql://{role}@")
+
+
+class WorkerRoles:
+    """Roles made by `batchline grants`, one per version, dropped when the test ends."""
+
+    def __init__(self, owner_url: str) -> None:
+        self.owner_url = owner_url
+        self.roles: dict[str, str] = {}
+
+    def url(self, version: str) -> str:
+        from batchline.grants import grant
+
+        if version not in self.roles:
+            role = f"bl_contract_{uuid.uuid4().hex[:10]}"
+            grant(self.owner_url, version, role=role)
+            self.roles[version] = role
+        return role_url(self.owner_url, self.roles[version])
+
+    def drop(self) -> None:
+        for role in self.roles.values():
+            with psycopg.connect(self.owner_url, autocommit=True) as conn:
+                conn.execute(f'DROP OWNED BY "{role}"')
+            with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+class WorkerRoleStore:
+    """The owner's store, except that worker calls go through the version's role."""
+
+    def __init__(self, owner: Store, roles: WorkerRoles) -> None:
+        self.owner = owner
+        self.roles = roles
+        self.by_version: dict[str, Store] = {}
+        self.last: str | None = None
+
+    def _worker_store(self, version: str | None) -> Store:
+        version = version or self.last
+        assert version is not None, "a worker call before any version was planned"
+        if version not in self.by_version:
+            self.by_version[version] = open_store(self.roles.url(version))
+        return self.by_version[version]
+
+    def begin_plan(self, version: str, name: str, spec: dict[str, Any]) -> Any:
+        self.last = version
+        return self.owner.begin_plan(version, name, spec)
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in WORKER_METHODS:
+            return getattr(self.owner, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            given = inspect.signature(getattr(self.owner, name)).bind(*args, **kwargs).arguments
+            version = given["lease"].version if "lease" in given else given.get("version")
+            return getattr(self._worker_store(version), name)(*args, **kwargs)
+
+        return call
+
+    def close(self) -> None:
+        for s in self.by_version.values():
+            s.close()
+        self.owner.close()
 
 
 @pytest.fixture(params=BACKENDS)
-def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def backend_url(backend_kind: str, tmp_path: Path) -> Iterator[str]:
+    if backend_kind == "sqlite":
         yield f"sqlite:///{tmp_path / 'contract.db'}"
         return
     with fresh_pg_database("bl_test") as url:
@@ -23,8 +111,19 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
 
 
 @pytest.fixture
-def backend(backend_url: str) -> Iterator[Store]:
-    s = open_store(backend_url)
+def worker_roles(backend_kind: str, backend_url: str) -> Iterator[WorkerRoles | None]:
+    if backend_kind != "postgres-worker-role":
+        yield None
+        return
+    roles = WorkerRoles(backend_url)
+    yield roles
+    roles.drop()
+
+
+@pytest.fixture
+def backend(backend_url: str, worker_roles: WorkerRoles | None) -> Iterator[Store]:
+    owner = open_store(backend_url)
+    s: Any = owner if worker_roles is None else WorkerRoleStore(owner, worker_roles)
     yield s
     s.close()
 
@@ -32,3 +131,9 @@ def backend(backend_url: str) -> Iterator[Store]:
 @pytest.fixture
 def open_backend(backend_url: str) -> Callable[[], Store]:
     return lambda: open_store(backend_url)
+
+
+@pytest.fixture
+def worker_url(backend_url: str, worker_roles: WorkerRoles | None) -> Callable[[str], str]:
+    """The URL a worker of `version` connects with: the role's, where the backend has one."""
+    return lambda version: backend_url if worker_roles is None else worker_roles.url(version)

@@ -296,11 +296,12 @@ def _claim_loop(url: str, worker: str, ids: list[list[str]], out: multiprocessin
     store.close()
 
 
-def test_concurrent_claimers_are_each_granted_a_shard_epoch_once(backend_url: str, backend: Store) -> None:
+def test_concurrent_claimers_are_each_granted_a_shard_epoch_once(worker_url: Callable[[str], str],
+                                                                backend: Store) -> None:
     ids = plan_version(backend, shards=24, per_shard=3)
     ctx = multiprocessing.get_context("spawn")
     out: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
-    procs = [ctx.Process(target=_claim_loop, args=(backend_url, f"w{i}", ids, out)) for i in range(4)]
+    procs = [ctx.Process(target=_claim_loop, args=(worker_url("job@1"), f"w{i}", ids, out)) for i in range(4)]
     for p in procs:
         p.start()
     reports = [out.get(timeout=120) for _ in procs]
@@ -362,3 +363,28 @@ def test_the_result_histogram_counts_computed_results_by_attempt_and_time(backen
     # Times before the start and after the end land in the first and last bins.
     assert sorted(backend.result_histogram("job@1", now + 100.0, 1.0, 2)) == [(1, 0, 2), (2, 0, 1)]
     assert sorted(backend.result_histogram("job@1", now - 1000.0, 1.0, 3)) == [(1, 2, 2), (2, 2, 1)]
+
+
+def test_every_refused_write_names_its_operation(backend: Store) -> None:
+    # Regression: PostgreSQL raised LeaseLost without the operation, so every refusal
+    # there was counted under `unknown` in the worker's metrics.
+    ids = plan_version(backend, shards=1)
+    old = backend.claim("w1")
+    assert old is not None
+    backend.shift_clock(LEASE + 1)
+    assert backend.claim("w2") is not None
+    refusals = {
+        "put": lambda: backend.put_results(old, [ResultRow(ids[0][0], OUT)]),
+        "charge": lambda: backend.charge_attempt(old, ids[0][0], "crash", "x", None, 3),
+        "dead_letter": lambda: backend.dead_letter(old, [DeadLetterRow(ids[0][0], "too_long", "x")]),
+        "completion": lambda: backend.complete(old),
+        "batch": lambda: backend.set_batch(old, {"state": "submitting"}),
+        "await_provider": lambda: backend.await_provider(old, {"batch_id": "b"}, 1.0),
+    }
+    for op, refused in refusals.items():
+        with pytest.raises(LeaseLost) as info:
+            refused()
+        assert info.value.op == op
+        assert f"lease on shard 0 of job@1 lost (epoch {old.epoch}); {op} refused" == str(info.value)
+    assert backend.renew(old) is None
+    assert not backend.release(old, "stop")

@@ -70,7 +70,7 @@ def test_a_valid_file_plans_one_record_per_line_keyed_by_custom_id(tmp_path: Pat
     ]
     spec = load_spec(chat_spec(tmp_path, lines))
     assert spec.prompt.text == "" and spec.prompt.version == "openai-batch"
-    records = [s.record for s in scan(spec.input.paths[0], spec.input)]
+    records = [s.record for s in scan(spec.input.locations[0], spec.input)]
     assert [r.id for r in records] == ["q-1", "q-2", "q-3"]
     assert [r.text for r in records] == ["first question", "part one\npart two", "third"]
     assert records[1].messages == (
@@ -86,7 +86,7 @@ def test_the_content_hash_covers_the_whole_conversation(tmp_path: Path) -> None:
         line["body"]["messages"].insert(0, {"role": "system", "content": system})
         (tmp_path / system).mkdir()
         spec = load_spec(chat_spec(tmp_path / system, [line]))
-        return next(scan(spec.input.paths[0], spec.input)).record.content_hash
+        return next(scan(spec.input.locations[0], spec.input)).record.content_hash
 
     assert record_hash("a") != record_hash("b")
 
@@ -143,7 +143,7 @@ def test_each_malformed_line_is_refused_with_one_line_and_nothing_is_planned(
         plan(spec, store)
     text = str(info.value)
     assert "\n" not in text
-    assert text.startswith(f"{spec.input.paths[0]}:2: "), text
+    assert text.startswith(f"{spec.input.locations[0]}:2: "), text
     assert message in text, text
     assert store.jobs() == []
 
@@ -173,7 +173,7 @@ def test_the_spec_needs_no_prompt_and_refuses_what_the_format_cannot_carry(tmp_p
 def test_the_stored_spec_reads_back_to_the_same_version(tmp_path: Path) -> None:
     # Workers and the export rebuild the spec from its stored form; it must be the same job.
     spec = load_spec(chat_spec(tmp_path, [request("a")]))
-    digest = file_digest(spec.input.paths)
+    digest = file_digest(spec.input)
     again = spec_from_store(spec.to_dict())
     assert again.version(digest) == spec.version(digest)
     assert again.input.chat_rules == spec.input.chat_rules

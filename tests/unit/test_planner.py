@@ -85,7 +85,7 @@ def test_a_changed_slice_is_refused(job_factory: Any, store: Store) -> None:
     spec = load_spec(job_factory(n=100))
     version = plan(spec, store).version
     first, second = _slices(store, version)
-    path = spec.input.paths[0]
+    path = Path(spec.input.locations[0])
     path.write_bytes(path.read_bytes().replace(b"record number 77 ", b"record number 7X "))
     assert len(read_slice(first, spec.input)) == 50
     with pytest.raises(InputError, match="input changed since planning"):

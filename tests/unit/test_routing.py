@@ -91,8 +91,8 @@ def test_a_record_whose_class_changes_is_not_carried_from_a_base(job_factory: An
     second = load_spec(job_factory(classed(["secret", "secret"]), routing=routing()))
     # r000 moved from a cleared class to a local one: its content hash (what an incremental
     # run carries results by) changes with it; r001 kept its class, and its hash.
-    h1 = {s.record.id: s.record.content_hash for s in scan(first.input.paths[0], first.input)}
-    h2 = {s.record.id: s.record.content_hash for s in scan(second.input.paths[0], second.input)}
+    h1 = {s.record.id: s.record.content_hash for s in scan(first.input.locations[0], first.input)}
+    h2 = {s.record.id: s.record.content_hash for s in scan(second.input.locations[0], second.input)}
     assert h1["r000"] != h2["r000"] and h1["r001"] == h2["r001"]
 
 

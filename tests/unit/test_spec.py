@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -136,10 +137,11 @@ def test_yaml_that_does_not_parse_is_one_line(tmp_path: Path) -> None:
 
 
 def test_a_new_engine_revision_makes_a_new_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import batchline.spec
+    from batchline import registry
 
     before = version_of(tmp_path, BASE)
-    monkeypatch.setitem(batchline.spec.ENGINE_REVISIONS, "synthetic", 2)
+    monkeypatch.setitem(registry.ENGINES, "synthetic",  # type: ignore[index]
+                        dataclasses.replace(registry.ENGINES["synthetic"], revision=2))
     assert version_of(tmp_path, BASE) != before
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -13,12 +12,12 @@ import pytest
 import yaml
 
 from batchline.engines.synthetic import synthetic_instance
-from batchline.errors import BatchlineError
+from batchline.errors import BatchlineError, StoreError
 from batchline.export import export_dataset, export_jsonl, export_parquet
 from batchline.publish import publish, rollback
 from batchline.store import Store
 from batchline.validate import population_stability, validate
-from tests.helpers import call_counts, make_records, planned, run_to_seal, write_jsonl
+from tests.helpers import Database, call_counts, make_records, planned, run_to_seal, write_jsonl
 
 
 def add_to_spec(path: Path, **top: Any) -> Path:
@@ -46,8 +45,6 @@ def checks(report: Any) -> dict[str, bool]:
     return {c.name: c.passed for c in report.checks}
 
 
-def raw(store_url: str) -> sqlite3.Connection:
-    return sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None)
 
 
 def test_a_clean_version_passes_every_check(job_factory: Any, store: Store) -> None:
@@ -61,10 +58,10 @@ def test_a_clean_version_passes_every_check(job_factory: Any, store: Store) -> N
 
 def test_coverage_is_an_anti_join_not_a_count(job_factory: Any, store: Store, store_url: str) -> None:
     _spec, version = sealed_version(job_factory, store, n=60)
-    with raw(store_url) as conn:
+    with Database(store_url) as db:
         # Same count, different ids: a count comparison would pass this.
-        conn.execute("UPDATE results SET record_id = 'ghost' WHERE version = ? AND record_id = 'r000007'",
-                     (version,))
+        db.execute("UPDATE results SET record_id = 'ghost' WHERE version = ? AND record_id = 'r000007'",
+                   (version,))
     report = validate(store, version)
     cov = report.checks[0]
     assert not cov.passed and not report.passed
@@ -75,8 +72,8 @@ def test_coverage_is_an_anti_join_not_a_count(job_factory: Any, store: Store, st
 def test_schema_check_finds_a_stored_result_that_does_not_validate(job_factory: Any, store: Store,
                                                                    store_url: str) -> None:
     _spec, version = sealed_version(job_factory, store, n=40)
-    with raw(store_url) as conn:
-        conn.execute("UPDATE results SET output = '{\"category\": \"z\"}' WHERE record_id = 'r000003'")
+    with Database(store_url) as db:
+        db.execute("UPDATE results SET output = '{\"category\": \"z\"}' WHERE record_id = 'r000003'")
     report = validate(store, version)
     assert checks(report)["schema"] is False
     assert report.checks[1].details["examples"][0].startswith("r000003: output fails the schema")
@@ -163,9 +160,9 @@ def test_publish_is_refused_without_a_passing_validation(job_factory: Any, store
     assert store.resolve_name(spec.name) == version
 
 
-def view_rows(store_url: str, name: str) -> list[tuple[str, str, Any]]:
-    with raw(store_url) as conn:
-        return conn.execute(f'SELECT id, version, acl FROM "{name}"').fetchall()
+def view_rows(store_url: str, name: str) -> list[tuple[Any, ...]]:
+    with Database(store_url) as db:
+        return db.execute(f"SELECT id, version, acl FROM {db.view(name)}")
 
 
 def test_rollback_returns_to_the_previous_version(job_factory: Any, store: Store, store_url: str) -> None:
@@ -198,7 +195,7 @@ def test_a_reader_paging_through_a_version_or_the_view_reads_one_whole_version_d
         from batchline.store import open_store
 
         mine = open_store(store_url)
-        conn = raw(store_url)
+        db = Database(store_url)
         while not stop.is_set():
             try:
                 # a dashboard: resolve once, then page through that version
@@ -208,12 +205,13 @@ def test_a_reader_paging_through_a_version_or_the_view_reads_one_whole_version_d
                 if len(pages) != sizes[version]:
                     problems.append(f"paged {len(pages)} rows of {version}")
                 # a reader of the view
-                rows = conn.execute(f'SELECT version, COUNT(*) FROM "{spec.name}" GROUP BY version').fetchall()
+                rows = db.execute(f"SELECT version, COUNT(*) FROM {db.view(spec.name)} GROUP BY version")
                 if len(rows) != 1 or rows[0][1] != sizes[rows[0][0]]:
                     problems.append(f"view showed {rows}")
             except Exception as exc:  # a reader of the view must never get an error
                 problems.append(repr(exc))
-        conn.close()
+        db.close()
+        mine.close()
 
     threads = [threading.Thread(target=reader) for _ in range(2)]
     for t in threads:
@@ -228,11 +226,11 @@ def test_a_reader_paging_through_a_version_or_the_view_reads_one_whole_version_d
 
     # The same reader against a swap done in two steps (drop the pointer, then
     # write the new one) sees a name with no version in between.
-    with raw(store_url) as conn:
-        conn.execute("DELETE FROM pointers WHERE name = ?", (spec.name,))
-        between = conn.execute(f'SELECT COUNT(*) FROM "{spec.name}"').fetchone()[0]
+    with Database(store_url) as db:
+        db.execute("DELETE FROM pointers WHERE name = ?", (spec.name,))
+        between = db.execute(f"SELECT COUNT(*) FROM {db.view(spec.name)}")[0][0]
         resolved = store.resolve_name(spec.name)
-        conn.execute("INSERT INTO pointers (name, version, updated_at) VALUES (?, ?, 0)", (spec.name, v2))
+        db.execute("INSERT INTO pointers (name, version, updated_at) VALUES (?, ?, 0)", (spec.name, v2))
     assert between == 0 and resolved is None
 
 
@@ -354,3 +352,36 @@ def test_retention_removes_old_versions_but_never_the_published_or_its_predecess
     assert store.job(versions[1]).state == "removed"  # type: ignore[union-attr]
     assert list(store.iter_results(versions[1])) == []
     assert rollback(store, "test-job") == (versions[4], versions[0])
+
+
+def test_a_job_named_like_a_store_table_never_publishes_over_it(job_factory: Any, store: Store,
+                                                                store_url: str) -> None:
+    # Regression: a job named `results` published "as results" and exited 0, but the view
+    # was never made (the store's own table had the name), so a dashboard reading
+    # `results` read every version's raw rows, unpublished ones and other ACLs included.
+    path = job_factory(n=20, name="results")
+    add_to_spec(path, output={"label_field": "category"})
+    if store_url.startswith("sqlite:///"):
+        # Views and the store's tables share SQLite's one namespace: refused at planning.
+        with pytest.raises(StoreError, match="'results' is the name of one of the store's own tables"):
+            planned(path, store)
+        assert store.jobs() == []
+        return
+    # PostgreSQL keeps published views in a schema of their own.
+    _spec, version = planned(path, store)
+    run_to_seal(store, version)
+    validate(store, version)
+    publish(store, version)
+    with Database(store_url) as db:
+        assert db.execute(f"SELECT version, count(*) FROM {db.view('results')} GROUP BY version") == [(version, 20)]
+
+
+def test_publish_fails_loudly_when_the_name_is_taken_by_something_that_is_not_its_view(
+        job_factory: Any, store: Store, store_url: str) -> None:
+    spec, version = sealed_version(job_factory, store, n=10)
+    validate(store, version)
+    with Database(store_url) as db:
+        db.execute(f"CREATE TABLE {db.view(spec.name)} (id text)")
+    with pytest.raises(StoreError, match="is not the view that reads through the pointer"):
+        publish(store, version)
+    assert store.resolve_name(spec.name) is None and store.publications(spec.name) == []

@@ -1,5 +1,4 @@
-"""`batchline run` against PostgreSQL, its workers in separate processes, then
-the reading commands, as with SQLite."""
+"""`batchline run` with its workers in separate processes, then the reading commands, on every store."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from batchline.spec import load_spec
 from batchline.store import Store
 from tests.helpers import check_invariants
 
-pytestmark = [pytest.mark.postgres, pytest.mark.acceptance]
+pytestmark = pytest.mark.acceptance
 
 
 def batchline(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:

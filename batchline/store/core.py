@@ -1,0 +1,851 @@
+"""The store's rules, written once for every backend.
+
+Each operation of the ports (`batchline.store.ports`) is written here: what it
+checks, which events it appends, what it refuses and with which words, and the
+arithmetic of status, coverage and route totals. A backend
+(`batchline.store.sqlite`, `batchline.store.postgres`) brings only its SQL (one
+module of named statements, the same names in each) and its transactions:
+
+- `_write(body, recover=...)` runs `body` in one write transaction. A backend
+  that can lose a connection after a commit (PostgreSQL) retries, and first
+  asks `recover` whether the lost try committed: every operation that is not
+  idempotent carries a token that its events record (`_marks`).
+- `_read(body, snapshot=...)` runs reads, in one snapshot when asked.
+- A few steps whose SQL differs in shape, not in rule: the fenced insert of
+  results and of dead letters, bulk planning of records, a version's own
+  partitions, statistics before coverage, and the published view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import ModuleType
+from typing import Any, Protocol, TypeVar
+
+from batchline.errors import StoreError
+from batchline.store.model import (
+    WRITE_BATCH_ROWS,
+    ChargeResult,
+    Coverage,
+    DeadLetterRow,
+    DuplicateRecord,
+    Event,
+    JobInfo,
+    JobStatus,
+    Lease,
+    LeaseLost,
+    PlannedRecord,
+    PlannedShard,
+    Publication,
+    ResultRow,
+    RouteTotals,
+    ShardRow,
+    StoredDeadLetter,
+    StoredResult,
+    ValidationRecord,
+)
+
+T = TypeVar("T")
+Row = Sequence[Any]
+Params = Mapping[str, Any]
+
+SHARD_STATES = ("ready", "leased", "done", "submitted")
+
+
+class Tx(Protocol):
+    """One transaction's statements. Parameters are named (`:v` in SQLite's SQL,
+    `%(v)s` in PostgreSQL's); the statement texts come from the backend's module."""
+
+    def one(self, stmt: str, params: Params | None = None) -> Row | None: ...
+
+    def all(self, stmt: str, params: Params | None = None) -> list[Row]: ...
+
+    def run(self, stmt: str, params: Params | None = None) -> int:
+        """Executes; returns the number of rows it changed."""
+        ...
+
+    def many(self, stmt: str, rows: Sequence[Params]) -> int:
+        """Executes once per row; returns the number of rows changed in all."""
+        ...
+
+
+class Missing:
+    """The outcome of an operation whose token is not in the event log: not applied."""
+
+
+MISSING = Missing()
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """An event written by the operation whose token it carries."""
+
+    kind: str
+    version: str | None
+    shard_no: int | None
+    epoch: int | None
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Lost:
+    """A fenced operation refused (its stale_epoch event is committed); raised after the commit."""
+
+    op: str
+
+
+class DuplicateKey(Exception):
+    """A backend's bulk insert of planned records met an id already planned."""
+
+
+# --- the rules in words ------------------------------------------------------------------
+
+def no_shard(version: str, shard_no: int) -> StoreError:
+    return StoreError(f"no shard {shard_no} in {version}")
+
+
+def unanswered(lease: Lease, missing: int) -> StoreError:
+    return StoreError(f"shard {lease.shard_no} of {lease.version} has {missing} records without an outcome; "
+                      f"not completing it")
+
+
+def taken_over(version: str) -> StoreError:
+    return StoreError(f"planning of {version} was taken over by another planner")
+
+
+# --- row mapping, written once ----------------------------------------------------------
+
+def acl_json(acl: Any) -> str | None:
+    """ACLs are stored as canonical JSON text, so equal ACLs compare equal in SQL."""
+    return None if acl is None else json.dumps(acl, sort_keys=True, separators=(",", ":"))
+
+
+def acl_value(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def stored_result(r: Row) -> StoredResult:
+    return StoredResult(r[0], r[1], acl_value(r[2]), r[3], r[4], r[5], r[6], float(r[7]), r[8], r[9], r[10],
+                        r[11], r[12])
+
+
+def stored_dead_letter(r: Row) -> StoredDeadLetter:
+    return StoredDeadLetter(r[0], r[1], r[2], r[3], acl_value(r[4]), r[5], r[6], float(r[7]))
+
+
+def chunks(rows: Sequence[T], size: int = WRITE_BATCH_ROWS) -> Iterator[Sequence[T]]:
+    for i in range(0, len(rows), size):
+        yield rows[i:i + size]
+
+
+def fence(lease: Lease) -> dict[str, Any]:
+    return {"v": lease.version, "s": lease.shard_no, "w": lease.owner, "e": lease.epoch}
+
+
+def route_totals_from(rows: Sequence[Row]) -> dict[str, RouteTotals]:
+    """Rows of (route, shards, records, results, carried, dead letters, input tokens, output tokens)."""
+    return {route: RouteTotals(records=int(records), results=int(results) - int(carried),
+                               dead_letters=int(dead), input_tokens=int(tin), output_tokens=int(tout),
+                               shards=int(shards))
+            for route, shards, records, results, carried, dead, tin, tout in rows}
+
+
+def coverage_from(counts: Sequence[int],
+                  samples: Callable[[int, int], tuple[tuple[str, ...], tuple[str, ...]]]) -> Coverage:
+    """One join per outcome table counts the outcomes whose id the snapshot has (ids are
+    unique on both sides); missing and unexpected follow from it, and the anti-joins run
+    (through `samples`) only to list some of them when there are any. `counts`: records,
+    results, dead letters, outcomes matched to a record, ids with both outcomes."""
+    records, results, dead, matched, both = counts
+    missing = records - (matched - both)
+    unexpected = results + dead - matched
+    missing_sample, unexpected_sample = samples(missing, unexpected)
+    return Coverage(records, missing, unexpected, both, missing_sample, unexpected_sample)
+
+
+class StoreCore(ABC):
+    """Every port's operation, over a backend's SQL (`q`) and transactions."""
+
+    url: str
+    q: ModuleType
+
+    # --- what a backend brings ------------------------------------------------------
+
+    @abstractmethod
+    def _write(self, body: Callable[[Tx], T], *, recover: Callable[[Tx], T | Missing] | None = None,
+               retry: bool = True) -> T:
+        """`retry=False`: after a lost connection the operation fails instead (planning)."""
+
+    @abstractmethod
+    def _read(self, body: Callable[[Tx], T], *, snapshot: bool = False) -> T: ...
+
+    @abstractmethod
+    def _json(self, value: Any) -> Any:
+        """A JSON value as a statement parameter."""
+
+    @abstractmethod
+    def _unjson(self, value: Any) -> Any:
+        """A JSON column as Python values."""
+
+    @abstractmethod
+    def _list(self, values: Sequence[Any]) -> Any:
+        """A list of values as one statement parameter."""
+
+    @abstractmethod
+    def _put(self, tx: Tx, lease: Lease, rows: Sequence[ResultRow]) -> tuple[bool, int]:
+        """Fenced put-if-absent of results, counting them (and their tokens) on the shard:
+        (whether the fence held, rows inserted)."""
+
+    @abstractmethod
+    def _insert_dead(self, tx: Tx, lease: Lease, rows: Sequence[DeadLetterRow]) -> tuple[bool, int]:
+        """Fenced insert of dead letters for ids without a result, counted on the shard."""
+
+    @abstractmethod
+    def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord]) -> None:
+        """Bulk insert of planned records; raises DuplicateKey on an id already planned."""
+
+    @abstractmethod
+    def _prepare_version(self, tx: Tx, version: str) -> None:
+        """Whatever a version needs before its first row (PostgreSQL: its partitions)."""
+
+    @abstractmethod
+    def _analyse(self, version: str) -> None:
+        """Fresh statistics before a join over the whole version, where the backend needs them."""
+
+    @abstractmethod
+    def _make_view(self, tx: Tx, name: str) -> None:
+        """Creates the view named after a job, reading through its pointer, if missing."""
+
+    @abstractmethod
+    def _is_view(self, tx: Tx, name: str) -> bool:
+        """Whether the published view of `name` exists and is a view."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def where(self) -> str:
+        """The store, as messages name it (no password)."""
+        return self.url
+
+    # --- events ----------------------------------------------------------------------
+
+    def _event(self, tx: Tx, kind: str, version: str | None, worker: str | None, shard_no: int | None,
+               epoch: int | None, detail: Mapping[str, Any] | None = None, op: uuid.UUID | None = None) -> None:
+        tx.run(self.q.INSERT_EVENT, {"v": version, "kind": kind, "w": worker, "s": shard_no, "e": epoch,
+                                     "detail": self._json(dict(detail or {})), "op": op})
+
+    def _marks(self, tx: Tx, op: uuid.UUID) -> list[_Mark]:
+        return [_Mark(r[0], r[1], r[2], r[3], self._unjson(r[4])) for r in tx.all(self.q.EVENTS_BY_OP, {"op": op})]
+
+    def _recover_marked(self, op: uuid.UUID) -> Callable[[Tx], Missing | None]:
+        """For operations whose only effect is their event: committed if the event is there."""
+        return lambda tx: None if self._marks(tx, op) else MISSING
+
+    def _recover_refusal(self, op: uuid.UUID) -> Callable[[Tx], _Lost | Missing]:
+        """For idempotent fenced writes: only a committed refusal must not be logged twice."""
+        def recover(tx: Tx) -> _Lost | Missing:
+            for mark in self._marks(tx, op):
+                if mark.kind == "stale_epoch":
+                    return _Lost(str(mark.detail.get("op", "write")))
+            return MISSING
+        return recover
+
+    def _refused(self, tx: Tx, lease: Lease, op_name: str, op: uuid.UUID,
+                 detail: Mapping[str, Any] | None = None) -> _Lost:
+        self._event(tx, "stale_epoch", lease.version, lease.owner, lease.shard_no, lease.epoch,
+                    {"op": op_name, **(detail or {})}, op)
+        return _Lost(op_name)
+
+    def log_event(self, kind: str, *, version: str | None = None, worker: str | None = None,
+                  shard_no: int | None = None, epoch: int | None = None,
+                  detail: dict[str, Any] | None = None) -> None:
+        op = uuid.uuid4()
+        self._write(lambda tx: self._event(tx, kind, version, worker, shard_no, epoch, detail, op),
+                    recover=self._recover_marked(op))
+
+    def events(self, version: str | None = None, kinds: Sequence[str] | None = None) -> list[Event]:
+        params = {"v": version, "kinds": self._list(list(kinds)) if kinds else None}
+        stmt = self.q.ALL_EVENTS if version is None else self.q.EVENTS
+        rows = self._read(lambda tx: tx.all(stmt, params))
+        return [Event(r[0], r[1], float(r[2]), r[3], r[4], r[5], r[6], self._unjson(r[7])) for r in rows]
+
+    # --- the clock ----------------------------------------------------------------------
+
+    def now(self) -> float:
+        return float(self._read(lambda tx: _scalar(tx, self.q.NOW)))
+
+    def shift_clock(self, seconds: float) -> None:
+        self._write(lambda tx: tx.run(self.q.SHIFT_CLOCK, {"seconds": seconds}) and None)
+
+    # --- jobs and planning --------------------------------------------------------------
+
+    def _job(self, row: Row) -> JobInfo:
+        return JobInfo(version=row[0], name=row[1], state=row[2], spec=self._unjson(row[3]),
+                       record_count=int(row[4]), shard_count=int(row[5]), created_at=float(row[6]),
+                       sealed_at=float(row[7]) if row[7] is not None else None, carried=int(row[8]))
+
+    def job(self, version: str) -> JobInfo | None:
+        row = self._read(lambda tx: tx.one(self.q.JOB, {"v": version}))
+        return self._job(row) if row else None
+
+    def jobs(self) -> list[JobInfo]:
+        return [self._job(r) for r in self._read(lambda tx: tx.all(self.q.JOBS))]
+
+    def _check_name(self, name: str) -> None:
+        reserved = getattr(self.q, "RESERVED_NAMES", ())
+        if name in reserved or name.startswith(getattr(self.q, "RESERVED_PREFIX", "\0")):
+            raise StoreError(f"job name {name!r} is the name of one of the store's own tables in {self.where()}, "
+                             f"where the published view would be made; rename the job")
+
+    def begin_plan(self, version: str, name: str, spec: dict[str, Any]) -> CorePlanWriter:
+        self._check_name(name)
+        token = uuid.uuid4().hex
+
+        def body(tx: Tx) -> None:
+            # Serialises planners of one version; different versions plan side by side.
+            tx.one(self.q.PLAN_LOCK, {"key": version})
+            row = tx.one(self.q.JOB_STATE_FOR_UPDATE, {"v": version})
+            if row is not None and row[0] != "planning":
+                raise StoreError(f"version {version} is already planned")
+            self._prepare_version(tx, version)
+            self._delete_version(tx, version)
+            # Key order kept as written: see spec.version_material.
+            tx.run(self.q.INSERT_JOB, {"v": version, "name": name, "spec": self._json(spec), "token": token})
+
+        self._write(body, retry=False)
+        return CorePlanWriter(self, version, token)
+
+    def _delete_version(self, tx: Tx, version: str) -> None:
+        # Only a version still in 'planning' is ever deleted whole: it never existed
+        # for anyone, so its rows and its events go.
+        for stmt in self.q.DELETE_PLANNING:
+            tx.run(stmt, {"v": version})
+
+    # --- leases ---------------------------------------------------------------------------
+
+    def claim(self, worker: str, version: str | None = None, routes: Sequence[str] | None = None,
+              *, process: dict[str, Any] | None = None) -> Lease | None:
+        op = uuid.uuid4()
+        route_list = self._list(list(routes)) if routes is not None else None
+
+        def body(tx: Tx) -> Lease | None:
+            versions = [version] if version is not None else [r[0] for r in tx.all(self.q.READY_JOBS)]
+            for v in versions:
+                row = tx.one(self.q.PICK_SHARD, {"v": v, "routes": route_list})
+                if row is not None:
+                    return self._grant(tx, v, row, worker, process, op)
+            return None
+
+        def recover(tx: Tx) -> Lease | Missing | None:
+            for mark in self._marks(tx, op):
+                if mark.kind == "claim" and mark.version is not None and mark.shard_no is not None:
+                    row = tx.one(self.q.LEASE_BY_CLAIM, {"v": mark.version, "s": mark.shard_no})
+                    assert row is not None
+                    slice_, count, expires, route, batch = row
+                    # If the lease was lost meanwhile, the first fenced write says so.
+                    return Lease(mark.version, mark.shard_no, worker, int(mark.epoch or 0), self._unjson(slice_),
+                                 int(count), float(expires or 0.0), route,
+                                 self._unjson(batch) if batch is not None else None)
+            return MISSING
+
+        return self._write(body, recover=recover)
+
+    def _grant(self, tx: Tx, version: str, row: Row, worker: str, process: dict[str, Any] | None,
+               op: uuid.UUID) -> Lease:
+        shard_no, state, old_owner, old_epoch, slice_, count, route, batch, now, lease_seconds = row
+        granted = tx.one(self.q.GRANT_SHARD, {
+            "w": worker, "expires": float(now) + float(lease_seconds), "v": version, "s": shard_no,
+            "process": self._json(process) if process is not None else None})
+        assert granted is not None
+        epoch, expires = int(granted[0]), float(granted[1])
+        if state == "leased":
+            self._event(tx, "lease_expired", version, old_owner, shard_no, old_epoch, {"reclaimed_by": worker}, op)
+        self._event(tx, "claim", version, worker, shard_no, epoch, None, op)
+        return Lease(version=version, shard_no=shard_no, owner=worker, epoch=epoch, slice=self._unjson(slice_),
+                     record_count=int(count), expires=expires, route=route,
+                     batch=self._unjson(batch) if batch is not None else None)
+
+    def renew(self, lease: Lease) -> Lease | None:
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> float | _Lost:
+            row = tx.one(self.q.RENEW, fence(lease))
+            if row is None:
+                return self._refused(tx, lease, "renew", op)
+            return float(row[0])
+
+        expires = self._write(body, recover=self._recover_refusal(op))
+        if isinstance(expires, _Lost):
+            return None
+        return replace(lease, expires=expires)
+
+    def release(self, lease: Lease, reason: str) -> bool:
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> bool:
+            # A batch already at the provider is not given up with the lease: the shard
+            # waits there for the next poller, who must not submit it again.
+            released = tx.run(self.q.RELEASE, fence(lease)) == 1
+            if released:
+                self._event(tx, "release", lease.version, lease.owner, lease.shard_no, lease.epoch,
+                            {"reason": reason}, op)
+            else:
+                self._refused(tx, lease, "release", op)
+            return released
+
+        def recover(tx: Tx) -> bool | Missing:
+            marks = self._marks(tx, op)
+            return marks[0].kind == "release" if marks else MISSING
+
+        return self._write(body, recover=recover)
+
+    def set_batch(self, lease: Lease, batch: dict[str, Any] | None) -> Lease:
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> _Lost | None:
+            changed = tx.run(self.q.SET_BATCH, {**fence(lease), "batch": self._json(batch) if batch is not None
+                                                 else None})
+            return None if changed == 1 else self._refused(tx, lease, "batch", op)
+
+        if isinstance(self._write(body, recover=self._recover_refusal(op)), _Lost):
+            raise LeaseLost.of(lease, "batch")
+        return replace(lease, batch=batch)
+
+    def await_provider(self, lease: Lease, batch: dict[str, Any], poll_in: float) -> None:
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> _Lost | None:
+            row = tx.one(self.q.SHARD_FOR_AWAIT, {"v": lease.version, "s": lease.shard_no})
+            if row is None:
+                raise no_shard(lease.version, lease.shard_no)
+            state, owner, epoch, previous_json = row
+            previous = self._unjson(previous_json) if previous_json is not None else None
+            if (owner, epoch) == (lease.owner, lease.epoch) and state == "submitted" and previous == batch:
+                return None  # a retry of the same parking
+            if tx.run(self.q.AWAIT_PROVIDER, {**fence(lease), "batch": self._json(batch),
+                                              "poll_in": float(poll_in)}) != 1:
+                return self._refused(tx, lease, "await_provider", op)
+            fresh = previous is None or previous.get("batch_id") != batch.get("batch_id")
+            self._event(tx, "submitted" if fresh else "provider_wait", lease.version, lease.owner,
+                        lease.shard_no, lease.epoch,
+                        {"batch_id": batch.get("batch_id"), "requests": batch.get("request_count")}, op)
+            return None
+
+        if isinstance(self._write(body, recover=self._recover_refusal(op)), _Lost):
+            raise LeaseLost.of(lease, "await_provider")
+
+    def complete(self, lease: Lease) -> None:
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> _Lost | None:
+            row = tx.one(self.q.SHARD_FOR_COMPLETE, {"v": lease.version, "s": lease.shard_no})
+            if row is None:
+                raise no_shard(lease.version, lease.shard_no)
+            state, owner, epoch, count, results, dead = row
+            if (owner, epoch) != (lease.owner, lease.epoch) or state not in ("leased", "done"):
+                return self._refused(tx, lease, "complete", op, {"current_epoch": epoch})
+            if state == "leased":
+                if results + dead != count:
+                    raise unanswered(lease, count - results - dead)
+                self._finish_shard(tx, lease, int(count), int(results), int(dead), op)
+            # state == 'done' for this owner and epoch: a retried completion after a
+            # lost acknowledgement, which succeeds again.
+            return None
+
+        if isinstance(self._write(body, recover=self._recover_refusal(op)), _Lost):
+            raise LeaseLost.of(lease, "completion")
+
+    def _finish_shard(self, tx: Tx, lease: Lease, count: int, results: int, dead: int, op: uuid.UUID) -> None:
+        tx.run(self.q.FINISH_SHARD, fence(lease))
+        self._event(tx, "complete", lease.version, lease.owner, lease.shard_no, lease.epoch,
+                    {"records": count, "results": results, "dead_letters": dead}, op)
+        self._seal_if_done(tx, lease.version, lease.owner, op)
+
+    def _seal_if_done(self, tx: Tx, version: str, worker: str | None, op: uuid.UUID | None) -> None:
+        # Completions of one version take the job's row lock only here, so the one
+        # that finishes the last open shard sees (in SEAL's fresh snapshot, after the
+        # lock) every other completion committed, and seals exactly once.
+        tx.one(self.q.LOCK_JOB, {"v": version})
+        if tx.one(self.q.SEAL, {"v": version}) is not None:
+            self._event(tx, "seal", version, worker, None, None, None, op)
+
+    def open_versions(self) -> list[str]:
+        return [r[0] for r in self._read(lambda tx: tx.all(self.q.OPEN_VERSIONS))]
+
+    def has_open_shards(self, version: str | None = None, routes: Sequence[str] | None = None) -> bool:
+        params = {"v": version, "routes": self._list(list(routes)) if routes is not None else None}
+        stmt = self.q.HAS_OPEN if version is None else self.q.HAS_OPEN_VERSION
+        return bool(self._read(lambda tx: _scalar(tx, stmt, params)))
+
+    # --- records ---------------------------------------------------------------------------
+
+    def _by_ids(self, stmt: str, version: str, record_ids: Sequence[str]) -> list[Row]:
+        out: list[Row] = []
+        for chunk in chunks(record_ids, 10_000):
+            params = {"v": version, "ids": self._list(list(chunk))}
+            out.extend(self._read(lambda tx, params=params: tx.all(stmt, params)))  # type: ignore[misc]
+        return out
+
+    def answered(self, version: str, record_ids: Sequence[str]) -> set[str]:
+        return {r[0] for r in self._by_ids(self.q.ANSWERED, version, record_ids)}
+
+    def attempts(self, version: str, record_ids: Sequence[str]) -> dict[str, int]:
+        return {r[0]: int(r[1]) for r in self._by_ids(self.q.ATTEMPTS, version, record_ids)}
+
+    def put_results(self, lease: Lease, rows: Sequence[ResultRow]) -> int:
+        # Put-if-absent: a retry after a commit whose acknowledgement was lost finds
+        # every row present and inserts none (and counts none).
+        return self._fenced_inserts(lease, rows, self._put, "put")
+
+    def charge_attempt(self, lease: Lease, record_id: str, kind: str, error: str, acl: Any,
+                       max_attempts: int) -> ChargeResult:
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> ChargeResult | _Lost:
+            if tx.one(self.q.FENCE_LOCK, fence(lease)) is None:
+                return self._refused(tx, lease, "charge", op)
+            if _scalar(tx, self.q.IS_ANSWERED, {"v": lease.version, "r": record_id}):
+                return ChargeResult(attempts=0, dead_lettered=False)
+            attempts = int(_scalar(tx, self.q.CHARGE, {"v": lease.version, "r": record_id, "kind": kind,
+                                                       "error": error}))
+            self._event(tx, "attempt_failed", lease.version, lease.owner, lease.shard_no, lease.epoch,
+                        {"record_id": record_id, "kind": kind, "attempts": attempts, "error": error[:500]}, op)
+            result = ChargeResult(attempts=attempts, dead_lettered=attempts >= max_attempts)
+            if result.dead_lettered:
+                self._insert_dead(tx, lease, [DeadLetterRow(record_id, kind, error, acl, attempts)])
+            return result
+
+        def recover(tx: Tx) -> ChargeResult | _Lost | Missing:
+            for mark in self._marks(tx, op):
+                if mark.kind == "stale_epoch":
+                    return _Lost("charge")
+                if mark.kind == "attempt_failed":
+                    attempts = int(mark.detail["attempts"])
+                    return ChargeResult(attempts=attempts, dead_lettered=attempts >= max_attempts)
+            return MISSING
+
+        result = self._write(body, recover=recover)
+        if isinstance(result, _Lost):
+            raise LeaseLost.of(lease, "charge")
+        return result
+
+    def dead_letter(self, lease: Lease, rows: Sequence[DeadLetterRow]) -> int:
+        return self._fenced_inserts(lease, rows, self._insert_dead, "dead_letter")
+
+    def _fenced_inserts(self, lease: Lease, rows: Sequence[T],
+                        insert: Callable[[Tx, Lease, Sequence[T]], tuple[bool, int]], op_name: str) -> int:
+        """Rows written in bounded transactions, each fenced by the lease; how many were new."""
+        inserted = 0
+        for chunk in chunks(rows):
+            op = uuid.uuid4()
+
+            def body(tx: Tx, chunk: Sequence[T] = chunk, op: uuid.UUID = op) -> int | _Lost:
+                fenced, n = insert(tx, lease, chunk)
+                return n if fenced else self._refused(tx, lease, op_name, op)
+
+            n = self._write(body, recover=self._recover_refusal(op))
+            if isinstance(n, _Lost):
+                raise LeaseLost.of(lease, op_name)
+            inserted += n
+        return inserted
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def _no_version(self, version: str) -> StoreError:
+        return StoreError(f"no job version {version!r} in {self.where()}")
+
+    def status(self, version: str, window_seconds: float = 300.0) -> JobStatus:
+        def body(tx: Tx) -> JobStatus:
+            row = tx.one(self.q.JOB, {"v": version})
+            if row is None:
+                raise self._no_version(version)
+            job = self._job(row)
+            now = float(_scalar(tx, self.q.NOW))
+            shards = dict.fromkeys(SHARD_STATES, 0)
+            results = dead = 0
+            for state, n, r, d in tx.all(self.q.STATUS_SHARDS, {"v": version}):
+                shards[state] = int(n)
+                results += int(r or 0)
+                dead += int(d or 0)
+            by_kind = {k: int(n) for k, n in tx.all(self.q.DEAD_BY_KIND, {"v": version})}
+            lost = int(_scalar(tx, self.q.LEASES_LOST, {"v": version}))
+            recent = int(_scalar(tx, self.q.RECENT, {"v": version, "since": now - window_seconds}))
+            return JobStatus(version=version, name=job.name, state=job.state, records=job.record_count,
+                             results=results, dead_letters=dead, shards=shards, dead_letters_by_kind=by_kind,
+                             leases_lost=lost, records_done_last_minutes=recent, window_seconds=window_seconds,
+                             now=now)
+
+        return self._read(body, snapshot=True)
+
+    def shard_rows(self, version: str) -> list[ShardRow]:
+        rows = self._read(lambda tx: tx.all(self.q.SHARD_ROWS, {"v": version}))
+        return [ShardRow(r[0], r[1], r[2], int(r[3]), float(r[4]) if r[4] is not None else None, int(r[5]),
+                         int(r[6]), int(r[7]), int(r[8]), r[9], r[10],
+                         float(r[11]) if r[11] is not None else None) for r in rows]
+
+    def route_totals(self, version: str) -> dict[str, RouteTotals]:
+        return route_totals_from(self._read(lambda tx: tx.all(self.q.ROUTE_TOTALS, {"v": version})))
+
+    def token_totals(self, version: str) -> tuple[int, int]:
+        row = self._read(lambda tx: tx.one(self.q.TOKEN_TOTALS, {"v": version}))
+        assert row is not None
+        return int(row[0] or 0), int(row[1] or 0)
+
+    def result_histogram(self, version: str, start: float, width: float, bins: int) -> list[tuple[int, int, int]]:
+        params = {"v": version, "start": start, "width": width, "last": max(bins - 1, 0)}
+        return [(int(a), int(b), int(n)) for a, b, n in self._read(lambda tx: tx.all(self.q.RESULT_HISTOGRAM,
+                                                                                      params))]
+
+    def run_throughput(self, version: str) -> float:
+        row = self._read(lambda tx: tx.one(self.q.RUN_THROUGHPUT, {"v": version}))
+        records, seconds = row if row is not None else (None, None)
+        return float(records) / float(seconds) if records and seconds and seconds > 0 else 0.0
+
+    def _pages(self, stmt: str, version: str, page_size: int) -> Iterator[Row]:
+        # Keyset pages, each its own short statement: a reader never holds a snapshot
+        # open for a whole export, and a page retried after a lost connection starts
+        # where the last one ended.
+        last = ""
+        while True:
+            params = {"v": version, "after": last, "n": page_size}
+            rows = self._read(lambda tx, params=params: tx.all(stmt, params))  # type: ignore[misc]
+            if not rows:
+                return
+            yield from rows
+            last = rows[-1][0]
+
+    def iter_results(self, version: str, page_size: int = 5000, *,
+                     computed_only: bool = False) -> Iterator[StoredResult]:
+        stmt = self.q.COMPUTED_RESULTS_PAGE if computed_only else self.q.RESULTS_PAGE
+        for r in self._pages(stmt, version, page_size):
+            yield stored_result(r)
+
+    def results_for(self, version: str, record_ids: Sequence[str]) -> dict[str, StoredResult]:
+        return {r[0]: stored_result(r) for r in self._by_ids(self.q.RESULTS_FOR, version, record_ids)}
+
+    def iter_dead_letters(self, version: str) -> Iterator[StoredDeadLetter]:
+        for r in self._pages(self.q.DEAD_LETTERS_PAGE, version, 5000):
+            yield stored_dead_letter(r)
+
+    def planned_ids(self, version: str) -> Iterator[str]:
+        for r in self._pages(self.q.PLANNED_PAGE, version, 20_000):
+            yield r[0]
+
+    def resolve_name(self, name: str) -> str | None:
+        row = self._read(lambda tx: tx.one(self.q.RESOLVE_NAME, {"name": name}))
+        return str(row[0]) if row else None
+
+    def label_counts(self, version: str) -> dict[str | None, int]:
+        return {r[0]: int(r[1]) for r in self._read(lambda tx: tx.all(self.q.LABEL_COUNTS, {"v": version}))}
+
+    # --- validation and publication ------------------------------------------------------------
+
+    def coverage(self, version: str, sample: int = 10) -> Coverage:
+        self._analyse(version)
+
+        def body(tx: Tx) -> Coverage:
+            for stmt in getattr(self.q, "COVERAGE_SETTINGS", ()):
+                tx.run(stmt)
+            p = {"v": version, "n": sample}
+            counts = [int(_scalar(tx, stmt, p)) for stmt in (self.q.COUNT_RECORDS, self.q.COUNT_RESULTS,
+                                                               self.q.COUNT_DEAD, self.q.COUNT_MATCHED,
+                                                               self.q.COUNT_BOTH)]
+
+            def samples(missing: int, unexpected: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+                return (tuple(r[0] for r in tx.all(self.q.MISSING_SAMPLE, p)) if missing else (),
+                        tuple(r[0] for r in tx.all(self.q.UNEXPECTED_SAMPLE, p)) if unexpected else ())
+
+            return coverage_from(counts, samples)
+
+        # One snapshot for every count, so a count and its sample agree.
+        return self._read(body, snapshot=True)
+
+    def record_validation(self, version: str, passed: bool, report: dict[str, Any]) -> None:
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> None:
+            tx.run(self.q.INSERT_VALIDATION, {"v": version, "passed": passed, "report": self._json(report)})
+            self._event(tx, "validate", version, None, None, None, {"passed": passed}, op)
+
+        self._write(body, recover=self._recover_marked(op))
+
+    def latest_validation(self, version: str) -> ValidationRecord | None:
+        row = self._read(lambda tx: tx.one(self.q.LATEST_VALIDATION, {"v": version}))
+        return ValidationRecord(version, bool(row[0]), self._unjson(row[1]), float(row[2])) if row else None
+
+    def _point(self, tx: Tx, name: str, version: str) -> str | None:
+        """Moves the pointer in one row update, under the pointer's row lock so two
+        publishers of one name queue instead of both reading the same `previous`;
+        the view reads through it, so readers switch from the whole old version to
+        the whole new one at once."""
+        row = tx.one(self.q.POINTER_FOR_UPDATE, {"name": name})
+        tx.run(self.q.SET_POINTER, {"name": name, "v": version})
+        self._make_view(tx, name)
+        if not self._is_view(tx, name):
+            # Something else holds the name (a table of the store): readers would not
+            # read through the pointer, so nothing is published.
+            raise StoreError(f"cannot publish {name!r} in {self.where()}: {name!r} is not the view that reads "
+                             f"through the pointer; rename the job")
+        return str(row[0]) if row else None
+
+    def publish(self, name: str, version: str, who: str, reason: str | None,
+                validation: dict[str, Any] | None) -> str | None:
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> str | None:
+            tx.one(self.q.PLAN_LOCK, {"key": f"publish:{name}"})
+            previous = self._point(tx, name, version)
+            tx.run(self.q.INSERT_PUBLICATION, {"name": name, "v": version, "previous": previous,
+                                               "action": "publish", "who": who, "reason": reason,
+                                               "validation": self._json(validation) if validation else None})
+            self._event(tx, "publish", version, None, None, None,
+                        {"name": name, "previous": previous, "who": who, "reason": reason}, op)
+            return previous
+
+        def recover(tx: Tx) -> str | Missing | None:
+            marks = self._marks(tx, op)
+            return marks[0].detail.get("previous") if marks else MISSING
+
+        return self._write(body, recover=recover)
+
+    def rollback(self, name: str, who: str, reason: str | None) -> tuple[str, str]:
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> tuple[str, str]:
+            tx.one(self.q.PLAN_LOCK, {"key": f"publish:{name}"})
+            row = tx.one(self.q.POINTER_FOR_UPDATE, {"name": name})
+            if row is None:
+                raise StoreError(f"nothing is published under {name!r}")
+            current = str(row[0])
+            prev = tx.one(self.q.PREVIOUS_PUBLISHED, {"name": name, "v": current})
+            if prev is None or prev[0] is None:
+                raise StoreError(f"{name!r} has no earlier version to roll back to (current: {current})")
+            target = str(prev[0])
+            if not _scalar(tx, self.q.IS_SEALED, {"v": target}):
+                raise StoreError(f"cannot roll {name!r} back to {target}: that version was removed")
+            self._point(tx, name, target)
+            tx.run(self.q.INSERT_PUBLICATION, {"name": name, "v": target, "previous": current,
+                                               "action": "rollback", "who": who, "reason": reason,
+                                               "validation": None})
+            self._event(tx, "rollback", target, None, None, None, {"name": name, "from": current, "who": who}, op)
+            return current, target
+
+        def recover(tx: Tx) -> tuple[str, str] | Missing:
+            marks = self._marks(tx, op)
+            if marks and marks[0].version is not None:
+                return str(marks[0].detail["from"]), marks[0].version
+            return MISSING
+
+        return self._write(body, recover=recover)
+
+    def publications(self, name: str) -> list[Publication]:
+        rows = self._read(lambda tx: tx.all(self.q.PUBLICATIONS, {"name": name}))
+        return [Publication(int(r[0]), r[1], r[2], r[3], r[4], r[5], r[6],
+                            self._unjson(r[7]) if r[7] is not None else None, float(r[8])) for r in rows]
+
+    def remove_version(self, version: str) -> None:
+        def body(tx: Tx) -> None:
+            if _scalar(tx, self.q.IS_PUBLISHED, {"v": version}):
+                raise StoreError(f"{version} is published; it cannot be removed")
+            # Rows that a later version carries stay: they hold that version's payload.
+            for stmt in self.q.REMOVE_VERSION:
+                tx.run(stmt, {"v": version})
+            self._event(tx, "remove", version, None, None, None)
+
+        # Every statement is idempotent, and a second `remove` event is harmless.
+        self._write(body)
+
+
+def _scalar(tx: Tx, stmt: str, params: Params | None = None) -> Any:
+    row = tx.one(stmt, params)
+    return row[0] if row is not None else None
+
+
+class CorePlanWriter:
+    """Writes a plan under the `planning` state. Planning is not retried after a lost
+    connection: the planner stops, and the next one discards what this one left."""
+
+    def __init__(self, store: StoreCore, version: str, token: str) -> None:
+        self.store = store
+        self.q = store.q
+        self.version = version
+        self.token = token
+
+    def _planning(self, body: Callable[[Tx], T]) -> T:
+        def checked(tx: Tx) -> T:
+            row = tx.one(self.q.PLAN_TOKEN, {"v": self.version})
+            if row is None or row[0] != self.token:
+                raise taken_over(self.version)
+            return body(tx)
+        return self.store._write(checked, retry=False)
+
+    def add_shards(self, shards: Sequence[PlannedShard]) -> None:
+        rows = [{"v": self.version, "s": s.shard_no, "slice": self.store._json(s.slice), "n": s.record_count,
+                 "route": s.route} for s in shards]
+        self._planning(lambda tx: tx.many(self.q.INSERT_SHARD, rows))
+
+    def add_records(self, records: Sequence[PlannedRecord]) -> None:
+        for chunk in chunks(records, 20_000):
+            seen: dict[str, int] = {}
+            for r in chunk:
+                if r.record_id in seen:
+                    raise DuplicateRecord(r.record_id, seen[r.record_id])
+                seen[r.record_id] = r.shard_no
+            try:
+                self._planning(lambda tx, chunk=chunk: self.store._insert_records(  # type: ignore[misc]
+                    tx, self.version, chunk))
+            except DuplicateKey:
+                raise self._duplicate(chunk) from None
+
+    def _duplicate(self, chunk: Sequence[PlannedRecord]) -> DuplicateRecord | StoreError:
+        for r in chunk:
+            row = self.store._read(lambda tx, r=r: tx.one(self.q.RECORD_SHARD,  # type: ignore[misc]
+                                                          {"v": self.version, "r": r.record_id}))
+            if row is not None:
+                return DuplicateRecord(r.record_id, int(row[0]))
+        return StoreError(f"planning of {self.version}: a record id was refused as a duplicate")
+
+    def add_dead_letters(self, shard_no: int, rows: Sequence[DeadLetterRow]) -> None:
+        params = [{"v": self.version, "s": shard_no, "r": r.record_id, "kind": r.kind, "error": r.error,
+                   "acl": acl_json(r.acl)} for r in rows]
+
+        def body(tx: Tx) -> None:
+            tx.many(self.q.PLAN_DEAD_LETTER, params)
+            tx.run(self.q.BUMP_DEAD, {"n": len(rows), "v": self.version, "s": shard_no})
+
+        self._planning(body)
+
+    def carry_from(self, base: str) -> int:
+        def body(tx: Tx) -> int:
+            p = {"v": self.version, "base": base}
+            carried = tx.run(self.q.CARRY, p)
+            tx.run(self.q.SET_CARRIED, {"n": carried, "v": self.version})
+            # One pass over the carried rows, not one per shard.
+            tx.run(self.q.CARRY_COUNTS, p)
+            tx.run(self.q.CARRY_DONE, p)
+            self.store._event(tx, "carry", self.version, None, None, None, {"base": base, "records": carried})
+            return carried
+        return self._planning(body)
+
+    def commit(self, record_count: int, shard_count: int) -> None:
+        def body(tx: Tx) -> None:
+            tx.run(self.q.COMMIT_PLAN, {"records": record_count, "shards": shard_count, "v": self.version})
+            self.store._event(tx, "plan", self.version, None, None, None,
+                              {"records": record_count, "shards": shard_count})
+            # Nothing left to infer (no shards, or everything carried): sealed at planning.
+            tx.one(self.q.SEAL, {"v": self.version})
+        self._planning(body)
+
+    def abort(self) -> None:
+        def body(tx: Tx) -> None:
+            row = tx.one(self.q.PLAN_TOKEN_ANY, {"v": self.version})
+            if row is not None and row[0] == self.token:
+                self.store._delete_version(tx, self.version)
+        # On failure a half-written plan stays invisible in the 'planning' state and is replaced next time.
+        with contextlib.suppress(StoreError):
+            self.store._write(body, retry=False)

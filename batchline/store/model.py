@@ -1,0 +1,233 @@
+"""What the store holds and hands out: leases, jobs, planned rows, stored outcomes.
+
+The values every port (`batchline.store.ports`) speaks in, and the two errors a
+caller must tell apart: `LeaseLost` (a fenced write refused, with the operation
+that was refused) and `DuplicateRecord` (an id planned twice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchline.errors import StoreError
+
+# Rows written in one transaction at most: large enough to amortise the commit,
+# small enough that a writer never holds the lock for long.
+WRITE_BATCH_ROWS = 2000
+
+
+# What a fenced operation refused is called, in LeaseLost.op and in the worker's metrics.
+FENCED_OPS = ("put", "completion", "charge", "dead_letter", "renew", "batch", "await_provider")
+
+
+class LeaseLost(StoreError):
+    """The (owner, epoch) a fenced operation carried is no longer current; `op` names
+    the operation refused (put, completion, charge, dead_letter, renew, release, ...)."""
+
+    def __init__(self, version: str, shard_no: int, epoch: int, op: str) -> None:
+        super().__init__(f"lease on shard {shard_no} of {version} lost (epoch {epoch}); {op} refused")
+        self.op = op
+
+    @classmethod
+    def of(cls, lease: Lease, op: str) -> LeaseLost:
+        return cls(lease.version, lease.shard_no, lease.epoch, op)
+
+
+@dataclass(frozen=True)
+class Lease:
+    version: str
+    shard_no: int
+    owner: str
+    epoch: int
+    slice: dict[str, Any]
+    record_count: int
+    expires: float
+    route: str = "local"  # "local" for the in-house engine, else the hosted provider's route name
+    # A hosted route's batch: None before submission, {"state": "submitting", ...} while
+    # a submission may be under way, a SubmittedBatch's JSON once the provider has it.
+    batch: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    version: str
+    name: str
+    state: str  # planning | ready | sealed
+    spec: dict[str, Any]
+    record_count: int
+    shard_count: int
+    created_at: float
+    sealed_at: float | None
+    carried: int = 0  # results carried from a base version at planning
+
+
+@dataclass(frozen=True)
+class PlannedShard:
+    shard_no: int
+    slice: dict[str, Any]
+    record_count: int
+    route: str = "local"
+
+
+@dataclass(frozen=True)
+class PlannedRecord:
+    record_id: str
+    shard_no: int
+    content_hash: str
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    record_id: str
+    output: str  # JSON text, validated against the version's schema
+    acl: Any = None
+    attempt: int = 1
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    label: str | None = None  # the spec's output.label_field, kept as its own column
+    model: str | None = None  # which model answered: the local engine's or the provider's
+
+
+@dataclass(frozen=True)
+class DeadLetterRow:
+    record_id: str
+    kind: str  # crash | hang | engine_error | invalid_output | too_long
+    error: str
+    acl: Any = None
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    record_id: str
+    output: str
+    acl: Any
+    shard_no: int
+    worker: str
+    epoch: int
+    attempt: int
+    created_at: float
+    input_tokens: int | None
+    output_tokens: int | None
+    label: str | None = None
+    origin: str | None = None  # for a carried result, the version that computed it
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class StoredDeadLetter:
+    record_id: str
+    shard_no: int
+    kind: str
+    error: str
+    acl: Any
+    attempts: int
+    worker: str | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    version: str | None
+    ts: float
+    kind: str
+    worker: str | None
+    shard_no: int | None
+    epoch: int | None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    version: str
+    name: str
+    state: str
+    records: int
+    results: int
+    dead_letters: int
+    shards: dict[str, int]
+    dead_letters_by_kind: dict[str, int]
+    leases_lost: int
+    records_done_last_minutes: int  # in shards completed within the window
+    window_seconds: float
+    now: float
+
+    @property
+    def pending(self) -> int:
+        return self.records - self.results - self.dead_letters
+
+
+@dataclass(frozen=True)
+class ShardRow:
+    shard_no: int
+    state: str
+    owner: str | None
+    epoch: int
+    lease_expires: float | None
+    claims: int
+    record_count: int
+    results: int
+    dead_letters: int
+    route: str = "local"
+    batch_id: str | None = None  # the provider's batch in flight, for a hosted route
+    poll_at: float | None = None
+
+
+@dataclass(frozen=True)
+class RouteTotals:
+    """Where a version's records went, and what answering them took."""
+
+    records: int
+    results: int  # computed by this version (carried results are not counted)
+    dead_letters: int
+    input_tokens: int
+    output_tokens: int
+    shards: int
+
+
+@dataclass(frozen=True)
+class ChargeResult:
+    attempts: int
+    dead_lettered: bool
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """The anti-join of the snapshot's ids against the stored outcomes."""
+
+    records: int
+    missing: int  # planned ids with neither a result nor a dead letter
+    unexpected: int  # outcomes for ids the snapshot does not have
+    both: int  # ids with a result and a dead letter
+    missing_sample: tuple[str, ...]
+    unexpected_sample: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Publication:
+    id: int
+    name: str
+    version: str
+    previous: str | None
+    action: str  # publish | rollback
+    who: str
+    reason: str | None
+    validation: dict[str, Any] | None
+    ts: float
+
+
+@dataclass(frozen=True)
+class ValidationRecord:
+    version: str
+    passed: bool
+    report: dict[str, Any]
+    ts: float
+
+
+class DuplicateRecord(StoreError):
+    def __init__(self, record_id: str, first_shard: int) -> None:
+        super().__init__(f"duplicate id {record_id!r}")
+        self.record_id = record_id
+        self.first_shard = first_shard

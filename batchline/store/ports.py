@@ -1,0 +1,237 @@
+"""The store's ports: what each caller may ask of it, and nothing more.
+
+A worker sees `WorkerStore`; the planner `PlannerStore` (with the `PlanWriter`
+it is handed); status, reports and exports `ReaderStore`; validation and
+publication `PublisherStore`. `Store` is all of them, which is what a backend
+implements (`batchline.store.core.StoreCore`) and what `open_store` returns.
+
+Every lease operation carries (owner, epoch) and succeeds only while both are
+current: fenced writes raise `LeaseLost`, a renewal returns None. All times are
+the database's clock (seconds since the epoch), which tests may shift through
+`shift_clock` instead of sleeping. On PostgreSQL a worker's port is exactly
+what the role made by `batchline grants` may do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+from batchline.store.model import (
+    ChargeResult,
+    Coverage,
+    DeadLetterRow,
+    Event,
+    JobInfo,
+    JobStatus,
+    Lease,
+    PlannedRecord,
+    PlannedShard,
+    Publication,
+    ResultRow,
+    RouteTotals,
+    ShardRow,
+    StoredDeadLetter,
+    StoredResult,
+    ValidationRecord,
+)
+
+
+class StoreHandle(Protocol):
+    url: str
+
+    def close(self) -> None: ...
+
+    def now(self) -> float:
+        """The database's clock."""
+        ...
+
+    def job(self, version: str) -> JobInfo | None: ...
+
+
+class ShardLeases(Protocol):
+    """Claiming, holding and finishing shards."""
+
+    def claim(self, worker: str, version: str | None = None, routes: Sequence[str] | None = None,
+              *, process: dict[str, Any] | None = None) -> Lease | None:
+        """Leases the lowest shard that is ready, whose lease expired, or whose batch at a
+        provider is due to be polled; `routes` limits it to shards of those routes.
+        `process` identifies the claimer's process, so that its death can be proven."""
+        ...
+
+    def renew(self, lease: Lease) -> Lease | None: ...
+
+    def release(self, lease: Lease, reason: str) -> bool:
+        """Gives the shard back: ready again, or, with a batch at a provider, submitted
+        and due to be polled at once."""
+        ...
+
+    def complete(self, lease: Lease) -> None:
+        """Marks the shard done (idempotent for the same owner and epoch); seals the
+        version when it was the last. Raises LeaseLost, or StoreError when the
+        shard still has records without an outcome."""
+        ...
+
+    def open_versions(self) -> list[str]:
+        """Ready versions with shards not yet done, oldest first."""
+        ...
+
+    def has_open_shards(self, version: str | None = None, routes: Sequence[str] | None = None) -> bool:
+        """True while any shard of a ready version (of those routes) is not done."""
+        ...
+
+
+class OutcomeWriter(Protocol):
+    """A leased shard's outcomes: results, charged attempts, dead letters, events."""
+
+    def answered(self, version: str, record_ids: Sequence[str]) -> set[str]: ...
+
+    def attempts(self, version: str, record_ids: Sequence[str]) -> dict[str, int]: ...
+
+    def put_results(self, lease: Lease, rows: Sequence[ResultRow]) -> int:
+        """Put-if-absent, fenced; returns how many were new."""
+        ...
+
+    def charge_attempt(self, lease: Lease, record_id: str, kind: str, error: str, acl: Any,
+                       max_attempts: int) -> ChargeResult: ...
+
+    def dead_letter(self, lease: Lease, rows: Sequence[DeadLetterRow]) -> int:
+        """Dead letters that are not charged attempts (over the length cap), fenced."""
+        ...
+
+    def log_event(self, kind: str, *, version: str | None = None, worker: str | None = None,
+                  shard_no: int | None = None, epoch: int | None = None,
+                  detail: dict[str, Any] | None = None) -> None: ...
+
+
+class ProviderParking(Protocol):
+    """A hosted route's shard, parked at its provider without a lease."""
+
+    def set_batch(self, lease: Lease, batch: dict[str, Any] | None) -> Lease:
+        """Records (or clears) the shard's batch while holding the lease, fenced: the
+        intent to submit is on record before the provider is called."""
+        ...
+
+    def await_provider(self, lease: Lease, batch: dict[str, Any], poll_in: float) -> None:
+        """Parks the shard as `submitted` with its batch, holding no lease: any worker
+        may claim it to poll once `poll_in` seconds have passed. Fenced; idempotent."""
+        ...
+
+
+class WorkerStore(StoreHandle, ShardLeases, OutcomeWriter, ProviderParking, Protocol):
+    """Everything a worker may call."""
+
+
+class PlanWriter(Protocol):
+    """Writes a plan under the `planning` state; `commit` makes it visible at once."""
+
+    def add_shards(self, shards: Sequence[PlannedShard]) -> None: ...
+
+    def add_records(self, records: Sequence[PlannedRecord]) -> None:
+        """Raises DuplicateRecord when an id is already planned in this version."""
+        ...
+
+    def add_dead_letters(self, shard_no: int, rows: Sequence[DeadLetterRow]) -> None: ...
+
+    def carry_from(self, base: str) -> int:
+        """Carries the base version's results for records whose id and content hash
+        are unchanged, by reference (no payload is copied); returns how many."""
+        ...
+
+    def commit(self, record_count: int, shard_count: int) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class PlannerStore(StoreHandle, Protocol):
+    def begin_plan(self, version: str, name: str, spec: dict[str, Any]) -> PlanWriter:
+        """Starts planning a version; discards what an earlier planner left half-written."""
+        ...
+
+    def resolve_name(self, name: str) -> str | None:
+        """The version published under a name, if any."""
+        ...
+
+    def run_throughput(self, version: str) -> float:
+        """Records per second per worker, measured from the event log: the records of
+        each completed shard over the time from its claim to its completion (0 if none)."""
+        ...
+
+
+class ReaderStore(StoreHandle, Protocol):
+    """Progress, outcomes and history, for status, reports and exports."""
+
+    def jobs(self) -> list[JobInfo]: ...
+
+    def status(self, version: str, window_seconds: float = 300.0) -> JobStatus: ...
+
+    def shard_rows(self, version: str) -> list[ShardRow]: ...
+
+    def route_totals(self, version: str) -> dict[str, RouteTotals]:
+        """Records, outcomes and tokens per route."""
+        ...
+
+    def token_totals(self, version: str) -> tuple[int, int]:
+        """Input and output tokens of the results this version computed."""
+        ...
+
+    def result_histogram(self, version: str, start: float, width: float, bins: int) -> list[tuple[int, int, int]]:
+        """The results this version computed, counted in the store by (attempt, time bin):
+        bin i holds created_at in [start + i*width, start + (i+1)*width), the first and
+        last bins also what falls before or after. Rows of (attempt, bin, count)."""
+        ...
+
+    def run_throughput(self, version: str) -> float: ...
+
+    def iter_results(self, version: str, page_size: int = 5000, *,
+                     computed_only: bool = False) -> Iterator[StoredResult]:
+        """The version's results in id order, a page at a time; `computed_only`
+        leaves out results carried from a base version."""
+        ...
+
+    def results_for(self, version: str, record_ids: Sequence[str]) -> dict[str, StoredResult]: ...
+
+    def iter_dead_letters(self, version: str) -> Iterator[StoredDeadLetter]: ...
+
+    def events(self, version: str | None = None, kinds: Sequence[str] | None = None) -> list[Event]: ...
+
+    def planned_ids(self, version: str) -> Iterator[str]: ...
+
+    def resolve_name(self, name: str) -> str | None: ...
+
+    def label_counts(self, version: str) -> dict[str | None, int]: ...
+
+    def latest_validation(self, version: str) -> ValidationRecord | None: ...
+
+    def publications(self, name: str) -> list[Publication]: ...
+
+
+class PublisherStore(ReaderStore, Protocol):
+    """Validation and the pointer readers follow (I3)."""
+
+    def coverage(self, version: str, sample: int = 10) -> Coverage: ...
+
+    def record_validation(self, version: str, passed: bool, report: dict[str, Any]) -> None: ...
+
+    def publish(self, name: str, version: str, who: str, reason: str | None,
+                validation: dict[str, Any] | None) -> str | None:
+        """Points `name` (and the view named after it) at `version` in one atomic
+        step; returns the version it pointed at before."""
+        ...
+
+    def rollback(self, name: str, who: str, reason: str | None) -> tuple[str, str]:
+        """Points `name` back at the version published before the current one;
+        returns (from, to)."""
+        ...
+
+    def remove_version(self, version: str) -> None:
+        """Deletes a version's rows, keeping any result a later version carries."""
+        ...
+
+
+class Store(WorkerStore, PlannerStore, PublisherStore, Protocol):
+    """A whole store: every port, and the test clock."""
+
+    def shift_clock(self, seconds: float) -> None:
+        """Test hook: moves the database's clock forward for every process."""
+        ...

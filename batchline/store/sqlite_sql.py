@@ -1,0 +1,396 @@
+"""All SQL of the SQLite store: numbered migrations and the named statements.
+
+The statement names are the PostgreSQL module's (`postgres_sql.py`); the rules
+that run them are in `core.py`. Parameters are named (`:v`). Lists arrive as
+one JSON array parameter and are read with `json_each`, so a statement never
+depends on how many ids it is given. A schema change is one new entry at the
+end of `MIGRATIONS`, never an edit of an applied one.
+"""
+
+from __future__ import annotations
+
+import re
+
+# (number, description, SQL). Applied in order, each in the write transaction
+# that records it in `meta`.
+MIGRATIONS: list[tuple[int, str, str]] = [
+    (1, "shard table, results, dead letters, event log, pointers", """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS clock (id INTEGER PRIMARY KEY CHECK (id = 1), offset_s REAL NOT NULL);
+INSERT OR IGNORE INTO clock (id, offset_s) VALUES (1, 0);
+CREATE TABLE IF NOT EXISTS jobs (
+    version TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('planning', 'ready', 'sealed', 'removed')),
+    spec TEXT NOT NULL,
+    plan_token TEXT,
+    record_count INTEGER NOT NULL DEFAULT 0,
+    shard_count INTEGER NOT NULL DEFAULT 0,
+    carried_count INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    sealed_at REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, created_at);
+CREATE TABLE IF NOT EXISTS shards (
+    version TEXT NOT NULL,
+    shard_no INTEGER NOT NULL,
+    slice TEXT NOT NULL,
+    record_count INTEGER NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('ready', 'leased', 'done', 'submitted')),
+    owner TEXT,
+    epoch INTEGER NOT NULL DEFAULT 0,
+    lease_expires REAL,
+    claims INTEGER NOT NULL DEFAULT 0,
+    results_count INTEGER NOT NULL DEFAULT 0,
+    dead_count INTEGER NOT NULL DEFAULT 0,
+    done_at REAL,
+    PRIMARY KEY (version, shard_no)
+);
+CREATE INDEX IF NOT EXISTS shards_claimable ON shards (version, state, shard_no);
+CREATE TABLE IF NOT EXISTS records (
+    version TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    shard_no INTEGER NOT NULL,
+    content_hash TEXT NOT NULL,
+    PRIMARY KEY (version, record_id)
+);
+CREATE TABLE IF NOT EXISTS results (
+    version TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    shard_no INTEGER NOT NULL,
+    output TEXT,  -- NULL for a carried result: the row of version `origin` holds it
+    origin TEXT,
+    label TEXT,
+    acl TEXT,
+    worker TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    input_tokens INTEGER,
+    output_tokens INTEGER,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (version, record_id)
+);
+CREATE INDEX IF NOT EXISTS results_carried ON results (origin, record_id) WHERE origin IS NOT NULL;
+CREATE TABLE IF NOT EXISTS attempts (
+    version TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    last_kind TEXT NOT NULL,
+    last_error TEXT NOT NULL,
+    PRIMARY KEY (version, record_id)
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    version TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    shard_no INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    error TEXT NOT NULL,
+    acl TEXT,
+    attempts INTEGER NOT NULL,
+    worker TEXT,
+    epoch INTEGER,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (version, record_id)
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    version TEXT,
+    ts REAL NOT NULL,
+    kind TEXT NOT NULL,
+    worker TEXT,
+    shard_no INTEGER,
+    epoch INTEGER,
+    detail TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS events_by_version ON events (version, kind, id);
+CREATE TABLE IF NOT EXISTS validations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    version TEXT NOT NULL,
+    passed INTEGER NOT NULL,
+    report TEXT NOT NULL,
+    ts REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS validations_by_version ON validations (version, id);
+CREATE TABLE IF NOT EXISTS pointers (name TEXT PRIMARY KEY, version TEXT NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS publications (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    version TEXT NOT NULL,
+    previous TEXT,
+    action TEXT NOT NULL,
+    who TEXT NOT NULL,
+    reason TEXT,
+    validation TEXT,
+    ts REAL NOT NULL
+);
+"""),
+    (2, "routes to hosted providers: a shard's route and batch, the model of each result", """
+ALTER TABLE shards ADD COLUMN route TEXT NOT NULL DEFAULT 'local';
+ALTER TABLE shards ADD COLUMN batch TEXT;  -- a hosted route's batch at its provider (JSON)
+ALTER TABLE shards ADD COLUMN poll_at REAL;
+ALTER TABLE results ADD COLUMN model TEXT;
+"""),
+    # Route totals and tokens read from the shards alone, so status costs the same at
+    # any size; the claimer's process, so that a take-back can prove its death.
+    (3, "per-shard token and carried counters, the owner's process, operation tokens on events", """
+ALTER TABLE shards ADD COLUMN carried INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE shards ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE shards ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE shards ADD COLUMN owner_process TEXT;
+ALTER TABLE events ADD COLUMN op TEXT;
+CREATE INDEX IF NOT EXISTS events_by_op ON events (op) WHERE op IS NOT NULL;
+UPDATE shards SET carried = c.carried, input_tokens = c.tin, output_tokens = c.tout
+FROM (SELECT version, shard_no, SUM(origin IS NOT NULL) AS carried,
+             COALESCE(SUM(CASE WHEN origin IS NULL THEN input_tokens END), 0) AS tin,
+             COALESCE(SUM(CASE WHEN origin IS NULL THEN output_tokens END), 0) AS tout
+      FROM results GROUP BY version, shard_no) AS c
+WHERE shards.version = c.version AND shards.shard_no = c.shard_no;
+"""),
+]
+
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+# Published views share the store's namespace: a job may not be named like a table of it.
+RESERVED_NAMES = tuple(sorted({m.group(1) for _, _, sql in MIGRATIONS for m in re.finditer(
+    r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", sql)} | {"sqlite_sequence"}))
+RESERVED_PREFIX = "sqlite_"
+
+# The database's clock, shifted by the test hook. julianday() keeps about a
+# millisecond of precision, which is plenty for leases of seconds.
+NOW_EXPR = "((julianday('now') - 2440587.5) * 86400.0 + (SELECT offset_s FROM clock WHERE id = 1))"
+LEASE_SECONDS = "(SELECT json_extract(spec, '$.shards.lease_seconds') FROM jobs WHERE version = :v)"
+OPEN_STATES = "('ready', 'leased', 'submitted')"
+FENCE = "version = :v AND shard_no = :s AND owner = :w AND epoch = :e AND state = 'leased'"
+ROUTES = "(:routes IS NULL OR route IN (SELECT value FROM json_each(:routes)))"
+S_ROUTES = "(:routes IS NULL OR s.route IN (SELECT value FROM json_each(:routes)))"
+IDS = "(SELECT value FROM json_each(:ids))"
+
+# --- clock ------------------------------------------------------------------------------
+
+NOW = f"SELECT {NOW_EXPR}"
+SHIFT_CLOCK = "UPDATE clock SET offset_s = offset_s + :seconds WHERE id = 1"
+
+# --- events -----------------------------------------------------------------------------
+
+INSERT_EVENT = (f"INSERT INTO events (version, ts, kind, worker, shard_no, epoch, detail, op) "
+                f"VALUES (:v, {NOW_EXPR}, :kind, :w, :s, :e, :detail, :op)")
+EVENTS_BY_OP = "SELECT kind, version, shard_no, epoch, detail FROM events WHERE op = :op ORDER BY id"
+_EVENT_COLUMNS = "SELECT id, version, ts, kind, worker, shard_no, epoch, detail FROM events"
+_KINDS = "(:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))"
+EVENTS = f"{_EVENT_COLUMNS} WHERE version = :v AND {_KINDS} ORDER BY id"
+ALL_EVENTS = f"{_EVENT_COLUMNS} WHERE {_KINDS} ORDER BY id"
+
+# --- jobs and planning ------------------------------------------------------------------
+
+_JOB_COLUMNS = "version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count"
+JOB = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE version = :v"
+JOBS = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'sealed') ORDER BY created_at"
+# Every write transaction is BEGIN IMMEDIATE: planners, publishers and completions
+# are serialised by the database lock itself.
+PLAN_LOCK = "SELECT :key"
+LOCK_JOB = "SELECT 1 FROM jobs WHERE version = :v"
+JOB_STATE_FOR_UPDATE = "SELECT state FROM jobs WHERE version = :v"
+INSERT_JOB = (f"INSERT INTO jobs (version, name, state, spec, plan_token, created_at) "
+              f"VALUES (:v, :name, 'planning', :spec, :token, {NOW_EXPR})")
+DELETE_PLANNING = tuple(f"DELETE FROM {table} WHERE version = :v" for table in (
+    "shards", "records", "results", "attempts", "dead_letters", "events", "jobs"))
+PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = :v AND state = 'planning'"
+PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = :v"
+INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route) "
+                "VALUES (:v, :s, :slice, :n, 'ready', :route)")
+INSERT_RECORD = "INSERT INTO records (version, record_id, shard_no, content_hash) VALUES (?, ?, ?, ?)"
+RECORD_SHARD = "SELECT shard_no FROM records WHERE version = :v AND record_id = :r"
+PLAN_DEAD_LETTER = (f"INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
+                    f"created_at) VALUES (:v, :r, :s, :kind, :error, :acl, 0, {NOW_EXPR})")
+BUMP_DEAD = "UPDATE shards SET dead_count = dead_count + :n WHERE version = :v AND shard_no = :s"
+COMMIT_PLAN = ("UPDATE jobs SET state = 'ready', record_count = :records, shard_count = :shards, "
+               "plan_token = NULL WHERE version = :v")
+SEAL = (f"UPDATE jobs SET state = 'sealed', sealed_at = {NOW_EXPR} WHERE version = :v AND state = 'ready' "
+        f"AND NOT EXISTS (SELECT 1 FROM shards WHERE version = :v AND state IN {OPEN_STATES}) RETURNING version")
+
+# An incremental plan refers to the base version's results for records whose id
+# and content hash are unchanged; the payload stays in the row that computed it.
+CARRY = f"""
+INSERT INTO results (version, record_id, shard_no, output, origin, label, acl, worker, epoch, attempt,
+                     input_tokens, output_tokens, created_at, model)
+SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label, b.acl,
+       'carried', 0, b.attempt, b.input_tokens, b.output_tokens, {NOW_EXPR}, b.model
+FROM records n
+JOIN records p ON p.version = :base AND p.record_id = n.record_id AND p.content_hash = n.content_hash
+JOIN results b ON b.version = :base AND b.record_id = n.record_id
+WHERE n.version = :v"""
+SET_CARRIED = "UPDATE jobs SET carried_count = :n WHERE version = :v"
+CARRY_COUNTS = """
+UPDATE shards SET results_count = results_count + c.n, carried = carried + c.n
+FROM (SELECT shard_no, COUNT(*) AS n FROM results WHERE version = :v AND origin IS NOT NULL
+      GROUP BY shard_no) AS c
+WHERE shards.version = :v AND shards.shard_no = c.shard_no"""
+CARRY_DONE = (f"UPDATE shards SET state = 'done', done_at = {NOW_EXPR} WHERE version = :v "
+              f"AND results_count + dead_count = record_count")
+
+# --- leases -----------------------------------------------------------------------------
+
+READY_JOBS = "SELECT version FROM jobs WHERE state = 'ready' ORDER BY created_at"
+OPEN_VERSIONS = f"""
+SELECT j.version FROM jobs j WHERE j.state = 'ready'
+AND EXISTS (SELECT 1 FROM shards s WHERE s.version = j.version AND s.state IN {OPEN_STATES})
+ORDER BY j.created_at"""
+
+# The lowest claimable shard: one index seek per way a shard can be claimable
+# (ready, lease expired, batch due to be polled) rather than one OR, which would
+# sort every open shard per claim.
+_SHARD_COLUMNS = "shard_no, state, owner, epoch, slice, record_count, route, batch"
+PICK_SHARD = f"""
+SELECT c.*, {NOW_EXPR}, {LEASE_SECONDS} FROM (
+    SELECT * FROM (SELECT {_SHARD_COLUMNS} FROM shards WHERE version = :v AND state = 'ready' AND {ROUTES}
+                   ORDER BY shard_no LIMIT 1)
+    UNION ALL
+    SELECT * FROM (SELECT {_SHARD_COLUMNS} FROM shards WHERE version = :v AND state = 'leased'
+                   AND lease_expires <= {NOW_EXPR} AND {ROUTES} ORDER BY shard_no LIMIT 1)
+    UNION ALL
+    SELECT * FROM (SELECT {_SHARD_COLUMNS} FROM shards WHERE version = :v AND state = 'submitted'
+                   AND poll_at <= {NOW_EXPR} AND {ROUTES} ORDER BY shard_no LIMIT 1)
+) AS c
+WHERE EXISTS (SELECT 1 FROM jobs WHERE version = :v AND state = 'ready')
+ORDER BY c.shard_no LIMIT 1"""
+GRANT_SHARD = ("UPDATE shards SET state = 'leased', owner = :w, epoch = epoch + 1, lease_expires = :expires, "
+               "claims = claims + 1, owner_process = :process WHERE version = :v AND shard_no = :s "
+               "RETURNING epoch, lease_expires")
+LEASE_BY_CLAIM = ("SELECT slice, record_count, lease_expires, route, batch FROM shards "
+                  "WHERE version = :v AND shard_no = :s")
+RENEW = f"UPDATE shards SET lease_expires = {NOW_EXPR} + {LEASE_SECONDS} WHERE {FENCE} RETURNING lease_expires"
+RELEASE = (f"UPDATE shards SET state = CASE WHEN json_extract(batch, '$.batch_id') IS NOT NULL "
+           f"THEN 'submitted' ELSE 'ready' END, owner = NULL, lease_expires = NULL, poll_at = {NOW_EXPR} "
+           f"WHERE {FENCE}")
+SET_BATCH = f"UPDATE shards SET batch = :batch WHERE {FENCE}"
+SHARD_FOR_AWAIT = "SELECT state, owner, epoch, batch FROM shards WHERE version = :v AND shard_no = :s"
+AWAIT_PROVIDER = (f"UPDATE shards SET state = 'submitted', batch = :batch, lease_expires = NULL, "
+                  f"poll_at = {NOW_EXPR} + :poll_in WHERE {FENCE}")
+SHARD_FOR_COMPLETE = ("SELECT state, owner, epoch, record_count, results_count, dead_count FROM shards "
+                      "WHERE version = :v AND shard_no = :s")
+FINISH_SHARD = f"UPDATE shards SET state = 'done', done_at = {NOW_EXPR}, lease_expires = NULL WHERE {FENCE}"
+_OPEN_OF_READY = (f"SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version WHERE j.state = 'ready' "
+                  f"AND s.state IN {OPEN_STATES} AND {S_ROUTES}")
+HAS_OPEN = f"SELECT EXISTS ({_OPEN_OF_READY})"
+HAS_OPEN_VERSION = f"SELECT EXISTS ({_OPEN_OF_READY} AND s.version = :v)"
+
+# --- records ----------------------------------------------------------------------------
+
+ANSWERED = (f"SELECT record_id FROM results WHERE version = :v AND record_id IN {IDS} UNION ALL "
+            f"SELECT record_id FROM dead_letters WHERE version = :v AND record_id IN {IDS}")
+ATTEMPTS = f"SELECT record_id, attempts FROM attempts WHERE version = :v AND record_id IN {IDS}"
+FENCE_LOCK = f"SELECT 1 FROM shards WHERE {FENCE}"
+# One statement for a flush: the rows arrive as one JSON array of arrays, and
+# RETURNING gives the tokens of the rows actually inserted, for the shard's counters.
+PUT_RESULTS = """
+INSERT OR IGNORE INTO results (version, record_id, shard_no, output, acl, worker, epoch, attempt, input_tokens,
+                               output_tokens, created_at, label, model)
+SELECT :v, json_extract(j.value, '$[0]'), :s, json_extract(j.value, '$[1]'), json_extract(j.value, '$[2]'), :w,
+       :e, json_extract(j.value, '$[3]'), json_extract(j.value, '$[4]'), json_extract(j.value, '$[5]'), :now,
+       json_extract(j.value, '$[6]'), json_extract(j.value, '$[7]')
+FROM json_each(:rows) AS j
+WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = :v AND d.record_id = json_extract(j.value, '$[0]'))
+RETURNING input_tokens, output_tokens"""
+BUMP_RESULTS = ("UPDATE shards SET results_count = results_count + :n, input_tokens = input_tokens + :tin, "
+                "output_tokens = output_tokens + :tout WHERE version = :v AND shard_no = :s")
+INSERT_DEAD = (f"INSERT OR IGNORE INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
+               f"worker, epoch, created_at) SELECT :v, :r, :s, :kind, :error, :acl, :attempts, :w, :e, "
+               f"{NOW_EXPR} WHERE NOT EXISTS (SELECT 1 FROM results WHERE version = :v AND record_id = :r)")
+IS_ANSWERED = ("SELECT EXISTS (SELECT 1 FROM results WHERE version = :v AND record_id = :r) "
+               "OR EXISTS (SELECT 1 FROM dead_letters WHERE version = :v AND record_id = :r)")
+CHARGE = ("INSERT INTO attempts (version, record_id, attempts, last_kind, last_error) "
+          "VALUES (:v, :r, 1, :kind, :error) ON CONFLICT (version, record_id) DO UPDATE SET "
+          "attempts = attempts + 1, last_kind = excluded.last_kind, last_error = excluded.last_error "
+          "RETURNING attempts")
+
+# --- reading ----------------------------------------------------------------------------
+
+STATUS_SHARDS = ("SELECT state, COUNT(*), SUM(results_count), SUM(dead_count) FROM shards WHERE version = :v "
+                 "GROUP BY state")
+DEAD_BY_KIND = "SELECT kind, COUNT(*) FROM dead_letters WHERE version = :v GROUP BY kind"
+LEASES_LOST = "SELECT COUNT(*) FROM events WHERE version = :v AND kind = 'lease_expired'"
+RECENT = ("SELECT COALESCE(SUM(record_count), 0) FROM shards WHERE version = :v AND state = 'done' "
+          "AND done_at >= :since")
+SHARD_ROWS = ("SELECT shard_no, state, owner, epoch, lease_expires, claims, record_count, results_count, "
+              "dead_count, route, json_extract(batch, '$.batch_id'), poll_at FROM shards WHERE version = :v "
+              "ORDER BY shard_no")
+ROUTE_TOTALS = ("SELECT route, COUNT(*), SUM(record_count), SUM(results_count), SUM(carried), SUM(dead_count), "
+                "SUM(input_tokens), SUM(output_tokens) FROM shards WHERE version = :v GROUP BY route")
+TOKEN_TOTALS = "SELECT SUM(input_tokens), SUM(output_tokens) FROM shards WHERE version = :v"
+RESULT_HISTOGRAM = """
+SELECT attempt, MIN(MAX(CAST((created_at - :start) / :width AS INTEGER), 0), :last) AS bin, COUNT(*)
+FROM results WHERE version = :v AND origin IS NULL GROUP BY attempt, bin"""
+RUN_THROUGHPUT = """
+SELECT SUM(json_extract(c.detail, '$.records')), SUM(c.ts - k.ts) FROM events c
+JOIN events k ON k.version = c.version AND k.kind = 'claim' AND k.shard_no = c.shard_no AND k.epoch = c.epoch
+WHERE c.version = :v AND c.kind = 'complete'"""
+# A carried result's payload lives in the row of the version that computed it.
+_RESULT_COLUMNS = ("r.record_id, COALESCE(r.output, o.output), r.acl, r.shard_no, r.worker, r.epoch, r.attempt, "
+                   "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin, r.model")
+_RESULTS_FROM = ("FROM results r LEFT JOIN results o "
+                 "ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id")
+RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = :v AND r.record_id > :after "
+                f"ORDER BY r.record_id LIMIT :n")
+COMPUTED_RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = :v AND "
+                         f"r.record_id > :after AND r.origin IS NULL ORDER BY r.record_id LIMIT :n")
+RESULTS_FOR = f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = :v AND r.record_id IN {IDS}"
+DEAD_LETTERS_PAGE = ("SELECT record_id, shard_no, kind, error, acl, attempts, worker, created_at FROM dead_letters "
+                     "WHERE version = :v AND record_id > :after ORDER BY record_id LIMIT :n")
+PLANNED_PAGE = "SELECT record_id FROM records WHERE version = :v AND record_id > :after ORDER BY record_id LIMIT :n"
+RESOLVE_NAME = "SELECT version FROM pointers WHERE name = :name"
+LABEL_COUNTS = "SELECT label, COUNT(*) FROM results WHERE version = :v GROUP BY label"
+
+# --- validation and publication ---------------------------------------------------------
+
+COUNT_RECORDS = "SELECT COUNT(*) FROM records WHERE version = :v"
+COUNT_RESULTS = "SELECT COUNT(*) FROM results WHERE version = :v"
+COUNT_DEAD = "SELECT COUNT(*) FROM dead_letters WHERE version = :v"
+COUNT_MATCHED = """
+SELECT (SELECT COUNT(*) FROM results r JOIN records p ON p.version = r.version AND p.record_id = r.record_id
+        WHERE r.version = :v)
+     + (SELECT COUNT(*) FROM dead_letters d JOIN records p ON p.version = d.version AND p.record_id = d.record_id
+        WHERE d.version = :v)"""
+COUNT_BOTH = ("SELECT COUNT(*) FROM dead_letters d WHERE d.version = :v AND EXISTS "
+              "(SELECT 1 FROM results r WHERE r.version = :v AND r.record_id = d.record_id)")
+MISSING_SAMPLE = """
+SELECT p.record_id FROM records p WHERE p.version = :v
+AND NOT EXISTS (SELECT 1 FROM results r WHERE r.version = :v AND r.record_id = p.record_id)
+AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = :v AND d.record_id = p.record_id)
+ORDER BY p.record_id LIMIT :n"""
+UNEXPECTED_SAMPLE = """
+SELECT x.record_id FROM (SELECT record_id FROM results WHERE version = :v UNION ALL
+                         SELECT record_id FROM dead_letters WHERE version = :v) x
+WHERE NOT EXISTS (SELECT 1 FROM records p WHERE p.version = :v AND p.record_id = x.record_id)
+ORDER BY x.record_id LIMIT :n"""
+INSERT_VALIDATION = f"INSERT INTO validations (version, passed, report, ts) VALUES (:v, :passed, :report, {NOW_EXPR})"
+LATEST_VALIDATION = "SELECT passed, report, ts FROM validations WHERE version = :v ORDER BY id DESC LIMIT 1"
+POINTER_FOR_UPDATE = "SELECT version FROM pointers WHERE name = :name"
+SET_POINTER = (f"INSERT INTO pointers (name, version, updated_at) VALUES (:name, :v, {NOW_EXPR}) "
+               f"ON CONFLICT (name) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at")
+# The view named after the job reads through its pointer, so a reader's one
+# statement sees the whole old version or the whole new one, never a mix.
+CREATE_VIEW = """
+CREATE VIEW IF NOT EXISTS "{name}" AS
+SELECT r.record_id AS id, COALESCE(r.output, o.output) AS output, r.acl AS acl, r.label AS label,
+       r.version AS version
+FROM pointers p
+JOIN results r ON r.version = p.version
+LEFT JOIN results o ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id
+WHERE p.name = '{name}'"""
+IS_VIEW = "SELECT type = 'view' FROM sqlite_master WHERE name = :name"
+INSERT_PUBLICATION = (f"INSERT INTO publications (name, version, previous, action, who, reason, validation, ts) "
+                      f"VALUES (:name, :v, :previous, :action, :who, :reason, :validation, {NOW_EXPR})")
+PREVIOUS_PUBLISHED = ("SELECT previous FROM publications WHERE name = :name AND version = :v "
+                      "AND action = 'publish' ORDER BY id DESC LIMIT 1")
+IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = :v AND state = 'sealed')"
+PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts FROM publications "
+                "WHERE name = :name ORDER BY id")
+IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = :v)"
+# Rows that a later version carries stay: they hold that version's payload.
+REMOVE_VERSION = (
+    "DELETE FROM results WHERE version = :v AND NOT EXISTS (SELECT 1 FROM results c "
+    "WHERE c.origin = :v AND c.record_id = results.record_id)",
+    *(f"DELETE FROM {table} WHERE version = :v" for table in (
+        "shards", "records", "attempts", "dead_letters", "validations")),
+    "UPDATE jobs SET state = 'removed' WHERE version = :v",
+)

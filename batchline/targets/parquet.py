@@ -1,0 +1,59 @@
+"""A Parquet dataset per version of a published name, and a `CURRENT` file naming the one readers use.
+
+    root/NAME/VERSION/part-00000.parquet
+    root/NAME/CURRENT            (contains VERSION)
+
+A consumer that reads CURRENT and then the folder it names always sees one whole
+version: a version's folder is complete before it is renamed into place, and
+CURRENT is replaced (atomically) only after that.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from batchline.store import ReaderStore
+
+
+def version_folder(version: str) -> str:
+    return version.replace("@", "-")
+
+
+class ParquetDataset:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def describe(self) -> str:
+        return f"Parquet dataset under {self.root}"
+
+    def folder(self, name: str, version: str) -> Path:
+        return self.root / name / version_folder(version)
+
+    def stage(self, store: ReaderStore, version: str) -> None:
+        from batchline.export import export_parquet
+
+        info = store.job(version)
+        assert info is not None
+        folder = self.folder(info.name, version)
+        if folder.exists():
+            return
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        try:
+            export_parquet(store, version, staging / "part-00000.parquet")
+            os.replace(staging, folder)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    def show(self, name: str, version: str) -> None:
+        from batchline.export import atomic_write
+
+        base = self.root / name
+        atomic_write(base / "CURRENT", lambda tmp: tmp.write_text(version_folder(version) + "\n"))
+
+    def forget(self, name: str, version: str) -> None:
+        shutil.rmtree(self.folder(name, version), ignore_errors=True)

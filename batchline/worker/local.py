@@ -1,0 +1,263 @@
+"""A local route's shard: records stream through the engine child, outcomes stream back.
+
+Results are written as they complete, in bounded flushes, fenced by the lease's
+epoch. When the child crashes or misses a batch's deadline, the records in
+flight are bisected in fresh children until the one that fails alone is found,
+and only it is charged an attempt (I4). When the worker is asked to stop
+(SIGTERM, SIGINT, a preemption notice) the run stops taking records, finishes
+what is in flight within the grace period, writes it, and gives the lease back (I5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from batchline.errors import EngineFatal
+from batchline.prompt import render
+from batchline.snapshot import Record, Slice, read_slice
+from batchline.store import DeadLetterRow, LeaseLost, ResultRow
+from batchline.worker.engine_process import EngineProcess
+from batchline.worker.shard import ShardContext
+
+FLUSH_ROWS = 500
+FLUSH_SECONDS = 0.25
+
+
+@dataclass
+class _Group:
+    """Records sent to the child together, with the deadline the batch must meet."""
+
+    remaining: dict[str, Record]
+    deadline: float
+    isolated: bool
+    sent: float = 0.0
+    size: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    budget: float = 0.0  # batch_timeout + n * record_timeout: how long the engine may take on it
+
+
+class LocalShardRun:
+    def __init__(self, ctx: ShardContext, engine: EngineProcess, restart_engine: Callable[[], EngineProcess]) -> None:
+        self.ctx = ctx
+        self.job = ctx.job
+        self.shards = ctx.job.spec.shards
+        self.telemetry = ctx.worker.telemetry
+        self.engine = engine
+        self.restart_engine = restart_engine
+        self.pending: deque[Record] = deque()
+        self.isolation: deque[list[Record]] = deque()
+        self.groups: list[_Group] = []
+        self.attempts: dict[str, int] = {}
+        self.results: list[ResultRow] = []
+        self.too_long: list[DeadLetterRow] = []
+        self.buffer_since = 0.0
+
+    # -- the shard loop --
+
+    def run(self) -> str:
+        try:
+            return self._run()
+        except LeaseLost as exc:
+            self.ctx.lost(exc)
+            if self._in_flight():
+                self.engine = self.restart_engine()  # its records belong to a shard we no longer hold
+            return "lost"
+        except EngineFatal:
+            with contextlib.suppress(LeaseLost):
+                self._flush(force=True)  # what was computed before the engine died is good
+            raise
+
+    def _run(self) -> str:
+        lease = self.ctx.lease
+        records = read_slice(Slice.from_json(lease.slice), self.job.spec.input, self.job.spec.routing)
+        ids = [r.id for r in records]
+        answered = self.ctx.store.answered(lease.version, ids)
+        self.attempts = self.ctx.store.attempts(lease.version, ids)
+        self.pending.extend(r for r in records if r.id not in answered)
+        stop_at: float | None = None
+        while True:
+            now = time.monotonic()
+            if self.ctx.stopping and stop_at is None:
+                stop_at = now + self.shards.grace_seconds
+                self.ctx.log(f"stopping: finishing {self._in_flight()} records in flight "
+                             f"(grace {self.shards.grace_seconds:.0f}s)")
+            if stop_at is not None and (not self.groups or now >= stop_at):
+                return self._stop()
+            if stop_at is None:
+                self._fill(now)
+            if not self.groups and not self.pending and not self.isolation:
+                break
+            msg = self.engine.get(self._wait_seconds(now))
+            if msg is not None:
+                if msg["op"] == "out":
+                    self._outcome(msg)
+                elif msg["op"] == "fatal":
+                    # The engine says it cannot go on (CUDA error, server gone): no record is to blame.
+                    raise EngineFatal(msg["error"])
+                elif msg["op"] == "eof":
+                    self._failure("crash", None)
+            now = time.monotonic()
+            if self.groups and self.groups[0].deadline <= now:
+                self._failure("hang", None)
+            self._flush(force=False)
+            # Renewing only while the child keeps its deadlines: a hung engine lets the lease lapse.
+            if not (self.groups and self.groups[0].deadline <= now):
+                self.ctx.renew_if_due(now)
+        self._flush(force=True)
+        self.ctx.complete()
+        return "done"
+
+    def _stop(self) -> str:
+        self._flush(force=True)
+        if self.groups:
+            # Unfinished records are lost, not charged. The worker is stopping, so no
+            # new engine is started: the GPU is free as soon as this child is gone.
+            self.engine.kill()
+            self.groups.clear()
+        if not self.pending and not self.isolation:
+            self.ctx.complete()
+            return "done-then-stopped"
+        self.ctx.release("stop")
+        return "stopped"
+
+    def _in_flight(self) -> int:
+        return sum(len(g.remaining) for g in self.groups)
+
+    def _wait_seconds(self, now: float) -> float:
+        waits = [0.5, self.ctx.last_renew + self.shards.renew_seconds - now]
+        if self.groups:
+            waits.append(self.groups[0].deadline - now)
+        if self.results or self.too_long:
+            waits.append(self.buffer_since + FLUSH_SECONDS - now)
+        return max(0.0, min(waits))
+
+    # -- sending --
+
+    def _fill(self, now: float) -> None:
+        if any(g.isolated for g in self.groups):
+            return
+        if self.isolation:
+            if not self.groups:
+                self._send(self.isolation.popleft(), isolated=True, now=now)
+            return
+        size = self.shards.batch_size
+        # Two batches in flight keep a streaming engine busy while the next is queued.
+        while self.pending and self._in_flight() < 2 * size:
+            batch = [self.pending.popleft() for _ in range(min(size, len(self.pending)))]
+            self._send(batch, isolated=False, now=now)
+
+    def _send(self, records: list[Record], *, isolated: bool, now: float) -> None:
+        budget = self.shards.batch_timeout_seconds + len(records) * self.shards.record_timeout_seconds
+        start = max([now] + [g.deadline for g in self.groups])
+        self.groups.append(_Group({r.id: r for r in records}, start + budget, isolated, now, len(records),
+                                  budget=budget))
+        self.telemetry.in_flight(self._in_flight())
+        self.engine.send([self._request(r) for r in records])
+
+    def _request(self, r: Record) -> dict[str, Any]:
+        if r.messages is not None:
+            # Only the child has the model's chat template; it renders the prompt.
+            return {"id": r.id, "prompt": "", "prefix": "", "text": r.text, "messages": list(r.messages)}
+        return {"id": r.id, "prompt": render(self.job.prefix, self.job.suffix, r.text),
+                "prefix": self.job.prefix, "text": r.text}
+
+    # -- receiving --
+
+    def _take(self, msg: dict[str, Any]) -> Record | None:
+        for i, g in enumerate(self.groups):
+            record = g.remaining.pop(msg["id"], None)
+            if record is not None:
+                g.input_tokens += msg.get("in") or 0
+                g.output_tokens += msg.get("outt") or 0
+                if not g.remaining:
+                    del self.groups[i]
+                    self.telemetry.engine_batch(g.size, time.monotonic() - g.sent, g.input_tokens,
+                                                g.output_tokens)
+                    if i == 0 and self.groups:
+                        # A queued batch's clock starts when the one ahead of it is done, not at
+                        # that one's deadline: stacked deadlines would grow by a whole budget per
+                        # batch sent, and a hang late in a shard would go unseen for minutes.
+                        head = self.groups[0]
+                        head.deadline = min(head.deadline, time.monotonic() + head.budget)
+                self.telemetry.in_flight(self._in_flight())
+                return record
+        return None
+
+    def _outcome(self, msg: dict[str, Any]) -> None:
+        record = self._take(msg)
+        if record is None:
+            return  # an answer from a batch already given up on
+        if msg.get("kind") == "too_long":
+            self._buffer_dead(DeadLetterRow(record.id, "too_long", msg["error"], record.acl,
+                                            self.attempts.get(record.id, 0)))
+        elif msg.get("error"):
+            self._charge(record, msg.get("kind") or "engine_error", msg["error"])
+        else:
+            canonical, problem = self.job.checker.check(msg["output"])
+            if canonical is None:
+                self._charge(record, "invalid_output", problem or "invalid output")
+            else:
+                self._buffer(ResultRow(record.id, canonical, record.acl, self.attempts.get(record.id, 0) + 1,
+                                       msg.get("in"), msg.get("outt"), self.job.label(canonical), self.job.model))
+
+    def _buffer(self, row: ResultRow) -> None:
+        if not self.results and not self.too_long:
+            self.buffer_since = time.monotonic()
+        self.results.append(row)
+
+    def _buffer_dead(self, row: DeadLetterRow) -> None:
+        if not self.results and not self.too_long:
+            self.buffer_since = time.monotonic()
+        self.too_long.append(row)
+
+    def _charge(self, record: Record, kind: str, error: str) -> None:
+        result = self.ctx.charge(record, kind, error)
+        if result.attempts == 0:
+            return  # answered meanwhile
+        self.attempts[record.id] = result.attempts
+        if result.dead_lettered:
+            return
+        if kind in ("crash", "hang"):
+            self.isolation.appendleft([record])
+        else:
+            self.pending.append(record)
+
+    def _failure(self, kind: str, detail: str | None) -> None:
+        suspects = [r for g in self.groups for r in g.remaining.values()]
+        self.groups.clear()
+        self.telemetry.engine_failure(kind)
+        code = self.engine.exit_code
+        self.ctx.event(f"engine_{kind}", {"in_flight": len(suspects), "exit_code": code, "error": detail})
+        self.engine = self.restart_engine()
+        self.ctx.renew_soon()  # the restart may have taken a while
+        if len(suspects) == 1:
+            what = (f"engine process died (exit status {code})" if kind == "crash"
+                    else "engine gave no answer before the batch deadline")
+            self._charge(suspects[0], kind, f"{what} with this record alone in flight"
+                         + (f": {detail}" if detail else ""))
+        elif suspects:
+            half = len(suspects) // 2
+            self.isolation.appendleft(suspects[half:])
+            self.isolation.appendleft(suspects[:half])
+
+    # -- writing --
+
+    def _flush(self, *, force: bool) -> None:
+        if not self.results and not self.too_long:
+            return
+        due = (len(self.results) + len(self.too_long) >= FLUSH_ROWS
+               or time.monotonic() - self.buffer_since >= FLUSH_SECONDS)
+        if not (force or due):
+            return
+        if self.results:
+            self.ctx.put(self.results)
+            self.results = []
+        if self.too_long:
+            self.ctx.dead_letter(self.too_long, outcome="too_long")
+            self.too_long = []
