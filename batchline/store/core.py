@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
+import orjson
+
 from batchline.errors import StoreError
 from batchline.store.model import (
     WRITE_BATCH_ROWS,
@@ -122,7 +124,7 @@ def taken_over(version: str) -> StoreError:
 
 def acl_json(acl: Any) -> str | None:
     """ACLs are stored as canonical JSON text, so equal ACLs compare equal in SQL."""
-    return None if acl is None else json.dumps(acl, sort_keys=True, separators=(",", ":"))
+    return None if acl is None else orjson.dumps(acl, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def acl_value(text: str | None) -> Any:
@@ -649,12 +651,11 @@ class StoreCore(ABC):
         self._analyse(version)
 
         def body(tx: Tx) -> Coverage:
-            for stmt in getattr(self.q, "COVERAGE_SETTINGS", ()):
-                tx.run(stmt)
             p = {"v": version, "n": sample}
-            counts = [int(_scalar(tx, stmt, p)) for stmt in (self.q.COUNT_RECORDS, self.q.COUNT_RESULTS,
-                                                               self.q.COUNT_DEAD, self.q.COUNT_MATCHED,
-                                                               self.q.COUNT_BOTH)]
+            # The backend's steps: counts, and between them the settings its joins want.
+            found = [tx.one(stmt, p) for stmt in self.q.COVERAGE_STEPS]
+            records, results, dead, matched_results, matched_dead, both = (int(r[0]) for r in found if r)
+            counts = (records, results, dead, matched_results + matched_dead, both)
 
             def samples(missing: int, unexpected: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
                 return (tuple(r[0] for r in tx.all(self.q.MISSING_SAMPLE, p)) if missing else (),

@@ -280,17 +280,13 @@ ANSWERED = (f"SELECT record_id FROM results WHERE version = :v AND record_id IN 
             f"SELECT record_id FROM dead_letters WHERE version = :v AND record_id IN {IDS}")
 ATTEMPTS = f"SELECT record_id, attempts FROM attempts WHERE version = :v AND record_id IN {IDS}"
 FENCE_LOCK = f"SELECT 1 FROM shards WHERE {FENCE}"
-# One statement for a flush: the rows arrive as one JSON array of arrays, and
-# RETURNING gives the tokens of the rows actually inserted, for the shard's counters.
-PUT_RESULTS = """
-INSERT OR IGNORE INTO results (version, record_id, shard_no, output, acl, worker, epoch, attempt, input_tokens,
-                               output_tokens, created_at, label, model)
-SELECT :v, json_extract(j.value, '$[0]'), :s, json_extract(j.value, '$[1]'), json_extract(j.value, '$[2]'), :w,
-       :e, json_extract(j.value, '$[3]'), json_extract(j.value, '$[4]'), json_extract(j.value, '$[5]'), :now,
-       json_extract(j.value, '$[6]'), json_extract(j.value, '$[7]')
-FROM json_each(:rows) AS j
-WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = :v AND d.record_id = json_extract(j.value, '$[0]'))
-RETURNING input_tokens, output_tokens"""
+# One row of a flush; an id already answered (a result, or a dead letter) makes the
+# flush find the new rows first (see SQLiteStore._put).
+PUT_RESULT = """
+INSERT INTO results (version, record_id, shard_no, output, acl, worker, epoch, attempt, input_tokens,
+                     output_tokens, created_at, label, model)
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13
+WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = ?1 AND d.record_id = ?2)"""
 BUMP_RESULTS = ("UPDATE shards SET results_count = results_count + :n, input_tokens = input_tokens + :tin, "
                 "output_tokens = output_tokens + :tout WHERE version = :v AND shard_no = :s")
 INSERT_DEAD = (f"INSERT OR IGNORE INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
@@ -345,13 +341,14 @@ LABEL_COUNTS = "SELECT label, COUNT(*) FROM results WHERE version = :v GROUP BY 
 COUNT_RECORDS = "SELECT COUNT(*) FROM records WHERE version = :v"
 COUNT_RESULTS = "SELECT COUNT(*) FROM results WHERE version = :v"
 COUNT_DEAD = "SELECT COUNT(*) FROM dead_letters WHERE version = :v"
-COUNT_MATCHED = """
-SELECT (SELECT COUNT(*) FROM results r JOIN records p ON p.version = r.version AND p.record_id = r.record_id
-        WHERE r.version = :v)
-     + (SELECT COUNT(*) FROM dead_letters d JOIN records p ON p.version = d.version AND p.record_id = d.record_id
-        WHERE d.version = :v)"""
+MATCHED_RESULTS = ("SELECT COUNT(*) FROM results r JOIN records p ON p.version = r.version "
+                   "AND p.record_id = r.record_id WHERE r.version = :v")
+MATCHED_DEAD = ("SELECT COUNT(*) FROM dead_letters d JOIN records p ON p.version = d.version "
+                "AND p.record_id = d.record_id WHERE d.version = :v")
 COUNT_BOTH = ("SELECT COUNT(*) FROM dead_letters d WHERE d.version = :v AND EXISTS "
               "(SELECT 1 FROM results r WHERE r.version = :v AND r.record_id = d.record_id)")
+# The counts in order: records, results, dead letters, results matched, dead letters matched, ids with both.
+COVERAGE_STEPS = (COUNT_RECORDS, COUNT_RESULTS, COUNT_DEAD, MATCHED_RESULTS, MATCHED_DEAD, COUNT_BOTH)
 MISSING_SAMPLE = """
 SELECT p.record_id FROM records p WHERE p.version = :v
 AND NOT EXISTS (SELECT 1 FROM results r WHERE r.version = :v AND r.record_id = p.record_id)
