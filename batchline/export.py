@@ -84,7 +84,8 @@ def export_dataset(store: ReaderStore, name: str, root: Path) -> tuple[str, Path
         raise BatchlineError(f"nothing is published under {name!r} in {store.url}")
     dataset = ParquetDataset(root)
     dataset.stage(store, version)
-    dataset.show(name, version)
+    # An export on demand, not a publication: CURRENT follows the store's pointer, whatever it named before.
+    dataset.show(name, version, None)
     return version, dataset.folder(name, version)
 
 

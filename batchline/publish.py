@@ -6,6 +6,7 @@ import getpass
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from batchline.errors import BatchlineError
 from batchline.spec import stored_spec
@@ -51,21 +52,39 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
                                  "fix it, or publish with --force --reason")
     for target in targets:
         target.stage(store, version)
+    shown = _show(store, info.name, version, targets)
     previous = store.publish(info.name, version, who(), reason if force else None,
-                             latest.report if latest else None)
-    for target in targets:
-        target.show(info.name, version)
+                             latest.report if latest else None, targets=shown or None)
     removed = prune(store, info.name, stored_spec(info).retention.versions, log=log, targets=targets)
     return PublishResult(info.name, version, previous, removed)
 
 
 def rollback(store: PublisherStore, name: str, reason: str | None = None,
              targets: Sequence[PublicationTarget] = ()) -> tuple[str, str]:
-    current, previous = store.rollback(name, who(), reason)
+    if not targets:
+        return store.rollback(name, who(), reason)
+    current = store.resolve_name(name)
+    back_to = next((p.previous for p in reversed(store.publications(name))
+                    if p.version == current and p.action == "publish"), None)
+    if current is None or back_to is None:
+        return store.rollback(name, who(), reason)  # refused there, in the store's words
     for target in targets:
-        target.stage(store, previous)  # staged when it was published, unless that target is new
-        target.show(name, previous)
-    return current, previous
+        target.stage(store, back_to)  # staged when it was published, unless the target is new
+    shown = _show(store, name, back_to, targets)
+    moved = store.rollback(name, who(), reason, targets=shown)
+    if moved != (current, back_to):
+        raise BatchlineError(f"{name}: another publish moved it meanwhile ({moved[0]} to {moved[1]}); the "
+                             f"targets show {back_to}: publish again to bring them in line")
+    return moved
+
+
+def _show(store: PublisherStore, name: str, version: str,
+          targets: Sequence[PublicationTarget]) -> dict[str, Any]:
+    """Shows `version` in each target, from the state the store recorded last for it."""
+    recorded: dict[str, Any] = {}
+    for pub in store.publications(name):
+        recorded.update(pub.targets or {})
+    return {t.key: t.show(name, version, recorded.get(t.key)) for t in targets}
 
 
 def prune(store: PublisherStore, name: str, keep: int, *, log: Callable[[str], None] = lambda _m: None,

@@ -695,7 +695,7 @@ class StoreCore(ABC):
         return str(row[0]) if row else None
 
     def publish(self, name: str, version: str, who: str, reason: str | None,
-                validation: dict[str, Any] | None) -> str | None:
+                validation: dict[str, Any] | None, targets: dict[str, Any] | None = None) -> str | None:
         op = uuid.uuid4()
 
         def body(tx: Tx) -> str | None:
@@ -703,7 +703,8 @@ class StoreCore(ABC):
             previous = self._point(tx, name, version)
             tx.run(self.q.INSERT_PUBLICATION, {"name": name, "v": version, "previous": previous,
                                                "action": "publish", "who": who, "reason": reason,
-                                               "validation": self._json(validation) if validation else None})
+                                               "validation": self._json(validation) if validation else None,
+                                               "targets": self._json(targets) if targets else None})
             self._event(tx, "publish", version, None, None, None,
                         {"name": name, "previous": previous, "who": who, "reason": reason}, op)
             return previous
@@ -714,7 +715,8 @@ class StoreCore(ABC):
 
         return self._write(body, recover=recover)
 
-    def rollback(self, name: str, who: str, reason: str | None) -> tuple[str, str]:
+    def rollback(self, name: str, who: str, reason: str | None,
+                 targets: dict[str, Any] | None = None) -> tuple[str, str]:
         op = uuid.uuid4()
 
         def body(tx: Tx) -> tuple[str, str]:
@@ -732,7 +734,7 @@ class StoreCore(ABC):
             self._point(tx, name, target)
             tx.run(self.q.INSERT_PUBLICATION, {"name": name, "v": target, "previous": current,
                                                "action": "rollback", "who": who, "reason": reason,
-                                               "validation": None})
+                                               "validation": None, "targets": self._json(targets) if targets else None})
             self._event(tx, "rollback", target, None, None, None, {"name": name, "from": current, "who": who}, op)
             return current, target
 
@@ -747,7 +749,8 @@ class StoreCore(ABC):
     def publications(self, name: str) -> list[Publication]:
         rows = self._read(lambda tx: tx.all(self.q.PUBLICATIONS, {"name": name}))
         return [Publication(int(r[0]), r[1], r[2], r[3], r[4], r[5], r[6],
-                            self._unjson(r[7]) if r[7] is not None else None, float(r[8])) for r in rows]
+                            self._unjson(r[7]) if r[7] is not None else None, float(r[8]),
+                            self._unjson(r[9]) if r[9] is not None else None) for r in rows]
 
     def remove_version(self, version: str) -> None:
         def body(tx: Tx) -> None:

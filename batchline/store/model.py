@@ -216,6 +216,8 @@ class Publication:
     reason: str | None
     validation: dict[str, Any] | None
     ts: float
+    # What each publication target showed readers after this publish or rollback, by its key.
+    targets: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

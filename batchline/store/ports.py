@@ -214,12 +214,14 @@ class PublisherStore(ReaderStore, Protocol):
     def record_validation(self, version: str, passed: bool, report: dict[str, Any]) -> None: ...
 
     def publish(self, name: str, version: str, who: str, reason: str | None,
-                validation: dict[str, Any] | None) -> str | None:
+                validation: dict[str, Any] | None, targets: dict[str, Any] | None = None) -> str | None:
         """Points `name` (and the view named after it) at `version` in one atomic
-        step; returns the version it pointed at before."""
+        step, recording what each publication target now shows; returns the
+        version it pointed at before."""
         ...
 
-    def rollback(self, name: str, who: str, reason: str | None) -> tuple[str, str]:
+    def rollback(self, name: str, who: str, reason: str | None,
+                 targets: dict[str, Any] | None = None) -> tuple[str, str]:
         """Points `name` back at the version published before the current one;
         returns (from, to)."""
         ...

@@ -209,6 +209,15 @@ BEGIN
     END LOOP;
 END $$;
 """),
+    # What each publication target (a warehouse table) showed readers after a publish,
+    # so the next publish changes it only from that state; a shard's pieces, so its
+    # unstarted tail can be split off to another worker.
+    (6, "publication targets' state, shard pieces", """
+ALTER TABLE publications ADD COLUMN targets jsonb;
+ALTER TABLE shards ADD COLUMN first_piece int;
+ALTER TABLE shards ADD COLUMN end_piece int;
+ALTER TABLE shards ADD COLUMN started_piece int;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -621,13 +630,14 @@ WHERE p.name = {name}"""
 RELATION_EXISTS = "SELECT to_regclass(%(relation)s) IS NOT NULL"
 IS_VIEW = f"SELECT EXISTS (SELECT 1 FROM pg_views WHERE schemaname = '{PUBLISHED_SCHEMA}' AND viewname = %(name)s)"
 INSERT_PUBLICATION = """
-INSERT INTO publications (name, version, previous, action, who, reason, validation, ts)
-VALUES (%(name)s, %(v)s, %(previous)s, %(action)s, %(who)s, %(reason)s, %(validation)s, batchline_now())"""
+INSERT INTO publications (name, version, previous, action, who, reason, validation, targets, ts)
+VALUES (%(name)s, %(v)s, %(previous)s, %(action)s, %(who)s, %(reason)s, %(validation)s, %(targets)s,
+        batchline_now())"""
 PREVIOUS_PUBLISHED = """
 SELECT previous FROM publications WHERE name = %(name)s AND version = %(v)s AND action = 'publish'
 ORDER BY id DESC LIMIT 1"""
 IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = %(v)s AND state = 'sealed')"
-PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts FROM publications "
+PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts, targets FROM publications "
                 "WHERE name = %(name)s ORDER BY id")
 IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = %(v)s)"
 # Rows that a later version carries stay: they hold that version's payload.

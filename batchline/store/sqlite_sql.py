@@ -146,6 +146,15 @@ FROM (SELECT version, shard_no, SUM(origin IS NOT NULL) AS carried,
       FROM results GROUP BY version, shard_no) AS c
 WHERE shards.version = c.version AND shards.shard_no = c.shard_no;
 """),
+    # What each publication target (a warehouse table) showed readers after a publish,
+    # so the next publish changes it only from that state; a shard's pieces, so its
+    # unstarted tail can be split off to another worker.
+    (4, "publication targets' state, shard pieces", """
+ALTER TABLE publications ADD COLUMN targets TEXT;
+ALTER TABLE shards ADD COLUMN first_piece INTEGER;
+ALTER TABLE shards ADD COLUMN end_piece INTEGER;
+ALTER TABLE shards ADD COLUMN started_piece INTEGER;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -375,12 +384,12 @@ JOIN results r ON r.version = p.version
 LEFT JOIN results o ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id
 WHERE p.name = '{name}'"""
 IS_VIEW = "SELECT type = 'view' FROM sqlite_master WHERE name = :name"
-INSERT_PUBLICATION = (f"INSERT INTO publications (name, version, previous, action, who, reason, validation, ts) "
-                      f"VALUES (:name, :v, :previous, :action, :who, :reason, :validation, {NOW_EXPR})")
+INSERT_PUBLICATION = (f"INSERT INTO publications (name, version, previous, action, who, reason, validation, targets, "
+                      f"ts) VALUES (:name, :v, :previous, :action, :who, :reason, :validation, :targets, {NOW_EXPR})")
 PREVIOUS_PUBLISHED = ("SELECT previous FROM publications WHERE name = :name AND version = :v "
                       "AND action = 'publish' ORDER BY id DESC LIMIT 1")
 IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = :v AND state = 'sealed')"
-PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts FROM publications "
+PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts, targets FROM publications "
                 "WHERE name = :name ORDER BY id")
 IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = :v)"
 # Rows that a later version carries stay: they hold that version's payload.

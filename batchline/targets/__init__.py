@@ -2,27 +2,38 @@
 
 The store's own pointer (and the view that reads through it) is the truth:
 incremental runs (`base: published`), retention and rollback read it. A target
-is another place readers look (a Parquet dataset with a `CURRENT` file, later a
-warehouse table) that follows the pointer:
+is another place readers look (a Parquet dataset with a `CURRENT` file, a
+warehouse table) that follows the pointer, and the store records, with each
+publication, what the target showed readers after it (`Publication.targets`,
+by the target's `key`):
 
 - `stage` writes a sealed version there, where readers do not see it yet
   (idempotent: a version staged before is not written again);
-- `show` makes a staged version the one readers see, in one atomic step;
+- `show` makes a staged version the one readers see, in one atomic step, only
+  from the state the store recorded last (`recorded`; None before the first
+  publication with this target); it refuses, with one line, a target that
+  shows something else, so store and target never disagree silently; it
+  returns the state to record;
 - `forget` removes a version's data once retention has dropped the version.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from batchline.store import ReaderStore
 
 
 class PublicationTarget(Protocol):
+    @property
+    def key(self) -> str:
+        """Names the target in the store's publication records (no credentials in it)."""
+        ...
+
     def describe(self) -> str: ...
 
     def stage(self, store: ReaderStore, version: str) -> None: ...
 
-    def show(self, name: str, version: str) -> None: ...
+    def show(self, name: str, version: str, recorded: dict[str, Any] | None) -> dict[str, Any]: ...
 
     def forget(self, name: str, version: str) -> None: ...

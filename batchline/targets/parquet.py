@@ -14,7 +14,9 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
+from batchline.errors import BatchlineError
 from batchline.store import ReaderStore
 
 
@@ -25,6 +27,10 @@ def version_folder(version: str) -> str:
 class ParquetDataset:
     def __init__(self, root: Path) -> None:
         self.root = root
+
+    @property
+    def key(self) -> str:
+        return f"parquet:{self.root}"
 
     def describe(self) -> str:
         return f"Parquet dataset under {self.root}"
@@ -49,11 +55,18 @@ class ParquetDataset:
             shutil.rmtree(staging, ignore_errors=True)
             raise
 
-    def show(self, name: str, version: str) -> None:
+    def current(self, name: str) -> str | None:
+        path = self.root / name / "CURRENT"
+        return path.read_text().strip() if path.exists() else None
+
+    def show(self, name: str, version: str, recorded: dict[str, Any] | None) -> dict[str, Any]:
         from batchline.export import atomic_write
 
-        base = self.root / name
-        atomic_write(base / "CURRENT", lambda tmp: tmp.write_text(version_folder(version) + "\n"))
+        if recorded is not None and self.current(name) != recorded.get("current"):
+            raise BatchlineError(f"{self.root / name / 'CURRENT'} names {self.current(name)!r}, not "
+                                 f"{recorded.get('current')!r} as the store recorded; not changing it")
+        atomic_write(self.root / name / "CURRENT", lambda tmp: tmp.write_text(version_folder(version) + "\n"))
+        return {"current": version_folder(version)}
 
     def forget(self, name: str, version: str) -> None:
         shutil.rmtree(self.folder(name, version), ignore_errors=True)

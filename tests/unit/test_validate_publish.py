@@ -385,3 +385,25 @@ def test_publish_fails_loudly_when_the_name_is_taken_by_something_that_is_not_it
     with pytest.raises(StoreError, match="is not the view that reads through the pointer"):
         publish(store, version)
     assert store.resolve_name(spec.name) is None and store.publications(spec.name) == []
+
+
+def test_a_publication_target_follows_the_pointer_and_refuses_a_state_the_store_did_not_record(
+        job_factory: Any, store: Store, tmp_path: Path) -> None:
+    from batchline.targets.parquet import ParquetDataset, version_folder
+
+    dataset = ParquetDataset(tmp_path / "warehouse")
+    spec, v1 = sealed_version(job_factory, store, n=20)
+    _, v2 = sealed_version(job_factory, store, make_records(25, "x"))
+    for v in (v1, v2):
+        validate(store, v)
+        publish(store, v, targets=[dataset])
+        assert dataset.current(spec.name) == version_folder(v)
+    assert store.publications(spec.name)[-1].targets == {dataset.key: {"current": version_folder(v2)}}
+    assert pq.read_table(dataset.folder(spec.name, v2)).num_rows == 25
+    assert rollback(store, spec.name, targets=[dataset]) == (v2, v1)
+    assert dataset.current(spec.name) == version_folder(v1)
+    # Someone else changed what readers see: the next publish refuses and moves nothing.
+    (tmp_path / "warehouse" / spec.name / "CURRENT").write_text("elsewhere\n")
+    with pytest.raises(BatchlineError, match="CURRENT names 'elsewhere', not 'test-job-.* as the store recorded"):
+        publish(store, v2, targets=[dataset])
+    assert store.resolve_name(spec.name) == v1
