@@ -65,6 +65,8 @@ class PrometheusTelemetry(WorkerTelemetry):
         self.claims = Counter("batchline_lease_claims", "Shard leases granted to this worker", registry=r)
         self.renewals = Counter("batchline_lease_renewals", "Lease renewals, by whether the lease was still held",
                                 ["result"], registry=r)
+        self.take_backs = Counter("batchline_lease_take_backs",
+                                  "Leases of workers proven dead that this worker ended at once", registry=r)
         self.stale = Counter("batchline_stale_epoch_refusals",
                              "Fenced writes the store refused because this worker's lease epoch was stale",
                              ["op"], registry=r)
@@ -106,6 +108,9 @@ class PrometheusTelemetry(WorkerTelemetry):
 
     def renewed(self, ok: bool) -> None:
         self.renewals.labels(result="ok" if ok else "lost").inc()
+
+    def taken_back(self, n: int) -> None:
+        self.take_backs.inc(n)
 
     def stale_epoch(self, op: str) -> None:
         self.stale.labels(op=op or "unknown").inc()

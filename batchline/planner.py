@@ -7,20 +7,22 @@ the next plan of the same version discards the leftovers and starts again.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from batchline.errors import InputError, SpecError
 from batchline.snapshot import (
+    Piece,
     Record,
     ScannedRecord,
     Slice,
     csv_header,
     input_sources,
     parquet_slice_digest,
+    read_bytes,
     read_slice,
     scan,
-    slice_digest_bytes,
 )
 from batchline.sources import Source, snapshot_digest
 from batchline.spec import LOCAL_ROUTE, JobSpec, stored_spec
@@ -138,21 +140,22 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
     slices: dict[int, Slice] = {}
     per_route: dict[str, int] = {}
 
+    pieces = 0
     for source in input_sources(spec.input):
         header = csv_header(source) if spec.input.format == "csv" else None
         for route, chunk in _route_chunks(scan(source, spec.input), spec):
             first, last = chunk[0], chunk[-1]
             batch = [s.record for s in chunk]
-            if spec.input.format == "parquet":
-                digest = parquet_slice_digest(batch)
-            else:
-                digest = slice_digest_bytes(source, first.start, last.end)
+            over = {r.id for r in batch if byte_bound is not None and len(r.text.encode()) > byte_bound}
+            digest, shard_pieces = _digests(source, chunk, spec.input.format, pieces, over)
             sl = Slice(path=source.location, format=spec.input.format, start=first.start, end=last.end,
                        first_line=first.record.line, digest=digest, header=header,
-                       route=route if spec.routing else None)
+                       route=route if spec.routing else None, pieces=shard_pieces)
             slices[shard_no] = sl
             per_route[route] = per_route.get(route, 0) + len(batch)
-            writer.add_shards([PlannedShard(shard_no, sl.to_json(), len(batch), route)])
+            writer.add_shards([PlannedShard(shard_no, sl.to_json(), len(batch), route,
+                                            first_piece=pieces, end_piece=pieces + len(shard_pieces))])
+            pieces += len(shard_pieces)
             try:
                 writer.add_records([PlannedRecord(r.id, shard_no, r.content_hash) for r in batch])
             except DuplicateRecord as dup:
@@ -161,7 +164,7 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
                 DeadLetterRow(r.id, "too_long",
                               f"{len(r.text.encode())} bytes of text is surely over max_input_tokens={cap} "
                               f"(planner bound: {spec.input.max_bytes_per_token} bytes per token)", r.acl)
-                for r in batch if byte_bound is not None and len(r.text.encode()) > byte_bound
+                for r in batch if r.id in over
             ]
             if too_long:
                 writer.add_dead_letters(shard_no, too_long)
@@ -171,6 +174,32 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
     if records == 0:
         raise InputError(f"no records in {', '.join(spec.input.locations)} (empty input)")
     return PlanResult(version, True, records, shard_no, dead_total, per_route)
+
+
+# Each shard is cut into this many pieces (fewer for a shard of fewer records): the
+# unit its unstarted tail is split off in when other workers would idle.
+PIECES_PER_SHARD = 16
+
+
+def _digests(source: Source, chunk: list[ScannedRecord], fmt: str, first_no: int,
+             over: set[str]) -> tuple[str, tuple[Piece, ...]]:
+    """The shard's digest and its pieces, each with its own digest: for text formats the
+    bytes (read once for the whole shard), for Parquet the ids and content hashes."""
+    size = -(-len(chunk) // PIECES_PER_SHARD)
+    groups = [chunk[i:i + size] for i in range(0, len(chunk), size)]
+    if fmt == "parquet":
+        def digest_of(items: list[ScannedRecord]) -> str:
+            return parquet_slice_digest([s.record for s in items])
+        whole = digest_of(chunk)
+    else:
+        data = read_bytes(source, chunk[0].start, chunk[-1].end)
+        base = chunk[0].start
+
+        def digest_of(items: list[ScannedRecord]) -> str:
+            return "sha256:" + hashlib.sha256(data[items[0].start - base:items[-1].end - base]).hexdigest()
+        whole = digest_of(chunk)
+    return whole, tuple(Piece(first_no + i, g[0].start, g[-1].end, g[0].record.line, digest_of(g), len(g),
+                              sum(1 for s in g if s.record.id in over)) for i, g in enumerate(groups))
 
 
 def _route_chunks(items: Iterator[ScannedRecord], spec: JobSpec) -> Iterator[tuple[str, list[ScannedRecord]]]:

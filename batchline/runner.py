@@ -19,6 +19,7 @@ from types import FrameType
 from typing import IO
 
 from batchline.errors import BatchlineError
+from batchline.liveness import take_back_dead
 from batchline.store import JobStatus, Store
 from batchline.worker.supervisor import EXIT_DONE, EXIT_PREEMPTED
 
@@ -26,6 +27,7 @@ from batchline.worker.supervisor import EXIT_DONE, EXIT_PREEMPTED
 # weights broken, bad usage): restarting would only repeat them.
 FATAL_EXITS = {2, 3, 5}
 RATE_WINDOW_SECONDS = 60.0
+RUNNER = "runner"
 
 
 @dataclass
@@ -103,6 +105,8 @@ class LocalRunner:
                     if slot.proc is None or code == EXIT_DONE:
                         slot.proc = None
                         continue
+                    # Its leases need not run out: this runner saw the process end.
+                    take_back_dead(self.store, self.version, RUNNER)
                     if code in FATAL_EXITS:
                         self._stop_all(slots)
                         raise BatchlineError(f"worker {slot.index} failed: {self._last_line(slot)} "

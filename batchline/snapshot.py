@@ -14,7 +14,7 @@ import hashlib
 import io
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,29 @@ class Record:
     # openai-batch: the conversation, which the engine renders with its chat template;
     # `text` is then the last user message.
     messages: tuple[dict[str, Any], ...] | None = None
+    piece: int | None = None  # the piece of its shard it was read from (see Piece)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of a shard's records with its own bounds and digest: the unit a shard's
+    unstarted tail is split off in (see batchline.store.core.split_point)."""
+
+    no: int  # numbered across the version, so a piece keeps its number in a split-off shard
+    start: int
+    end: int
+    first_line: int
+    digest: str
+    records: int
+    dead: int = 0  # records the planner dead-lettered (over the length cap)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Piece:
+        return cls(int(data["no"]), int(data["start"]), int(data["end"]), int(data["first_line"]),
+                   str(data["digest"]), int(data["records"]), int(data.get("dead", 0)))
 
 
 @dataclass(frozen=True)
@@ -55,15 +78,20 @@ class Slice:
     # With routing, a route's shard covers the range from its first record to its
     # last, and holds only that range's records of its own route.
     route: str | None = None
+    # Planned with pieces: each is checked against its own digest (the slice's digest
+    # then covers the shard as planned, before any split).
+    pieces: tuple[Piece, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "path": self.path, "format": self.format, "start": self.start, "end": self.end,
             "first_line": self.first_line, "digest": self.digest,
             "header": list(self.header) if self.header is not None else None,
         }
         if self.route is not None:
             out["route"] = self.route
+        if self.pieces:
+            out["pieces"] = [p.to_json() for p in self.pieces]
         return out
 
     @classmethod
@@ -72,7 +100,7 @@ class Slice:
         return cls(path=data["path"], format=data["format"], start=int(data["start"]),
                    end=int(data["end"]), first_line=int(data["first_line"]),
                    digest=data["digest"], header=tuple(header) if header is not None else None,
-                   route=data.get("route"))
+                   route=data.get("route"), pieces=tuple(Piece.from_json(p) for p in data.get("pieces", ())))
 
     def describe(self) -> str:
         unit = "rows" if self.format == "parquet" else "bytes"
@@ -154,8 +182,9 @@ def _parse_header(source: Source, first: bytes) -> tuple[str, ...]:
     return tuple(header)
 
 
-def slice_digest_bytes(source: Source, start: int, end: int) -> str:
-    return "sha256:" + hashlib.sha256(source.read(start, end)).hexdigest()
+def read_bytes(source: Source, start: int, end: int) -> bytes:
+    """A byte range of a source, as the planner reads a shard's to take its digests."""
+    return source.read(start, end)
 
 
 def _scan_jsonl(source: Source, spec: InputSpec) -> Iterator[ScannedRecord]:
@@ -327,21 +356,62 @@ def parquet_slice_digest(records: Sequence[Record]) -> str:
 
 
 def read_slice(sl: Slice, spec: InputSpec, routing: RoutingSpec | None = None) -> list[Record]:
-    """The records of one shard, after checking the slice's digest."""
+    """The records of one shard, after checking the slice's digest (or each piece's)."""
+    if sl.route is not None and routing is None:
+        raise InputError(f"shard of route {sl.route!r} read without the job's routing rules")
+    if sl.pieces:
+        return _read_pieces(sl, spec, routing)
     records = _read_slice(sl, spec)
     if sl.route is None:
         return records
-    if routing is None:
-        raise InputError(f"shard of route {sl.route!r} read without the job's routing rules")
+    assert routing is not None
     mine = [r for r in records if routing.route_of(r.data_class) == sl.route]
     if sl.format == "parquet" and parquet_slice_digest(mine) != sl.digest:
         raise InputError(f"input changed since planning: {sl.describe()}")
     return mine
 
 
+def _read_pieces(sl: Slice, spec: InputSpec, routing: RoutingSpec | None) -> list[Record]:
+    """One read of the pieces' whole range; each piece's records checked against its digest."""
+    source = open_source(sl.path)
+    start, end = sl.pieces[0].start, sl.pieces[-1].end
+    parquet = sl.format == "parquet"
+    rows = _read_parquet_rows(source, start, end, spec) if parquet else None
+    data = b"" if parquet else source.read(start, end)
+    out: list[Record] = []
+    for p in sl.pieces:
+        where = f"input changed since planning: {sl.path} ({'rows' if parquet else 'bytes'} {p.start}-{p.end})"
+        if rows is not None:
+            records = rows[p.start - start:p.end - start]
+        else:
+            chunk = data[p.start - start:p.end - start]
+            if "sha256:" + hashlib.sha256(chunk).hexdigest() != p.digest:
+                raise InputError(where)
+            records = _parse_text(chunk, sl, p.start, p.first_line, spec)
+        if sl.route is not None:
+            assert routing is not None
+            records = [r for r in records if routing.route_of(r.data_class) == sl.route]
+        if parquet and parquet_slice_digest(records) != p.digest:
+            raise InputError(where)
+        out.extend(replace(r, piece=p.no) for r in records)
+    return out
+
+
+def _parse_text(data: bytes, sl: Slice, offset: int, first_line: int, spec: InputSpec) -> list[Record]:
+    if sl.format in ("jsonl", OPENAI_BATCH):
+        out = []
+        # Split on b"\n" alone, as iterating the file did at planning time.
+        for i, raw in enumerate(data.split(b"\n")):
+            record = parse_jsonl_line(raw, sl.path, first_line + i, spec)
+            if record is not None:
+                out.append(record)
+        return out
+    assert sl.header is not None
+    return [s.record for s in _csv_records(io.BytesIO(data), sl.path, offset, first_line, sl.header, spec)]
+
+
 def _read_slice(sl: Slice, spec: InputSpec) -> list[Record]:
     source = open_source(sl.path)
-    path = sl.path
     changed = f"input changed since planning: {sl.describe()}"
     if sl.format == "parquet":
         records = _read_parquet_rows(source, sl.start, sl.end, spec)
@@ -351,17 +421,7 @@ def _read_slice(sl: Slice, spec: InputSpec) -> list[Record]:
     data = source.read(sl.start, sl.end)
     if "sha256:" + hashlib.sha256(data).hexdigest() != sl.digest:
         raise InputError(changed)
-    if sl.format in ("jsonl", OPENAI_BATCH):
-        out = []
-        # Split on b"\n" alone, as iterating the file did at planning time.
-        for i, raw in enumerate(data.split(b"\n")):
-            record = parse_jsonl_line(raw, path, sl.first_line + i, spec)
-            if record is not None:
-                out.append(record)
-        return out
-    assert sl.header is not None
-    stream = io.BytesIO(data)
-    return [s.record for s in _csv_records(stream, path, sl.start, sl.first_line, sl.header, spec)]
+    return _parse_text(data, sl, sl.start, sl.first_line, spec)
 
 
 def _read_parquet_rows(source: Source, start: int, end: int, spec: InputSpec) -> list[Record]:

@@ -14,6 +14,9 @@ class WorkerTelemetry:
     def renewed(self, ok: bool) -> None:
         """A renewal succeeded, or found the lease lost."""
 
+    def taken_back(self, n: int) -> None:
+        """Leases of workers proven dead were ended at once (instead of running out)."""
+
     def stale_epoch(self, op: str) -> None:
         """A fenced write (put, completion, charge, renewal) was refused."""
 

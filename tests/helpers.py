@@ -136,13 +136,13 @@ def planned(spec_path: Path, store: Store) -> tuple[JobSpec, str]:
 
 
 def start_worker(store_url: str, version: str | None = None, log: Path | None = None,
-                 poll: float = 0.2) -> subprocess.Popen[bytes]:
+                 poll: float = 0.2, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "batchline", "worker", "--store", store_url, "--poll-seconds", str(poll)]
     if version:
         cmd += ["--job", version]
     out = log.open("ab") if log else subprocess.DEVNULL
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env)
+    return subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:

@@ -5,7 +5,10 @@ instance of the job's schema derived from the record's text, so a pipeline
 run over it exercises validation like a real model would. Options:
 
 - ``seconds_per_record``, ``seconds_per_token``: the time one record costs
-  (the token part counts output tokens).
+  (the token part counts output tokens). The environment variable
+  ``BATCHLINE_SYNTHETIC_SLOWDOWN`` (a factor, default 1) slows one worker's
+  engine down without changing the job, as a slow or shared machine would:
+  for tests, drills and benchmarks of the scheduler.
 - ``chars_per_token``: its tokenizer (default 4 characters per token).
 - ``crash_on``, ``error_on``, ``invalid_on``, ``hang_on``: record ids that make
   the engine process die (SIGKILL, as a segfault or the OOM killer would),
@@ -34,12 +37,16 @@ from batchline.engines.base import EngineConfig, EngineOutcome, RequestSource, b
 from batchline.errors import EngineFatal
 
 
+SLOWDOWN_ENV = "BATCHLINE_SYNTHETIC_SLOWDOWN"
+
+
 class SyntheticEngine:
     def __init__(self, config: EngineConfig) -> None:
         opts = dict(config.model.options)
         self.schema = config.output_schema
-        self.seconds_per_record = float(opts.get("seconds_per_record", 0.0))
-        self.seconds_per_token = float(opts.get("seconds_per_token", 0.0))
+        slowdown = float(os.environ.get(SLOWDOWN_ENV, "1"))
+        self.seconds_per_record = float(opts.get("seconds_per_record", 0.0)) * slowdown
+        self.seconds_per_token = float(opts.get("seconds_per_token", 0.0)) * slowdown
         self.chars_per_token = float(opts.get("chars_per_token", 4.0))
         self.crash_on = {str(x) for x in opts.get("crash_on", ())}
         self.error_on = {str(x) for x in opts.get("error_on", ())}

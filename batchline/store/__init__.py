@@ -14,6 +14,7 @@ from batchline.store.model import (
     JobInfo,
     JobStatus,
     Lease,
+    LeaseHolder,
     LeaseLost,
     PlannedRecord,
     PlannedShard,
@@ -36,7 +37,7 @@ DEFAULT_URL = "sqlite:///batchline.db"
 
 __all__ = [
     "DEFAULT_URL", "ChargeResult", "DeadLetterRow", "DuplicateRecord", "Event", "JobInfo", "JobStatus",
-    "Lease", "LeaseLost", "PlanWriter", "PlannedRecord", "PlannedShard", "PlannerStore", "PublisherStore",
+    "Lease", "LeaseHolder", "LeaseLost", "PlanWriter", "PlannedRecord", "PlannedShard", "PlannerStore", "PublisherStore",
     "ReaderStore", "ResultRow", "RouteTotals", "ShardRow", "Store", "StoredDeadLetter", "StoredResult",
     "WorkerStore", "default_url", "open_store",
 ]

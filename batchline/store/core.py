@@ -40,6 +40,7 @@ from batchline.store.model import (
     JobInfo,
     JobStatus,
     Lease,
+    LeaseHolder,
     LeaseLost,
     PlannedRecord,
     PlannedShard,
@@ -50,10 +51,19 @@ from batchline.store.model import (
     StoredDeadLetter,
     StoredResult,
     ValidationRecord,
+    within,
 )
 
 T = TypeVar("T")
 Row = Sequence[Any]
+
+
+class _Pieced(Protocol):
+    @property
+    def piece(self) -> int | None: ...
+
+
+P = TypeVar("P", bound=_Pieced)
 Params = Mapping[str, Any]
 
 SHARD_STATES = ("ready", "leased", "done", "submitted")
@@ -143,6 +153,23 @@ def stored_dead_letter(r: Row) -> StoredDeadLetter:
 def chunks(rows: Sequence[T], size: int = WRITE_BATCH_ROWS) -> Iterator[Sequence[T]]:
     for i in range(0, len(rows), size):
         yield rows[i:i + size]
+
+
+# A split leaves the owner at least this many unstarted pieces' worth of work to share:
+# one piece is a few hundred records, less is not worth a claim.
+MIN_SPLIT_PIECES = 2
+
+
+def split_point(first: int, end: int, started: int | None) -> int | None:
+    """Where a shard covering pieces [first, end), whose owner has started every piece
+    before `started`, is split: the owner keeps the nearer half of what it has not
+    started, and the rest becomes a new shard; None when there is too little to share.
+    The store and the interruption simulator both cut by this rule."""
+    begun = max(first, started if started is not None else first)
+    remaining = end - begun
+    if remaining < MIN_SPLIT_PIECES:
+        return None
+    return begun + (remaining + 1) // 2
 
 
 def fence(lease: Lease) -> dict[str, Any]:
@@ -348,18 +375,18 @@ class StoreCore(ABC):
                 if mark.kind == "claim" and mark.version is not None and mark.shard_no is not None:
                     row = tx.one(self.q.LEASE_BY_CLAIM, {"v": mark.version, "s": mark.shard_no})
                     assert row is not None
-                    slice_, count, expires, route, batch = row
+                    slice_, count, expires, route, batch, first_piece, end_piece = row
                     # If the lease was lost meanwhile, the first fenced write says so.
                     return Lease(mark.version, mark.shard_no, worker, int(mark.epoch or 0), self._unjson(slice_),
                                  int(count), float(expires or 0.0), route,
-                                 self._unjson(batch) if batch is not None else None)
+                                 self._unjson(batch) if batch is not None else None, first_piece, end_piece)
             return MISSING
 
         return self._write(body, recover=recover)
 
     def _grant(self, tx: Tx, version: str, row: Row, worker: str, process: dict[str, Any] | None,
                op: uuid.UUID) -> Lease:
-        shard_no, state, old_owner, old_epoch, slice_, count, route, batch, now, lease_seconds = row
+        shard_no, state, old_owner, old_epoch, slice_, count, route, batch, now, lease_seconds, first, end = row
         granted = tx.one(self.q.GRANT_SHARD, {
             "w": worker, "expires": float(now) + float(lease_seconds), "v": version, "s": shard_no,
             "process": self._json(process) if process is not None else None})
@@ -370,21 +397,77 @@ class StoreCore(ABC):
         self._event(tx, "claim", version, worker, shard_no, epoch, None, op)
         return Lease(version=version, shard_no=shard_no, owner=worker, epoch=epoch, slice=self._unjson(slice_),
                      record_count=int(count), expires=expires, route=route,
-                     batch=self._unjson(batch) if batch is not None else None)
+                     batch=self._unjson(batch) if batch is not None else None, first_piece=first, end_piece=end)
 
-    def renew(self, lease: Lease) -> Lease | None:
+    def renew(self, lease: Lease, started: int | None = None) -> Lease | None:
         op = uuid.uuid4()
 
-        def body(tx: Tx) -> float | _Lost:
-            row = tx.one(self.q.RENEW, fence(lease))
+        def body(tx: Tx) -> Lease | _Lost:
+            row = tx.one(self.q.RENEW, {**fence(lease), "started": started})
             if row is None:
                 return self._refused(tx, lease, "renew", op)
-            return float(row[0])
+            # The end may have moved down: the shard's tail was split off to another worker.
+            return replace(lease, expires=float(row[0]), end_piece=row[1], record_count=int(row[2]))
 
-        expires = self._write(body, recover=self._recover_refusal(op))
-        if isinstance(expires, _Lost):
-            return None
-        return replace(lease, expires=expires)
+        renewed = self._write(body, recover=self._recover_refusal(op))
+        return None if isinstance(renewed, _Lost) else renewed
+
+    def leases(self, version: str) -> list[LeaseHolder]:
+        rows = self._read(lambda tx: tx.all(self.q.LEASE_HOLDERS, {"v": version}))
+        return [LeaseHolder(r[0], r[1], int(r[2]), float(r[3]) if r[3] is not None else None,
+                            self._unjson(r[4]) if r[4] is not None else None) for r in rows]
+
+    def take_back(self, version: str, holder: LeaseHolder, by: str, proof: dict[str, Any]) -> bool:
+        """Ends a lease whose owner is proven dead, at once: fenced on the owner's epoch and
+        bumping it, so an owner misjudged alive can only lose its later writes."""
+        op = uuid.uuid4()
+        lease = Lease(version, holder.shard_no, holder.owner, holder.epoch, {}, 0, holder.expires or 0.0)
+
+        def body(tx: Tx) -> bool:
+            taken = tx.run(self.q.TAKE_BACK, fence(lease)) == 1
+            if taken:
+                self._event(tx, "take_back", version, holder.owner, holder.shard_no, holder.epoch,
+                            {"by": by, "proof": proof}, op)
+            return taken
+
+        def recover(tx: Tx) -> bool | Missing:
+            return True if self._marks(tx, op) else MISSING
+
+        return self._write(body, recover=recover)
+
+    def split(self, version: str, worker: str) -> int | None:
+        """Splits the unstarted tail of the leased local shard that has the most of it into a
+        new ready shard (see `split_point`); returns the new shard's number, or None."""
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> int | None:
+            row = tx.one(self.q.SPLIT_CANDIDATE, {"v": version})
+            if row is None:
+                return None
+            shard_no, owner, epoch, slice_json, first, end, started = row
+            point = split_point(first, end, started)
+            if point is None:
+                return None
+            piece_slice = self._unjson(slice_json)
+            moved = piece_slice["pieces"][point - first:end - first]
+            records = sum(int(p["records"]) for p in moved)
+            dead = sum(int(p.get("dead", 0)) for p in moved)
+            new = int(_scalar(tx, self.q.NEXT_SHARD_NO, {"v": version}))
+            tx.run(self.q.SHRINK_SHARD, {"v": version, "s": shard_no, "end": point, "old_end": end,
+                                         "records": records, "dead": dead})
+            tail = {**piece_slice, "pieces": moved, "start": moved[0]["start"], "end": moved[-1]["end"],
+                    "first_line": moved[0]["first_line"]}
+            tx.run(self.q.SPLIT_SHARD, {"v": version, "new": new, "slice": self._json(tail), "records": records,
+                                        "dead": dead, "first": point, "end": end})
+            self._event(tx, "split", version, owner, shard_no, epoch,
+                        {"by": worker, "new_shard": new, "at_piece": point, "end_piece": end, "records": records}, op)
+            return new
+
+        def recover(tx: Tx) -> int | Missing | None:
+            marks = self._marks(tx, op)
+            return int(marks[0].detail["new_shard"]) if marks else MISSING
+
+        return self._write(body, recover=recover)
 
     def release(self, lease: Lease, reason: str) -> bool:
         op = uuid.uuid4()
@@ -505,12 +588,15 @@ class StoreCore(ABC):
         return self._fenced_inserts(lease, rows, self._put, "put")
 
     def charge_attempt(self, lease: Lease, record_id: str, kind: str, error: str, acl: Any,
-                       max_attempts: int) -> ChargeResult:
+                       max_attempts: int, piece: int | None = None) -> ChargeResult:
         op = uuid.uuid4()
 
         def body(tx: Tx) -> ChargeResult | _Lost:
-            if tx.one(self.q.FENCE_LOCK, fence(lease)) is None:
+            held = tx.one(self.q.FENCE_LOCK, fence(lease))
+            if held is None:
                 return self._refused(tx, lease, "charge", op)
+            if not within(piece, held[0], held[1]):
+                return ChargeResult(attempts=0, dead_lettered=False)  # another shard's record since a split
             if _scalar(tx, self.q.IS_ANSWERED, {"v": lease.version, "r": record_id}):
                 return ChargeResult(attempts=0, dead_lettered=False)
             attempts = int(_scalar(tx, self.q.CHARGE, {"v": lease.version, "r": record_id, "kind": kind,
@@ -519,7 +605,7 @@ class StoreCore(ABC):
                         {"record_id": record_id, "kind": kind, "attempts": attempts, "error": error[:500]}, op)
             result = ChargeResult(attempts=attempts, dead_lettered=attempts >= max_attempts)
             if result.dead_lettered:
-                self._insert_dead(tx, lease, [DeadLetterRow(record_id, kind, error, acl, attempts)])
+                self._insert_dead(tx, lease, [DeadLetterRow(record_id, kind, error, acl, attempts, piece)])
             return result
 
         def recover(tx: Tx) -> ChargeResult | _Lost | Missing:
@@ -539,16 +625,27 @@ class StoreCore(ABC):
     def dead_letter(self, lease: Lease, rows: Sequence[DeadLetterRow]) -> int:
         return self._fenced_inserts(lease, rows, self._insert_dead, "dead_letter")
 
-    def _fenced_inserts(self, lease: Lease, rows: Sequence[T],
-                        insert: Callable[[Tx, Lease, Sequence[T]], tuple[bool, int]], op_name: str) -> int:
-        """Rows written in bounded transactions, each fenced by the lease; how many were new."""
+    def _fenced_inserts(self, lease: Lease, rows: Sequence[P],
+                        insert: Callable[[Tx, Lease, Sequence[P]], tuple[bool, int]], op_name: str) -> int:
+        """Rows written in bounded transactions, each fenced by the lease; how many were new.
+        Rows of pieces the shard no longer covers (its tail was split off) are refused
+        and not counted."""
         inserted = 0
         for chunk in chunks(rows):
             op = uuid.uuid4()
 
-            def body(tx: Tx, chunk: Sequence[T] = chunk, op: uuid.UUID = op) -> int | _Lost:
-                fenced, n = insert(tx, lease, chunk)
-                return n if fenced else self._refused(tx, lease, op_name, op)
+            def body(tx: Tx, chunk: Sequence[P] = chunk, op: uuid.UUID = op) -> int | _Lost:
+                held = tx.one(self.q.FENCE_LOCK, fence(lease))
+                if held is None:
+                    return self._refused(tx, lease, op_name, op)
+                mine = [r for r in chunk if within(r.piece, held[0], held[1])]
+                fenced, n = insert(tx, lease, mine) if mine else (True, 0)
+                if not fenced:
+                    return self._refused(tx, lease, op_name, op)
+                pieces = [r.piece for r in mine if r.piece is not None]
+                if pieces:
+                    tx.run(self.q.BUMP_STARTED, {"v": lease.version, "s": lease.shard_no, "high": max(pieces) + 1})
+                return n
 
             n = self._write(body, recover=self._recover_refusal(op))
             if isinstance(n, _Lost):
@@ -790,7 +887,7 @@ class CorePlanWriter:
 
     def add_shards(self, shards: Sequence[PlannedShard]) -> None:
         rows = [{"v": self.version, "s": s.shard_no, "slice": self.store._json(s.slice), "n": s.record_count,
-                 "route": s.route} for s in shards]
+                 "route": s.route, "first": s.first_piece, "end": s.end_piece} for s in shards]
         self._planning(lambda tx: tx.many(self.q.INSERT_SHARD, rows))
 
     def add_records(self, records: Sequence[PlannedRecord]) -> None:

@@ -18,7 +18,7 @@ WRITE_BATCH_ROWS = 2000
 
 
 # What a fenced operation refused is called, in LeaseLost.op and in the worker's metrics.
-FENCED_OPS = ("put", "completion", "charge", "dead_letter", "renew", "batch", "await_provider")
+FENCED_OPS = ("put", "completion", "charge", "dead_letter", "renew", "batch", "await_provider", "split")
 
 
 class LeaseLost(StoreError):
@@ -47,6 +47,31 @@ class Lease:
     # A hosted route's batch: None before submission, {"state": "submitting", ...} while
     # a submission may be under way, a SubmittedBatch's JSON once the provider has it.
     batch: dict[str, Any] | None = None
+    # The pieces [first_piece, end_piece) of the version this lease covers. The end moves
+    # down when the shard's unstarted tail is split off to another worker; a renewal
+    # brings the new end, and writes for records past it are refused.
+    first_piece: int | None = None
+    end_piece: int | None = None
+
+    def holds(self, piece: int | None) -> bool:
+        return within(piece, self.first_piece, self.end_piece)
+
+
+def within(piece: int | None, first: int | None, end: int | None) -> bool:
+    """Whether a record of `piece` belongs to a shard covering [first, end): always, for a
+    shard planned without pieces or a record that does not say."""
+    return piece is None or first is None or end is None or first <= piece < end
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    """Who holds a leased shard, with what their process told the store about itself."""
+
+    shard_no: int
+    owner: str
+    epoch: int
+    expires: float | None
+    process: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -68,6 +93,10 @@ class PlannedShard:
     slice: dict[str, Any]
     record_count: int
     route: str = "local"
+    # The pieces of the version it covers, [first_piece, end_piece); its slice lists them
+    # (`pieces`: each with its bounds, digest, `records` and planned `dead` letters).
+    first_piece: int | None = None
+    end_piece: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,15 +116,17 @@ class ResultRow:
     output_tokens: int | None = None
     label: str | None = None  # the spec's output.label_field, kept as its own column
     model: str | None = None  # which model answered: the local engine's or the provider's
+    piece: int | None = None  # the record's piece of the shard (see Lease.end_piece)
 
 
 @dataclass(frozen=True)
 class DeadLetterRow:
     record_id: str
-    kind: str  # crash | hang | engine_error | invalid_output | too_long
+    kind: str  # crash | hang | engine_error | invalid_output | truncated | too_long | provider_*
     error: str
     acl: Any = None
     attempts: int = 0
+    piece: int | None = None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from batchline.store.model import (
     JobInfo,
     JobStatus,
     Lease,
+    LeaseHolder,
     PlannedRecord,
     PlannedShard,
     Publication,
@@ -59,7 +60,24 @@ class ShardLeases(Protocol):
         `process` identifies the claimer's process, so that its death can be proven."""
         ...
 
-    def renew(self, lease: Lease) -> Lease | None: ...
+    def renew(self, lease: Lease, started: int | None = None) -> Lease | None:
+        """Extends the lease; `started` says the owner has started every piece before it.
+        The lease returned carries the shard's end now (a split may have moved it)."""
+        ...
+
+    def leases(self, version: str) -> list[LeaseHolder]:
+        """The version's leased shards, with what their owners' processes said of themselves."""
+        ...
+
+    def take_back(self, version: str, holder: LeaseHolder, by: str, proof: dict[str, Any]) -> bool:
+        """Ends the lease of an owner proven dead (the proof goes in the event log), fenced on
+        its epoch and bumping it; False when that lease had already ended."""
+        ...
+
+    def split(self, version: str, worker: str) -> int | None:
+        """Moves the unstarted tail of the leased shard that has the most of it to a new ready
+        shard; returns its number, or None when no shard has enough left to share."""
+        ...
 
     def release(self, lease: Lease, reason: str) -> bool:
         """Gives the shard back: ready again, or, with a batch at a provider, submitted
@@ -93,7 +111,10 @@ class OutcomeWriter(Protocol):
         ...
 
     def charge_attempt(self, lease: Lease, record_id: str, kind: str, error: str, acl: Any,
-                       max_attempts: int) -> ChargeResult: ...
+                       max_attempts: int, piece: int | None = None) -> ChargeResult:
+        """One more failed attempt for the record; a dead letter at `max_attempts`. Nothing
+        (attempts 0) for a record already answered or of a piece split off to another shard."""
+        ...
 
     def dead_letter(self, lease: Lease, rows: Sequence[DeadLetterRow]) -> int:
         """Dead letters that are not charged attempts (over the length cap), fenced."""

@@ -320,8 +320,8 @@ DELETE_PLANNING = tuple(f"DELETE FROM {table} WHERE version = %(v)s" for table i
     *PARTITIONED, "shards", "attempts", "events", "jobs"))
 PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = %(v)s AND state = 'planning' FOR SHARE"
 PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = %(v)s FOR UPDATE"
-INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route) "
-                "VALUES (%(v)s, %(s)s, %(slice)s, %(n)s, 'ready', %(route)s)")
+INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece) "
+                "VALUES (%(v)s, %(s)s, %(slice)s, %(n)s, 'ready', %(route)s, %(first)s, %(end)s)")
 COPY_RECORDS = "COPY records (version, record_id, shard_no, content_hash) FROM STDIN"
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = %(v)s AND record_id = %(r)s"
 PLAN_DEAD_LETTER = """
@@ -377,7 +377,7 @@ ORDER BY j.created_at""", *reads("jobs", "shards"))
 # would make claimers queue on each other.
 PICK_SHARD = WorkerStatement(f"""
 SELECT s.shard_no, s.state, s.owner, s.epoch, s.slice, s.record_count, s.route, s.batch, batchline_now(),
-       j.lease_seconds
+       j.lease_seconds, s.first_piece, s.end_piece
 FROM shards s JOIN jobs j ON j.version = s.version
 WHERE s.version = %(v)s AND j.state = 'ready' AND s.state IN ('ready', 'leased', 'submitted')
   AND (s.state = 'ready' OR (s.state = 'leased' AND s.lease_expires <= batchline_now())
@@ -393,14 +393,19 @@ WHERE version = %(v)s AND shard_no = %(s)s
 RETURNING epoch, lease_expires""",
     updates("shards", "state", "owner", "epoch", "lease_expires", "claims", "owner_process"), *reads("shards"))
 LEASE_BY_CLAIM = WorkerStatement(
-    "SELECT slice, record_count, lease_expires, route, batch FROM shards WHERE version = %(v)s AND shard_no = %(s)s",
-    *reads("shards"))
+    "SELECT slice, record_count, lease_expires, route, batch, first_piece, end_piece FROM shards "
+    "WHERE version = %(v)s AND shard_no = %(s)s", *reads("shards"))
+# A renewal also records how far the owner has got (the first piece it has not
+# started), which is where a split of its tail may begin.
 RENEW = WorkerStatement("""
-UPDATE shards s SET lease_expires = batchline_now() + j.lease_seconds
+UPDATE shards s SET lease_expires = batchline_now() + j.lease_seconds,
+                    started_piece = GREATEST(COALESCE(s.started_piece, s.first_piece),
+                                             COALESCE(%(started)s::int, s.first_piece))
 FROM jobs j
 WHERE j.version = s.version AND s.version = %(v)s AND s.shard_no = %(s)s AND s.owner = %(w)s
   AND s.epoch = %(e)s AND s.state = 'leased'
-RETURNING s.lease_expires""", updates("shards", "lease_expires"), *reads("shards", "jobs", "clock"))
+RETURNING s.lease_expires, s.end_piece, s.record_count""", updates("shards", "lease_expires", "started_piece"),
+    *reads("shards", "jobs", "clock"))
 # A batch already at the provider is not given up with the lease: the shard
 # waits there for the next poller, who must not submit it again.
 RELEASE = WorkerStatement(f"""
@@ -439,8 +444,36 @@ ATTEMPTS = WorkerStatement(
     "SELECT record_id, attempts FROM attempts WHERE version = %(v)s AND record_id = ANY(%(ids)s)",
     *reads("attempts"))
 
-FENCE_LOCK = WorkerStatement(f"SELECT 1 FROM shards WHERE {FENCE} FOR NO KEY UPDATE",
+FENCE_LOCK = WorkerStatement(f"SELECT first_piece, end_piece FROM shards WHERE {FENCE} FOR NO KEY UPDATE",
                              updates("shards", "state"), *reads("shards"))
+BUMP_STARTED = WorkerStatement(
+    "UPDATE shards SET started_piece = GREATEST(COALESCE(started_piece, first_piece), %(high)s) "
+    "WHERE version = %(v)s AND shard_no = %(s)s", updates("shards", "started_piece"), *reads("shards"))
+LEASE_HOLDERS = WorkerStatement(
+    "SELECT shard_no, owner, epoch, lease_expires, owner_process FROM shards "
+    "WHERE version = %(v)s AND state = 'leased' ORDER BY shard_no", *reads("shards"))
+TAKE_BACK = WorkerStatement(f"""
+UPDATE shards SET state = CASE WHEN batch ->> 'batch_id' IS NOT NULL THEN 'submitted' ELSE 'ready' END,
+                  owner = NULL, epoch = epoch + 1, lease_expires = NULL, poll_at = batchline_now()
+WHERE {FENCE}""", updates("shards", "state", "owner", "epoch", "lease_expires", "poll_at"),
+    *reads("shards", "clock"))
+# The leased local shard with the longest unstarted tail, whose owner's lease is current.
+SPLIT_CANDIDATE = WorkerStatement("""
+SELECT shard_no, owner, epoch, slice, first_piece, end_piece, started_piece FROM shards
+WHERE version = %(v)s AND state = 'leased' AND route = 'local' AND end_piece IS NOT NULL
+  AND lease_expires > batchline_now()
+ORDER BY end_piece - GREATEST(COALESCE(started_piece, first_piece), first_piece) DESC, shard_no
+LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED""", updates("shards", "state"), *reads("shards", "clock"))
+NEXT_SHARD_NO = WorkerStatement("SELECT COALESCE(max(shard_no), -1) + 1 FROM shards WHERE version = %(v)s",
+                                *reads("shards"))
+SHRINK_SHARD = WorkerStatement(
+    "UPDATE shards SET end_piece = %(end)s, record_count = record_count - %(records)s, "
+    "dead_count = dead_count - %(dead)s WHERE version = %(v)s AND shard_no = %(s)s AND end_piece = %(old_end)s",
+    updates("shards", "end_piece", "record_count", "dead_count"), *reads("shards"))
+SPLIT_SHARD = WorkerStatement(
+    "INSERT INTO shards (version, shard_no, slice, record_count, state, route, dead_count, first_piece, end_piece) "
+    "VALUES (%(v)s, %(new)s, %(slice)s, %(records)s, 'ready', 'local', %(dead)s, %(first)s, %(end)s)",
+    inserts("shards"))
 
 # A put commits without waiting for its WAL flush (synchronous_commit off for
 # this transaction only): the commit that costs most per row, and the one whose

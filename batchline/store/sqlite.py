@@ -143,9 +143,8 @@ class SQLiteStore(StoreCore):
         return json.dumps(list(values))
 
     def _put(self, tx: Tx, lease: Lease, rows: Sequence[ResultRow]) -> tuple[bool, int]:
+        # The fence was checked in this transaction (core), which holds SQLite's write lock.
         assert isinstance(tx, _Tx)
-        if tx.one(q.FENCE_LOCK, fence(lease)) is None:
-            return False, 0
         now = tx.one(q.NOW)
         assert now is not None
         v, s, w, e, at = lease.version, lease.shard_no, lease.owner, lease.epoch, now[0]
@@ -164,7 +163,13 @@ class SQLiteStore(StoreCore):
             tx.cur.execute("ROLLBACK TO put")
             present = {r[0] for r in tx.all(q.ANSWERED, {"v": lease.version,
                                                          "ids": self._list([r.record_id for r in rows])})}
-            params = [p for p in params if p[1] not in present]
+            # Put-if-absent within the flush too: an id twice keeps its first row.
+            kept = []
+            for p in params:
+                if p[1] not in present:
+                    present.add(p[1])
+                    kept.append(p)
+            params = kept
             tx.cur.executemany(q.PUT_RESULT, params)
         tx.cur.execute("RELEASE put")
         tx.run(q.BUMP_RESULTS, {"v": v, "s": s, "n": len(params), "tin": sum(p[8] or 0 for p in params),
@@ -172,8 +177,6 @@ class SQLiteStore(StoreCore):
         return True, len(params)
 
     def _insert_dead(self, tx: Tx, lease: Lease, rows: Sequence[DeadLetterRow]) -> tuple[bool, int]:
-        if tx.one(q.FENCE_LOCK, fence(lease)) is None:
-            return False, 0
         n = tx.many(q.INSERT_DEAD, [{**fence(lease), "r": r.record_id, "kind": r.kind, "error": r.error,
                                      "acl": acl_json(r.acl), "attempts": r.attempts} for r in rows])
         tx.run(q.BUMP_DEAD, {"n": n, "v": lease.version, "s": lease.shard_no})

@@ -205,8 +205,8 @@ DELETE_PLANNING = tuple(f"DELETE FROM {table} WHERE version = :v" for table in (
     "shards", "records", "results", "attempts", "dead_letters", "events", "jobs"))
 PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = :v AND state = 'planning'"
 PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = :v"
-INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route) "
-                "VALUES (:v, :s, :slice, :n, 'ready', :route)")
+INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece) "
+                "VALUES (:v, :s, :slice, :n, 'ready', :route, :first, :end)")
 INSERT_RECORD = "INSERT INTO records (version, record_id, shard_no, content_hash) VALUES (?, ?, ?, ?)"
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = :v AND record_id = :r"
 PLAN_DEAD_LETTER = (f"INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
@@ -248,9 +248,10 @@ ORDER BY j.created_at"""
 # The lowest claimable shard: one index seek per way a shard can be claimable
 # (ready, lease expired, batch due to be polled) rather than one OR, which would
 # sort every open shard per claim.
-_SHARD_COLUMNS = "shard_no, state, owner, epoch, slice, record_count, route, batch"
+_SHARD_COLUMNS = "shard_no, state, owner, epoch, slice, record_count, route, batch, first_piece, end_piece"
 PICK_SHARD = f"""
-SELECT c.*, {NOW_EXPR}, {LEASE_SECONDS} FROM (
+SELECT c.shard_no, c.state, c.owner, c.epoch, c.slice, c.record_count, c.route, c.batch, {NOW_EXPR},
+       {LEASE_SECONDS}, c.first_piece, c.end_piece FROM (
     SELECT * FROM (SELECT {_SHARD_COLUMNS} FROM shards WHERE version = :v AND state = 'ready' AND {ROUTES}
                    ORDER BY shard_no LIMIT 1)
     UNION ALL
@@ -265,9 +266,13 @@ ORDER BY c.shard_no LIMIT 1"""
 GRANT_SHARD = ("UPDATE shards SET state = 'leased', owner = :w, epoch = epoch + 1, lease_expires = :expires, "
                "claims = claims + 1, owner_process = :process WHERE version = :v AND shard_no = :s "
                "RETURNING epoch, lease_expires")
-LEASE_BY_CLAIM = ("SELECT slice, record_count, lease_expires, route, batch FROM shards "
+LEASE_BY_CLAIM = ("SELECT slice, record_count, lease_expires, route, batch, first_piece, end_piece FROM shards "
                   "WHERE version = :v AND shard_no = :s")
-RENEW = f"UPDATE shards SET lease_expires = {NOW_EXPR} + {LEASE_SECONDS} WHERE {FENCE} RETURNING lease_expires"
+# A renewal also records how far the owner has got (the first piece it has not
+# started), which is where a split of its tail may begin.
+RENEW = (f"UPDATE shards SET lease_expires = {NOW_EXPR} + {LEASE_SECONDS}, "
+         f"started_piece = MAX(COALESCE(started_piece, first_piece), COALESCE(:started, first_piece)) "
+         f"WHERE {FENCE} RETURNING lease_expires, end_piece, record_count")
 RELEASE = (f"UPDATE shards SET state = CASE WHEN json_extract(batch, '$.batch_id') IS NOT NULL "
            f"THEN 'submitted' ELSE 'ready' END, owner = NULL, lease_expires = NULL, poll_at = {NOW_EXPR} "
            f"WHERE {FENCE}")
@@ -288,7 +293,25 @@ HAS_OPEN_VERSION = f"SELECT EXISTS ({_OPEN_OF_READY} AND s.version = :v)"
 ANSWERED = (f"SELECT record_id FROM results WHERE version = :v AND record_id IN {IDS} UNION ALL "
             f"SELECT record_id FROM dead_letters WHERE version = :v AND record_id IN {IDS}")
 ATTEMPTS = f"SELECT record_id, attempts FROM attempts WHERE version = :v AND record_id IN {IDS}"
-FENCE_LOCK = f"SELECT 1 FROM shards WHERE {FENCE}"
+FENCE_LOCK = f"SELECT first_piece, end_piece FROM shards WHERE {FENCE}"
+BUMP_STARTED = ("UPDATE shards SET started_piece = MAX(COALESCE(started_piece, first_piece), :high) "
+                "WHERE version = :v AND shard_no = :s")
+LEASE_HOLDERS = ("SELECT shard_no, owner, epoch, lease_expires, owner_process FROM shards "
+                 "WHERE version = :v AND state = 'leased' ORDER BY shard_no")
+TAKE_BACK = (f"UPDATE shards SET state = CASE WHEN json_extract(batch, '$.batch_id') IS NOT NULL "
+             f"THEN 'submitted' ELSE 'ready' END, owner = NULL, epoch = epoch + 1, lease_expires = NULL, "
+             f"poll_at = {NOW_EXPR} WHERE {FENCE}")
+# The leased local shard with the longest unstarted tail, whose owner's lease is current.
+SPLIT_CANDIDATE = f"""
+SELECT shard_no, owner, epoch, slice, first_piece, end_piece, started_piece FROM shards
+WHERE version = :v AND state = 'leased' AND route = 'local' AND end_piece IS NOT NULL
+  AND lease_expires > {NOW_EXPR}
+ORDER BY end_piece - MAX(COALESCE(started_piece, first_piece), first_piece) DESC, shard_no LIMIT 1"""
+NEXT_SHARD_NO = "SELECT COALESCE(MAX(shard_no), -1) + 1 FROM shards WHERE version = :v"
+SHRINK_SHARD = ("UPDATE shards SET end_piece = :end, record_count = record_count - :records, "
+                "dead_count = dead_count - :dead WHERE version = :v AND shard_no = :s AND end_piece = :old_end")
+SPLIT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, dead_count, first_piece, "
+               "end_piece) VALUES (:v, :new, :slice, :records, 'ready', 'local', :dead, :first, :end)")
 # One row of a flush; an id already answered (a result, or a dead letter) makes the
 # flush find the new rows first (see SQLiteStore._put).
 PUT_RESULT = """

@@ -57,6 +57,7 @@ class LocalShardRun:
         self.results: list[ResultRow] = []
         self.too_long: list[DeadLetterRow] = []
         self.buffer_since = 0.0
+        self.started: int | None = None  # every piece before it has had records sent to the engine
 
     # -- the shard loop --
 
@@ -108,10 +109,21 @@ class LocalShardRun:
             self._flush(force=False)
             # Renewing only while the child keeps its deadlines: a hung engine lets the lease lapse.
             if not (self.groups and self.groups[0].deadline <= now):
-                self.ctx.renew_if_due(now)
+                end = self.ctx.lease.end_piece
+                self.ctx.renew_if_due(now, self.started)
+                if self.ctx.lease.end_piece != end:
+                    self._drop_split_off()
         self._flush(force=True)
         self.ctx.complete()
         return "done"
+
+    def _drop_split_off(self) -> None:
+        """The shard's tail went to another worker: what is not sent yet of it is not sent."""
+        holds = self.ctx.lease.holds
+        self.pending = deque(r for r in self.pending if holds(r.piece))
+        self.isolation = deque(group for group in ([r for r in g if holds(r.piece)] for g in self.isolation) if group)
+        self.ctx.log(f"shard {self.ctx.lease.shard_no}: its tail from piece {self.ctx.lease.end_piece} was split off "
+                     f"to another worker; {len(self.pending)} records left here")
 
     def _stop(self) -> str:
         self._flush(force=True)
@@ -150,13 +162,32 @@ class LocalShardRun:
         # Two batches in flight keep a streaming engine busy while the next is queued.
         while self.pending and self._in_flight() < 2 * size:
             batch = [self.pending.popleft() for _ in range(min(size, len(self.pending)))]
-            self._send(batch, isolated=False, now=now)
+            batch = self._claim_pieces(batch)
+            if batch:
+                self._send(batch, isolated=False, now=now)
+
+    def _claim_pieces(self, batch: list[Record]) -> list[Record]:
+        """Before the first record of a piece goes to the engine, the store hears that the
+        piece is started (a renewal that says so), so a split of this shard's tail never
+        takes a piece whose records are already being computed here."""
+        pieces = [r.piece for r in batch if r.piece is not None]
+        if not pieces or max(pieces) + 1 <= (self.started or 0):
+            return batch
+        end = self.ctx.lease.end_piece
+        self.ctx.renew_now(max(pieces) + 1)
+        if self.ctx.lease.end_piece == end:
+            return batch
+        self._drop_split_off()
+        return [r for r in batch if self.ctx.lease.holds(r.piece)]
 
     def _send(self, records: list[Record], *, isolated: bool, now: float) -> None:
         budget = self.shards.batch_timeout_seconds + len(records) * self.shards.record_timeout_seconds
         start = max([now] + [g.deadline for g in self.groups])
         self.groups.append(_Group({r.id: r for r in records}, start + budget, isolated, now, len(records),
                                   budget=budget))
+        pieces = [r.piece for r in records if r.piece is not None]
+        if pieces:
+            self.started = max(self.started or 0, max(pieces) + 1)  # reported in _claim_pieces
         self.telemetry.in_flight(self._in_flight())
         self.engine.send([self._request(r) for r in records])
 
@@ -193,9 +224,11 @@ class LocalShardRun:
         record = self._take(msg)
         if record is None:
             return  # an answer from a batch already given up on
+        if not self.ctx.lease.holds(record.piece):
+            return  # its piece was split off to another worker, which answers it
         if msg.get("kind") == "too_long":
             self._buffer_dead(DeadLetterRow(record.id, "too_long", msg["error"], record.acl,
-                                            self.attempts.get(record.id, 0)))
+                                            self.attempts.get(record.id, 0), record.piece))
         elif msg.get("error"):
             self._charge(record, msg.get("kind") or "engine_error", msg["error"])
         else:
@@ -204,7 +237,8 @@ class LocalShardRun:
                 self._charge(record, "invalid_output", problem or "invalid output")
             else:
                 self._buffer(ResultRow(record.id, canonical, record.acl, self.attempts.get(record.id, 0) + 1,
-                                       msg.get("in"), msg.get("outt"), self.job.label(canonical), self.job.model))
+                                       msg.get("in"), msg.get("outt"), self.job.label(canonical), self.job.model,
+                                       record.piece))
 
     def _buffer(self, row: ResultRow) -> None:
         if not self.results and not self.too_long:

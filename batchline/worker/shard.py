@@ -86,26 +86,33 @@ class ShardContext:
         self.store.log_event(kind, version=self.lease.version, worker=self.worker.worker_id,
                              shard_no=self.lease.shard_no, epoch=self.lease.epoch, detail=detail)
 
-    def renew_if_due(self, now: float | None = None) -> None:
+    def renew_if_due(self, now: float | None = None, started: int | None = None) -> None:
+        """Renews once renew_seconds have passed; `started`: every piece before it has been
+        started (where a split of the tail may begin). The lease may come back shorter."""
         now = time.monotonic() if now is None else now
         if now - self.last_renew < self.renew_seconds:
             return
-        renewed = self.store.renew(self.lease)
+        renewed = self.store.renew(self.lease, started)
         self.worker.telemetry.renewed(renewed is not None)
         if renewed is None:
             raise LeaseLost.of(self.lease, "renew")
         self.lease = renewed
         self.last_renew = now
 
+    def renew_now(self, started: int | None = None) -> None:
+        self.last_renew = float("-inf")
+        self.renew_if_due(time.monotonic(), started)
+
     def renew_soon(self) -> None:
         """The next renew_if_due renews at once (after a pause as long as an engine restart)."""
         self.last_renew = 0.0
 
     def charge(self, record: Record, kind: str, error: str, *, max_attempts: int | None = None) -> ChargeResult:
-        """Charges the record an attempt (none if it was answered meanwhile: attempts 0).
-        At `max_attempts` (the job's unless given) it becomes a dead letter."""
+        """Charges the record an attempt (none if it was answered meanwhile, or split off to
+        another shard: attempts 0). At `max_attempts` (the job's unless given) it becomes a
+        dead letter."""
         outcome = self.store.charge_attempt(self.lease, record.id, kind, error, record.acl,
-                                            max_attempts or self.max_attempts)
+                                            max_attempts or self.max_attempts, record.piece)
         if outcome.attempts:
             self.worker.telemetry.outcome("dead_letter" if outcome.dead_lettered else "retry")
             if outcome.dead_lettered:

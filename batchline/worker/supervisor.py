@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from batchline.errors import EngineFatal, InputError
+from batchline.liveness import kubernetes_pod_lookup, process_identity, take_back_dead
 from batchline.outputs import OutputChecker
 from batchline.prompt import split_template
 from batchline.providers.base import BatchProvider
@@ -55,6 +56,8 @@ class Worker:
         self._engine: EngineProcess | None = None
         self._engine_version: str | None = None
         self._announced: set[tuple[str, str]] = set()
+        self.identity = process_identity()
+        self.pod_lookup = kubernetes_pod_lookup() if self.identity.get("pod") else None
         self.handle = WorkerHandle(store, self.worker_id, self.stop, self.telemetry, log)
 
     # --- the claim loop -------------------------------------------------------
@@ -146,9 +149,8 @@ class Worker:
                     self.store.log_event("engine_fatal", version=version, worker=self.worker_id,
                                          detail={"error": str(exc)})
                     raise
-                lease = self.store.claim(self.worker_id, version, hosted)
+                lease = self._claim_or_recover(version, hosted, split=False)
                 if lease is not None:
-                    self.telemetry.claimed(version)
                     return lease
             if not self._allowed(LOCAL_ROUTE) or (
                     job.spec.routing is not None and not self.store.has_open_shards(version, [LOCAL_ROUTE])):
@@ -165,10 +167,29 @@ class Worker:
                 raise
             except EngineStopped:
                 return None
-            lease = self.store.claim(self.worker_id, version, [LOCAL_ROUTE] if job.spec.routing else None)
+            lease = self._claim_or_recover(version, [LOCAL_ROUTE] if job.spec.routing else None, split=True)
+            if lease is not None:
+                return lease
+        return None
+
+    def _claim_or_recover(self, version: str, routes: list[str] | None, *, split: bool) -> Lease | None:
+        """A claim; with nothing to claim, leases of owners proven dead are taken back and,
+        for the local route, the longest unstarted tail of a leased shard is split off, so
+        this worker works instead of idling until a lease runs out or a slow owner ends."""
+        for attempt in range(3):
+            lease = self.store.claim(self.worker_id, version, routes, process=self.identity)
             if lease is not None:
                 self.telemetry.claimed(version)
                 return lease
+            if attempt == 0:
+                taken = take_back_dead(self.store, version, self.worker_id, lookup=self.pod_lookup)
+                if taken:
+                    self.log(f"took back {taken} leases of workers proven dead")
+                    self.telemetry.taken_back(taken)
+                    continue
+            if not split or self.store.split(version, self.worker_id) is None:
+                return None
+            self.log(f"split the unstarted tail of a slow shard of {version} off to work on it")
         return None
 
     def announce_retention(self, version: str, spec: ProviderSpec) -> None:

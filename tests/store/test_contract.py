@@ -388,3 +388,92 @@ def test_every_refused_write_names_its_operation(backend: Store) -> None:
         assert f"lease on shard 0 of job@1 lost (epoch {old.epoch}); {op} refused" == str(info.value)
     assert backend.renew(old) is None
     assert not backend.release(old, "stop")
+
+
+def plan_pieces(store: Store, pieces: int = 8, per_piece: int = 2, dead_in: int | None = None) -> list[list[str]]:
+    """One shard of `pieces` pieces of `per_piece` records; a planned dead letter in piece `dead_in`."""
+    ids = [[f"p{p}-r{i}" for i in range(per_piece)] for p in range(pieces)]
+    writer = store.begin_plan("job@1", "job", {"name": "job", "shards": {"lease_seconds": LEASE}})
+    slice_ = {"pieces": [{"start": p * 10, "end": p * 10 + 10, "first_line": p + 1, "digest": f"d{p}",
+                          "records": per_piece, "dead": int(p == dead_in)} for p in range(pieces)],
+              "start": 0, "end": pieces * 10, "first_line": 1}
+    writer.add_shards([PlannedShard(0, slice_, pieces * per_piece, first_piece=0, end_piece=pieces)])
+    writer.add_records([PlannedRecord(rid, 0, "h") for group in ids for rid in group])
+    if dead_in is not None:
+        writer.add_dead_letters(0, [DeadLetterRow(ids[dead_in][0], "too_long", "over the cap")])
+    writer.commit(pieces * per_piece, 1)
+    return ids
+
+
+def rows_of(ids: list[list[str]], pieces: range) -> list[ResultRow]:
+    return [ResultRow(rid, OUT, piece=p) for p in pieces for rid in ids[p]]
+
+
+def test_a_split_moves_the_unstarted_tail_to_a_new_shard_and_fences_the_owner_off_it(backend: Store) -> None:
+    ids = plan_pieces(backend, pieces=8, per_piece=2, dead_in=7)
+    owner = backend.claim("slow")
+    assert owner is not None and (owner.first_piece, owner.end_piece) == (0, 8)
+    assert backend.put_results(owner, rows_of(ids, range(0, 2))) == 4
+    owner = backend.renew(owner, started=2)
+    assert owner is not None
+    # Pieces 2..7 are unstarted: the owner keeps the nearer half (2, 3, 4), the rest moves.
+    assert backend.split("job@1", "idle") == 1
+    [split] = backend.events("job@1", ["split"])
+    assert split.detail == {"by": "idle", "new_shard": 1, "at_piece": 5, "end_piece": 8, "records": 6}
+    rows = {r.shard_no: r for r in backend.shard_rows("job@1")}
+    assert (rows[0].record_count, rows[0].dead_letters) == (10, 0)
+    assert (rows[1].state, rows[1].record_count, rows[1].dead_letters) == ("ready", 6, 1)
+    owner = backend.renew(owner, started=3)
+    assert owner is not None and owner.end_piece == 5 and owner.record_count == 10
+    # The owner's writes past its new end are refused and not counted, whatever it sends.
+    assert backend.put_results(owner, rows_of(ids, range(4, 6))) == 2
+    assert backend.charge_attempt(owner, ids[6][0], "engine_error", "x", None, 3, piece=6).attempts == 0
+    assert backend.dead_letter(owner, [DeadLetterRow(ids[7][1], "too_long", "x", piece=7)]) == 0
+    assert backend.put_results(owner, rows_of(ids, range(2, 4))) == 4
+    backend.complete(owner)
+    tail = backend.claim("idle")
+    assert tail is not None and (tail.shard_no, tail.first_piece, tail.end_piece) == (1, 5, 8)
+    assert [p["first_line"] for p in tail.slice["pieces"]] == [6, 7, 8] and tail.slice["start"] == 50
+    backend.put_results(tail, rows_of(ids, range(5, 8)))
+    backend.complete(tail)
+    assert backend.job("job@1").state == "sealed"  # type: ignore[union-attr]
+    cov = backend.coverage("job@1")
+    assert (cov.records, cov.missing, cov.unexpected, cov.both) == (16, 0, 0, 0)
+    assert backend.status("job@1").results == 15
+
+
+def test_a_split_needs_two_unstarted_pieces_a_live_lease_and_a_local_shard(backend: Store) -> None:
+    plan_pieces(backend, pieces=3)
+    assert backend.split("job@1", "idle") is None  # nothing leased
+    owner = backend.claim("slow")
+    assert owner is not None
+    owner = backend.renew(owner, started=2)
+    assert owner is not None and backend.split("job@1", "idle") is None  # one piece left
+    backend.shift_clock(LEASE + 1)
+    assert backend.split("job@1", "idle") is None  # an expired lease is reclaimed whole, not split
+
+
+def test_the_split_rule_keeps_the_nearer_half_for_the_owner() -> None:
+    from batchline.store.core import split_point
+
+    assert split_point(0, 16, None) == 8
+    assert split_point(0, 16, 5) == 11
+    assert split_point(4, 8, 0) == 6  # started before the shard's first piece: counts from the first
+    assert split_point(0, 8, 7) is None and split_point(0, 8, 8) is None
+
+
+def test_a_take_back_ends_a_dead_owners_lease_at_once_and_fences_it_off(backend: Store) -> None:
+    ids = plan_version(backend, shards=1)
+    lease = backend.claim("w1", process={"host": "h", "pid": 42})
+    assert lease is not None
+    [holder] = backend.leases("job@1")
+    assert (holder.owner, holder.epoch, holder.process) == ("w1", lease.epoch, {"host": "h", "pid": 42})
+    assert backend.take_back("job@1", holder, "w2", {"kind": "same-host", "pid": 42})
+    assert not backend.take_back("job@1", holder, "w3", {"kind": "same-host"})  # already ended
+    [event] = backend.events("job@1", ["take_back"])
+    assert (event.worker, event.epoch, event.detail["by"], event.detail["proof"]["pid"]) == ("w1", lease.epoch, "w2", 42)
+    again = backend.claim("w2")
+    assert again is not None and again.epoch == lease.epoch + 2  # the take-back bumped it once
+    with pytest.raises(LeaseLost):
+        backend.put_results(lease, [ResultRow(ids[0][0], OUT)])
+    assert backend.leases("job@1")[0].owner == "w2"

@@ -146,15 +146,15 @@ def test_a_crash_mid_plan_leaves_no_partial_job(job_factory: Any, store: Store, 
 
     spec = load_spec(job_factory(n=300))
     calls = {"n": 0}
-    real = planner.slice_digest_bytes
+    real = planner.read_bytes
 
-    def dies_on_the_fourth_shard(*args: Any) -> str:
+    def dies_on_the_fourth_shard(*args: Any) -> bytes:
         calls["n"] += 1
         if calls["n"] == 4:
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(planner, "slice_digest_bytes", dies_on_the_fourth_shard)
+    monkeypatch.setattr(planner, "read_bytes", dies_on_the_fourth_shard)
     with pytest.raises(KeyboardInterrupt):
         plan(spec, store)
     assert store.jobs() == [] and store.claim("w") is None
