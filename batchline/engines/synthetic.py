@@ -36,7 +36,6 @@ from typing import Any
 from batchline.engines.base import EngineConfig, EngineOutcome, RequestSource, batches
 from batchline.errors import EngineFatal
 
-
 SLOWDOWN_ENV = "BATCHLINE_SYNTHETIC_SLOWDOWN"
 
 
