@@ -38,8 +38,8 @@ LABELS_SHOWN = 15
 DEAD_LETTER_SAMPLES = 3
 ERROR_CHARS = 240
 
-LEASE_KINDS = ("claim", "complete", "release", "lease_expired", "submitted", "provider_wait")
-MARKER_KINDS = ("stale_epoch", "engine_crash", "engine_hang")
+LEASE_KINDS = ("claim", "complete", "release", "lease_expired", "take_back", "submitted", "provider_wait")
+MARKER_KINDS = ("stale_epoch", "engine_crash", "engine_hang", "split")
 # The drill (and tests) move the database clock instead of sleeping past a lease;
 # it logs each shift so the report can take it back out of the time axis.
 CLOCK_SHIFT = "clock_shift"
@@ -166,6 +166,12 @@ def _leases(events: Iterable[Event], clock: _Clock, now: float) -> list[LeaseSpa
             # Logged when another worker reclaimed the shard: the lease ran until then.
             span.end, span.outcome = clock(e.ts), "expired"
             span.detail = f"re-leased by {e.detail.get('reclaimed_by', '?')}"
+        elif e.kind == "take_back":
+            # Its owner was proven dead: the lease ended there, not when it would have run out.
+            proof = e.detail.get("proof") or {}
+            span.end, span.outcome = clock(e.ts), "taken back"
+            span.detail = (f"owner proven dead by {e.detail.get('by', '?')} ({proof.get('kind', '?')}: "
+                           f"{proof.get('found', '')})")
     for span in order:
         if span.end is None:
             span.end = clock(now)
@@ -237,6 +243,9 @@ def _markers(events: list[Event], clock: _Clock) -> tuple[list[Marker], dict[str
             op = str(e.detail.get("op", "?"))
             stale_by_op[op] += 1
             text = f"stale epoch {e.epoch}: {op} of shard {e.shard_no} refused"
+        elif e.kind == "split":
+            text = (f"the unstarted tail of shard {e.shard_no} ({e.detail.get('records', '?')} records) split off "
+                    f"to shard {e.detail.get('new_shard', '?')} by {e.detail.get('by', '?')}")
         else:
             what = "engine crashed" if e.kind == "engine_crash" else "engine missed a batch deadline"
             text = f"{what} on shard {e.shard_no} ({e.detail.get('in_flight', '?')} records in flight)"
@@ -399,11 +408,12 @@ def _short_worker(worker: str) -> str:
 
 COLORS = {
     "done": "#14b8a6", "released": "#94a3b8", "expired": "url(#bl-hatch)", "open": "#99f6e4",
-    "parked": "#c4b5fd",
-    "stale_epoch": "#dc2626", "engine_crash": "#111827", "engine_hang": "#7c3aed",
+    "parked": "#c4b5fd", "taken back": "#f59e0b",
+    "stale_epoch": "#dc2626", "engine_crash": "#111827", "engine_hang": "#7c3aed", "split": "#2563eb",
 }
 OUTCOME_WORDS = {"done": "completed", "released": "released", "expired": "expired (lease lost)",
-                 "open": "held now", "parked": "parked at a provider"}
+                 "open": "held now", "parked": "parked at a provider",
+                 "taken back": "taken back (owner proven dead)"}
 
 
 def _svg(width: int, height: int, label: str, body: str) -> str:
@@ -731,6 +741,7 @@ def _cards(d: ReportData) -> str:
         _card("makespan", _dur(makespan) if d.t_start is not None else "—",
               f"{d.per_worker_rate:,.1f} records/s per worker"),
         _card("leases lost", f"{st.leases_lost:,}",
+              f"{st.leases_taken_back:,} taken back from dead owners; "
               f"{sum(d.stale_by_op.values()):,} stale writes refused"),
         _card("GPU-hours", f"{d.gpu_hours:,.3f}", "worker lease time"),
         _card("cost", f"${d.cost:,.2f}", f"at ${d.price:,.2f} per GPU-hour"),
@@ -758,13 +769,16 @@ def _timeline_section(d: ReportData) -> str:
     done = sum(1 for s in d.leases if s.outcome == "done")
     expired = sum(1 for s in d.leases if s.outcome == "expired")
     released = sum(1 for s in d.leases if s.outcome == "released")
+    taken = sum(1 for s in d.leases if s.outcome == "taken back")
     what = (f"{len(d.leases):,} leases on {len({s.shard_no for s in d.leases}):,} shards by "
             f"{len({s.worker for s in d.leases}):,} workers: {done:,} completed, {expired:,} expired and "
-            f"re-leased (dashed line to the re-lease), {released:,} given back. Point at a lease to see it and "
-            "every other lease of its shard.")
-    legend = _legend([(COLORS["done"], "completed"), ("", "expired"), (COLORS["released"], "released"),
+            f"re-leased (dashed line to the re-lease), {taken:,} taken back from owners proven dead, "
+            f"{released:,} given back. Point at a lease to see it and every other lease of its shard.")
+    legend = _legend([(COLORS["done"], "completed"), ("", "expired"), (COLORS["taken back"], "taken back"),
+                      (COLORS["released"], "released"),
                       (COLORS["open"], "held now"), (COLORS["stale_epoch"], "stale epoch refused"),
-                      (COLORS["engine_crash"], "engine crash"), (COLORS["engine_hang"], "engine hang")])
+                      (COLORS["engine_crash"], "engine crash"), (COLORS["engine_hang"], "engine hang"),
+                      (COLORS["split"], "tail split off")])
     legend = legend.replace('<i style="background:"></i>', '<i class="hatch"></i>')
     return (f'<section><h2>Shard leases per worker</h2><p class="what">{esc(what)}</p>'
             + timeline_chart(d) + legend + "</section>")
@@ -863,7 +877,7 @@ def _validation_section(d: ReportData) -> str:
 def _cost_section(d: ReportData) -> str:
     total = sum(d.lease_seconds_by_outcome.values())
     rows = []
-    for outcome in ("done", "expired", "released", "open"):
+    for outcome in ("done", "expired", "taken back", "released", "open"):
         s = d.lease_seconds_by_outcome.get(outcome, 0.0)
         if not s:
             continue

@@ -189,6 +189,8 @@ def progress_line(st: JobStatus, rate: float | None, alive: int | None, elapsed:
         parts.append(f"{alive} workers")
     parts.append(f"{st.dead_letters:,} dead letters")
     parts.append(f"{st.leases_lost} leases lost")
+    if st.leases_taken_back:
+        parts.append(f"{st.leases_taken_back} taken back")
     if elapsed is not None:
         parts.append(format_duration(elapsed))
     return " | ".join(parts)

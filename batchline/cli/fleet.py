@@ -54,6 +54,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--priority-class", default="batchline-batch")
     p.add_argument("--preemption-notice", choices=("none", "aws", "gcp"), default="none",
                    help="also watch the cloud's preemption notice (SIGTERM on eviction always works)")
+    p.add_argument("--no-take-back", dest="take_back", action="store_false",
+                   help="give workers no API rights and no token: a dead pod's lease then runs out instead of "
+                        "being taken back when another worker finds the pod gone")
     p.add_argument("--out", type=Path, default=None, metavar="PATH", help="write here instead of stdout")
     p.set_defaults(func=cmd_launch_k8s)
 
@@ -115,7 +118,8 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
         version=args.job, workers=args.workers, image=args.image, queue=args.queue,
         store_secret=args.store_secret, store_secret_key=args.store_secret_key, namespace=args.namespace,
         gpus_per_worker=args.gpus_per_worker, gpu_resource=args.gpu_resource, cpu=args.cpu, memory=args.memory,
-        grace_seconds=grace, priority_class=args.priority_class, preemption_notice=args.preemption_notice)))
+        grace_seconds=grace, priority_class=args.priority_class, preemption_notice=args.preemption_notice,
+        take_back=args.take_back)))
     if args.out:
         args.out.write_text(text)
         print(f"wrote {args.workers} worker Jobs to {args.out}", file=sys.stderr)

@@ -150,7 +150,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         + (f" ({', '.join(f'{k} {v}' for k, v in sorted(st.dead_letters_by_kind.items()))})"
            if st.dead_letters else ""),
         f"  wall time    {format_duration(summary.seconds)} ({rate:,.2f} records/s this run)",
-        f"  workers      {args.workers} ({summary.restarts} restarts, {st.leases_lost} leases lost)",
+        f"  workers      {args.workers} ({summary.restarts} restarts, {st.leases_lost} leases lost, "
+        f"{st.leases_taken_back} taken back from dead workers, {st.splits} tails split)",
     ]
     labels = {k: v for k, v in store.label_counts(st.version).items() if k is not None}
     if labels:
@@ -223,6 +224,7 @@ def status_dict(st: JobStatus) -> dict[str, Any]:
         "shards": st.shards,
         "outcomes": {"results": st.results, "dead_letters": st.dead_letters, "pending": st.pending},
         "dead_letters_by_kind": st.dead_letters_by_kind, "leases_lost": st.leases_lost,
+        "leases_taken_back": st.leases_taken_back, "splits": st.splits,
         "records_per_second": st.records_done_last_minutes / st.window_seconds,
     }
 

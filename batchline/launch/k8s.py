@@ -33,9 +33,16 @@ Which objects, and why:
   command line. Make it with `kubectl create secret generic NAME
   --from-literal=url=postgresql://...`, ideally with a role from `batchline
   grants`, which can touch this job version only.
+- **Leases of dead pods taken back at once.** Each worker knows its pod
+  (name, namespace and uid from the downward API) and tells the store when it
+  claims; an idle worker asks the API server whether a lease owner's pod is
+  still there and takes back the lease of one that is gone instead of waiting
+  for it to run out. For that the worker's ServiceAccount has one Role: `get`
+  on `pods` in its own namespace, nothing else (no list, no watch, no other
+  resource), and its token is mounted. `--no-take-back` renders no Role and
+  mounts no token: dead workers' leases then run out.
 - **Kept apart from the interactive engine on a shared node.** Its own
-  ServiceAccount with no Role or RoleBinding (no API rights) and no mounted
-  token; a non-root user, no privilege escalation, every capability
+  ServiceAccount with no other rights on the API; a non-root user, no privilege escalation, every capability
   dropped, the runtime's seccomp profile, a read-only root filesystem; no
   host network, PID or IPC namespace, no hostPath and no shared volume (the
   only volume is the pod's own scratch `emptyDir` for /tmp); no service
@@ -53,6 +60,7 @@ import yaml
 
 from batchline.errors import BatchlineError
 from batchline.launch import FATAL_EXITS, slug
+from batchline.liveness import POD_ENV
 
 EXIT_PREEMPTED = 75
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -83,6 +91,7 @@ class K8sOptions:
     service_account: str = "batchline-worker"
     backoff_limit: int = 6
     preemption_notice: str = "none"  # aws | gcp | none: a cloud notice besides SIGTERM
+    take_back: bool = True  # may ask the API server whether a lease owner's pod is gone
     extra_labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -104,10 +113,27 @@ def priority_class(o: K8sOptions) -> dict[str, Any]:
 
 
 def service_account(o: K8sOptions) -> dict[str, Any]:
-    # No Role or RoleBinding names it: it has no rights on the API.
+    # No rights on the API but the Role below (with take-back), so no token without it.
     return {"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": o.service_account, "namespace": o.namespace, "labels": _labels(o)},
-            "automountServiceAccountToken": False}
+            "automountServiceAccountToken": o.take_back}
+
+
+def pod_reader_role(o: K8sOptions) -> list[dict[str, Any]]:
+    """`get` on pods of its own namespace: enough to prove a lease owner's pod gone, nothing more."""
+    name = f"{o.service_account}-pod-reader"
+    meta = {"name": name, "namespace": o.namespace, "labels": _labels(o)}
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": o.service_account, "namespace": o.namespace}]},
+    ]
+
+
+def _downward(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
 def worker_job(o: K8sOptions, index: int) -> dict[str, Any]:
@@ -127,7 +153,10 @@ def worker_job(o: K8sOptions, index: int) -> dict[str, Any]:
         "env": [{"name": "BATCHLINE_STORE",
                  "valueFrom": {"secretKeyRef": {"name": o.store_secret, "key": o.store_secret_key}}},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
-                {"name": "HOME", "value": "/tmp"}],
+                {"name": "HOME", "value": "/tmp"},
+                # Who this worker is, for a take-back of its lease should its pod be gone.
+                _downward(POD_ENV["pod"], "metadata.name"), _downward(POD_ENV["namespace"], "metadata.namespace"),
+                _downward(POD_ENV["pod_uid"], "metadata.uid")],
         "resources": resources,
         "securityContext": {
             "allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
@@ -139,7 +168,7 @@ def worker_job(o: K8sOptions, index: int) -> dict[str, Any]:
         "restartPolicy": "Never",  # the Job replaces pods; required by a pod failure policy
         "priorityClassName": o.priority_class,
         "serviceAccountName": o.service_account,
-        "automountServiceAccountToken": False,
+        "automountServiceAccountToken": o.take_back,
         "enableServiceLinks": False,
         "hostNetwork": False, "hostPID": False, "hostIPC": False,
         "terminationGracePeriodSeconds": int(o.grace_seconds) + TERMINATION_MARGIN_SECONDS,
@@ -177,7 +206,8 @@ def render(o: K8sOptions) -> list[dict[str, Any]]:
         raise BatchlineError("--workers must be at least 1")
     if o.preemption_notice not in ("none", "aws", "gcp"):
         raise BatchlineError(f"--preemption-notice must be aws, gcp or none, not {o.preemption_notice!r}")
-    return [priority_class(o), service_account(o), *(worker_job(o, i) for i in range(o.workers))]
+    return [priority_class(o), service_account(o), *(pod_reader_role(o) if o.take_back else []),
+            *(worker_job(o, i) for i in range(o.workers))]
 
 
 def to_yaml(objects: list[dict[str, Any]]) -> str:

@@ -8,7 +8,9 @@ reports its exit status. The driver keeps N slots filled: a worker that exits
 node that died is replaced by a fresh actor; a worker that exits 0 (no work
 left) is not; a worker that reports a broken job (2, 3, 5) stops the launch.
 All coordination stays in the store, so a replacement simply claims what the
-lost worker's lease gives up.
+lost worker's lease gives up; and since the driver saw the actor die, it takes
+that lease back at once (the proof is in the event log) rather than leaving it
+to run out.
 
 The worker process dies with its actor (PR_SET_PDEATHSIG), and its engine
 child dies with it in turn, so a dead actor never leaves a model on a GPU.
@@ -30,6 +32,7 @@ from typing import Any
 
 from batchline.errors import BatchlineError
 from batchline.launch import FATAL_EXITS, slug
+from batchline.liveness import RAY_ACTOR_ENV
 
 EXIT_DONE = 0
 EXIT_PREEMPTED = 75
@@ -77,6 +80,7 @@ class _Slot:
     ref: Any = None
     starts: int = 0
     done: bool = False
+    name: str = ""  # the current actor's, which its worker tells the store when it claims
 
 
 @dataclass
@@ -130,9 +134,10 @@ class RayLauncher:
 
     def _start(self, ray: Any, cls: Any, slot: _Slot, gpus: float) -> None:
         slot.starts += 1
+        slot.name = f"batchline-{slug(self.version)}-{slot.index}-{slot.starts}"
         slot.actor = cls.options(num_gpus=gpus, num_cpus=self.cpus_per_worker, max_restarts=0,
-                                 name=f"batchline-{slug(self.version)}-{slot.index}-{slot.starts}").remote(
-            {"BATCHLINE_STORE": self.store_url, "PYTHONUNBUFFERED": "1"})
+                                 name=slot.name).remote(
+            {"BATCHLINE_STORE": self.store_url, "PYTHONUNBUFFERED": "1", RAY_ACTOR_ENV: slot.name})
         slot.ref = slot.actor.run.remote([sys.executable, "-m", "batchline", "worker", "--job", self.version])
 
     def worker_pids(self) -> dict[int, Any]:
@@ -183,6 +188,8 @@ class RayLauncher:
                 if code is not None:
                     exits[code] = exits.get(code, 0) + 1
                     self.log(f"worker {slot.index}: exit {code}")
+                if code != EXIT_DONE:
+                    self._take_back(slot.name, "the actor died" if code is None else f"its worker exited {code}")
                 with self._lock:
                     ray.kill(slot.actor)  # frees its GPU reservation before a replacement asks for one
                     if code == EXIT_DONE or stopping:
@@ -198,6 +205,25 @@ class RayLauncher:
                     self._start(ray, cls, slot, gpus)
         code = EXIT_PREEMPTED if stopping else EXIT_DONE
         return LaunchSummary(code, sum(s.starts for s in self.slots), restarts, deaths, exits)
+
+    def _take_back(self, actor: str, found: str) -> None:
+        """Ends the leases the worker of `actor` held: this driver saw it end."""
+        from batchline.liveness import take_back_dead
+        from batchline.store import open_store
+
+        proof = {"kind": "ray", "actor": actor, "found": found}
+        try:
+            store = open_store(self.store_url)
+        except BatchlineError as exc:
+            self.log(f"cannot take back {actor}'s leases now ({exc}); they run out instead")
+            return
+        try:
+            taken = take_back_dead(store, self.version, "ray-launcher", proof_of=lambda h: (
+                proof if h.process and h.process.get("ray_actor") == actor else None))
+        finally:
+            store.close()
+        if taken:
+            self.log(f"took back {taken} leases of {actor} ({found})")
 
     def _stop_all(self, ray: Any) -> None:
         for s in self.slots:

@@ -673,11 +673,13 @@ class StoreCore(ABC):
                 dead += int(d or 0)
             by_kind = {k: int(n) for k, n in tx.all(self.q.DEAD_BY_KIND, {"v": version})}
             lost = int(_scalar(tx, self.q.LEASES_LOST, {"v": version}))
+            taken, splits = (int(_scalar(tx, self.q.COUNT_EVENTS, {"v": version, "kind": k}))
+                             for k in ("take_back", "split"))
             recent = int(_scalar(tx, self.q.RECENT, {"v": version, "since": now - window_seconds}))
             return JobStatus(version=version, name=job.name, state=job.state, records=job.record_count,
                              results=results, dead_letters=dead, shards=shards, dead_letters_by_kind=by_kind,
                              leases_lost=lost, records_done_last_minutes=recent, window_seconds=window_seconds,
-                             now=now)
+                             now=now, leases_taken_back=taken, splits=splits)
 
         return self._read(body, snapshot=True)
 

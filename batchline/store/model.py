@@ -180,10 +180,13 @@ class JobStatus:
     dead_letters: int
     shards: dict[str, int]
     dead_letters_by_kind: dict[str, int]
-    leases_lost: int
+    leases_lost: int  # ran out: another worker reclaimed the shard after its lease expired
     records_done_last_minutes: int  # in shards completed within the window
     window_seconds: float
     now: float
+
+    leases_taken_back: int = 0  # ended at once: their owners were proven dead
+    splits: int = 0  # unstarted tails split off to idle workers
 
     @property
     def pending(self) -> int:

@@ -15,7 +15,8 @@ from batchline.launch.k8s import K8sOptions, render, to_yaml
 
 kubernetes = pytest.importorskip("kubernetes")
 
-MODELS = {"PriorityClass": "V1PriorityClass", "ServiceAccount": "V1ServiceAccount", "Job": "V1Job"}
+MODELS = {"PriorityClass": "V1PriorityClass", "ServiceAccount": "V1ServiceAccount", "Job": "V1Job",
+          "Role": "V1Role", "RoleBinding": "V1RoleBinding"}
 
 
 def parse(obj: dict[str, Any]) -> Any:
@@ -26,6 +27,10 @@ def parse(obj: dict[str, Any]) -> Any:
     return model
 
 
+def jobs_of(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == "Job"]
+
+
 @pytest.fixture
 def objects() -> list[dict[str, Any]]:
     options = K8sOptions(version="ticket-triage@3f9a0c1d2e", workers=3, image="registry.example/batchline:1",
@@ -34,7 +39,8 @@ def objects() -> list[dict[str, Any]]:
 
 
 def test_every_manifest_parses_as_a_kubernetes_object(objects: list[dict[str, Any]]) -> None:
-    assert [o["kind"] for o in objects] == ["PriorityClass", "ServiceAccount", "Job", "Job", "Job"]
+    assert [o["kind"] for o in objects] == ["PriorityClass", "ServiceAccount", "Role", "RoleBinding", "Job", "Job",
+                                            "Job"]
     for obj in objects:
         parse(obj)
 
@@ -62,14 +68,14 @@ def test_exit_75_is_replaced_not_finished_and_a_broken_job_fails_at_once(objects
 def test_lowest_priority_that_never_preempts(objects: list[dict[str, Any]]) -> None:
     pc = parse(objects[0])
     assert pc.value < 0 and pc.preemption_policy == "Never" and not pc.global_default
-    for obj in objects[2:]:
+    for obj in jobs_of(objects):
         assert parse(obj).spec.template.spec.priority_class_name == pc.metadata.name
 
 
 def test_the_store_url_comes_from_a_secret_and_nowhere_else(objects: list[dict[str, Any]]) -> None:
     text = to_yaml(objects)
     assert "postgresql://" not in text
-    pod = parse(objects[2]).spec.template.spec
+    pod = parse(jobs_of(objects)[0]).spec.template.spec
     [container] = pod.containers
     env = {e.name: e for e in container.env}
     ref = env["BATCHLINE_STORE"].value_from.secret_key_ref
@@ -77,12 +83,34 @@ def test_the_store_url_comes_from_a_secret_and_nowhere_else(objects: list[dict[s
     assert container.args == ["worker", "--job", "ticket-triage@3f9a0c1d2e"]
 
 
+def test_a_worker_may_only_get_pods_of_its_namespace_to_prove_an_owner_gone(objects: list[dict[str, Any]]) -> None:
+    sa = parse(objects[1])
+    role, binding = (parse(o) for o in objects if o["kind"] in ("Role", "RoleBinding"))
+    assert [(r.api_groups, r.resources, r.verbs) for r in role.rules] == [([""], ["pods"], ["get"])]
+    assert role.metadata.namespace == sa.metadata.namespace == binding.metadata.namespace
+    assert (binding.role_ref.kind, binding.role_ref.name) == ("Role", role.metadata.name)
+    assert [(s.kind, s.name) for s in binding.subjects] == [("ServiceAccount", sa.metadata.name)]
+    assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    pod = parse(jobs_of(objects)[0]).spec.template.spec
+    assert sa.automount_service_account_token is True and pod.automount_service_account_token is True
+    env = {e.name: e.value_from.field_ref.field_path for e in pod.containers[0].env
+           if e.value_from is not None and e.value_from.field_ref is not None}
+    assert env == {"BATCHLINE_POD_NAME": "metadata.name", "BATCHLINE_POD_NAMESPACE": "metadata.namespace",
+                   "BATCHLINE_POD_UID": "metadata.uid"}
+
+
+def test_without_take_back_a_worker_has_no_api_rights_and_no_token() -> None:
+    options = K8sOptions(version="v@1", workers=1, image="i", queue="q", store_secret="s", take_back=False)
+    objects = render(options)
+    assert not [o for o in objects if o["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
+    assert parse(objects[1]).automount_service_account_token is False
+    assert parse(jobs_of(objects)[0]).spec.template.spec.automount_service_account_token is False
+
+
 def test_a_worker_is_kept_away_from_the_rest_of_a_shared_node(objects: list[dict[str, Any]]) -> None:
     sa = parse(objects[1])
-    assert sa.automount_service_account_token is False
-    assert not [o for o in objects if o["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
-    pod = parse(objects[2]).spec.template.spec
-    assert pod.service_account_name == sa.metadata.name and pod.automount_service_account_token is False
+    pod = parse(jobs_of(objects)[0]).spec.template.spec
+    assert pod.service_account_name == sa.metadata.name
     assert not (pod.host_network or pod.host_pid or pod.host_ipc) and pod.enable_service_links is False
     assert pod.security_context.run_as_non_root and pod.security_context.run_as_user != 0
     assert pod.security_context.seccomp_profile.type == "RuntimeDefault"
