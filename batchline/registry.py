@@ -22,6 +22,9 @@ class Extension:
     target: str  # "module:attribute", imported only when a job uses it
     revision: int
     extra: str  # the pip extra that installs what it needs
+    # The same input and decoding at temperature 0 give the same output (a local engine),
+    # so a generation cut off at max_tokens would be cut off again: it is not retried.
+    deterministic: bool = True
 
     def load(self) -> Any:
         module_name, attribute = self.target.split(":")
@@ -36,7 +39,8 @@ ENGINES = _table(
     Extension("llamacpp", "batchline.engines.llamacpp:LlamaCppEngine", 1, "llamacpp"),
     Extension("transformers", "batchline.engines.transformers_engine:TransformersEngine", 1, "transformers"),
     Extension("vllm", "batchline.engines.vllm_engine:VllmEngine", 1, "vllm"),
-    Extension("openai", "batchline.engines.openai_engine:OpenAIEngine", 1, "openai"),
+    # A server of any make, hosted or not: its answers at temperature 0 may differ per call.
+    Extension("openai", "batchline.engines.openai_engine:OpenAIEngine", 1, "openai", deterministic=False),
     Extension("embedding", "batchline.engines.embedding:EmbeddingEngine", 1, "embedding"),
     Extension("synthetic", "batchline.engines.synthetic:SyntheticEngine", 1, "dev"),
 )

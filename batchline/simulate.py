@@ -42,12 +42,21 @@ checking the slice, the final write). Three write strategies:
   exists (in write batches of ``write_batch``), so an interruption loses only
   the records in flight, and whoever re-claims the shard skips what is there.
 
-At the tail of the job (no ready shard left) batchline can also split work
-among idle workers (``tail_split``): an idle worker takes the back part of the
-leased shard that would finish last, sized so both finish together, and takes
-over the whole remainder of a shard whose owner has missed two renewals (its
-stale writes are refused by the epoch fence, so acting before the lease runs
-out costs only work that idle workers would not have done anyway).
+Two things end a lease sooner, as the store does them and by the store's own rules:
+
+- ``take_back``: a dead worker's lease is taken back ``take_back_seconds``
+  after its death (another worker on its host, the runner or the launcher
+  proves it dead: its pid gone, its pod gone, its actor dead), instead of
+  running out. A stalled worker is alive and is never taken for dead; nor is
+  anyone on a silence alone: a lease whose owner cannot be proven dead runs out.
+- ``tail_split``: with no ready shard left, an idle worker splits the leased
+  shard with the most unstarted pieces (each shard is planned as
+  ``pieces_per_shard`` pieces): its owner keeps the nearer half of what it has
+  not started and the rest becomes a new shard (`batchline.store.core.split_point`,
+  the rule the store applies). An owner has started a piece once it has sent a
+  record of it to its engine (it keeps ``2 x write_batch`` records in flight),
+  or once a record of it is written. A stalled or silent owner's unstarted
+  pieces are split off as well: its lease still stands.
 
 Correlated reclaim waves (``waves_per_hour``) kill ``wave_share`` of the slots
 at once, as when a zone runs short; their replacements wait a further
@@ -81,6 +90,8 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from batchline.store.core import split_point
+
 
 class Strategy(StrEnum):
     APPEND_PER_SHARD = "append-per-shard"
@@ -111,17 +122,20 @@ class Scenario:
     grace_seconds: float = 30.0
     notice: bool = False
     tail_split: bool = False
+    pieces_per_shard: int = 16
+    take_back: bool = False
+    take_back_seconds: float = 5.0
     waves_per_hour: float = 0.0
     wave_share: float = 0.5
     wave_recovery_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("items", "workers", "records_per_second", "model_load_seconds",
-                     "lease_seconds", "write_batch", "renew_seconds"):
+                     "lease_seconds", "write_batch", "renew_seconds", "pieces_per_shard"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name.replace('_', ' ')} must be positive")
         for name in ("interruptions_per_hour", "shard_overhead_seconds", "stall_extra_seconds",
-                     "grace_seconds", "waves_per_hour", "wave_recovery_seconds"):
+                     "grace_seconds", "waves_per_hour", "wave_recovery_seconds", "take_back_seconds"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name.replace('_', ' ')} cannot be negative")
         for name in ("stall_share", "wave_share"):
@@ -161,7 +175,7 @@ class RunResult:
     stalls: int
     waves: int
     splits: int
-    takeovers: int
+    take_backs: int
     lost: LostTime
 
     @property
@@ -203,20 +217,26 @@ _LOADING, _WORKING, _IDLE, _STALLED = range(4)
 _READY, _LEASED, _DONE = range(3)
 # Event kinds, in the order ties at one instant are served: work that completes
 # at the same moment as an interruption counts as done.
-_RUN_DONE, _LOAD_DONE, _STALL_END, _LEASE_EXPIRE, _RECHECK, _INTERRUPT, _WAVE = range(7)
+_RUN_DONE, _LOAD_DONE, _STALL_END, _LEASE_EXPIRE, _INTERRUPT, _WAVE = range(6)
 
 
 class _Shard:
-    __slots__ = ("done", "epoch", "hi", "lo", "owner", "silent_since", "state")
+    __slots__ = ("done", "epoch", "hi", "lo", "origin", "owner", "piece", "sent", "silent_since", "state")
 
-    def __init__(self, lo: int, hi: int) -> None:
+    def __init__(self, lo: int, hi: int, origin: int, piece: int) -> None:
         self.lo = lo
         self.done = lo  # records [lo, done) are durably written
         self.hi = hi
+        self.origin = origin  # where the planned shard began: pieces are counted from it
+        self.piece = piece  # records per piece
+        self.sent = lo  # records before it were sent to an engine (started) by some owner
         self.state = _READY
         self.owner = -1
         self.epoch = 0
         self.silent_since: float | None = None  # its owner's last renewal, once it has stopped
+
+    def piece_of(self, record: int) -> int:
+        return (record - self.origin) // self.piece
 
 
 class _Worker:
@@ -248,10 +268,10 @@ class _Sim:
         self.per_record = strategy is Strategy.KEYED_PER_RECORD
         self.rate = sc.records_per_second
         self.overhead = sc.shard_overhead_seconds
-        self.silent_after = 2 * sc.renew_seconds
-        self.min_split = max(1, sc.write_batch)
+        self.lookahead = 2 * sc.write_batch  # records a worker keeps in flight at its engine
+        piece = max(1, math.ceil(shard_size / sc.pieces_per_shard))
         self.shards: deque[_Shard] = deque(
-            _Shard(lo, min(lo + shard_size, sc.items)) for lo in range(0, sc.items, shard_size)
+            _Shard(lo, min(lo + shard_size, sc.items), lo, piece) for lo in range(0, sc.items, shard_size)
         )
         self.open = len(self.shards)
         self.leased: dict[int, _Shard] = {}  # id(shard) -> shard, for the tail
@@ -261,8 +281,7 @@ class _Sim:
         self.events: list[tuple[float, int, int, int, int, Any]] = []
         self.seq = 0
         self.finished_at: float | None = None
-        self.recheck_at = math.inf
-        self.deaths = self.stalls = self.waves = self.splits = self.takeovers = 0
+        self.deaths = self.stalls = self.waves = self.splits = self.take_backs = 0
         # Worker-seconds by what the slot was doing.
         self.load_time = self.stall_time = self.overhead_time = 0.0
         self.compute_time = self.idle_time = 0.0
@@ -366,18 +385,17 @@ class _Sim:
         self.shards.appendleft(s)  # re-claims pick the lowest shard number: it comes first
         self.wake(t)
 
-    def go_silent(self, w: _Worker, s: _Shard, t: float) -> None:
-        """w stops renewing s: the lease runs out lease_seconds after its last renewal."""
+    def go_silent(self, w: _Worker, s: _Shard, t: float, *, dead: bool) -> None:
+        """w stops renewing s: the lease runs out lease_seconds after its last renewal,
+        unless w died and is proven dead sooner (take_back)."""
         renew = self.sc.renew_seconds
+        s.sent = max(s.sent, self.sent_position(w, t))
         s.silent_since = w.claim_time + math.floor((t - w.claim_time) / renew) * renew
-        self.push(s.silent_since + self.sc.lease_seconds, _LEASE_EXPIRE, id(s), s.epoch, s)
-        if self.sc.tail_split and self.idle:
-            self.schedule_recheck(max(t, s.silent_since + self.silent_after))
-
-    def schedule_recheck(self, at: float) -> None:
-        if at < self.recheck_at:
-            self.recheck_at = at
-            self.push(at, _RECHECK, -1, 0)
+        ends = s.silent_since + self.sc.lease_seconds
+        if dead and self.sc.take_back and t + self.sc.take_back_seconds < ends:
+            ends = t + self.sc.take_back_seconds
+            self.take_backs += 1
+        self.push(ends, _LEASE_EXPIRE, id(s), s.epoch, s)
 
     def wake(self, t: float) -> None:
         for idx in sorted(self.idle):
@@ -389,58 +407,45 @@ class _Sim:
 
     # -- the tail
 
+    def sent_position(self, w: _Worker, t: float) -> int:
+        """Records before it have been sent to w's engine: w has started their pieces."""
+        if w.shard is None or t < w.compute_start:
+            return w.run_start
+        return min(w.shard.hi, math.floor(self.position(w, t)) + self.lookahead)
+
     def help_at_tail(self, w: _Worker, t: float) -> bool:
-        """Take part of the leased shard that would finish last, if that gains anything."""
-        best: tuple[float, _Shard, int] | None = None  # (finish, shard, split point or -1)
-        recheck = math.inf
+        """Split off the unstarted tail of the leased shard that has the most of it, by the
+        store's rule (`split_point`), and claim it."""
+        best: tuple[int, _Shard, int] | None = None  # (unstarted pieces, shard, split point in records)
         for s in self.leased.values():
-            if s.silent_since is not None:
-                # One expression for the threshold, here and in the recheck it
-                # schedules, so that the recheck at that instant finds it passed.
-                actionable_at = s.silent_since + self.silent_after
-                if actionable_at <= t:
-                    finish = s.silent_since + self.sc.lease_seconds + (s.hi - s.done) / self.rate
-                    if best is None or finish > best[0]:
-                        best = (finish, s, -1)
-                else:
-                    recheck = min(recheck, actionable_at)
+            owner = self.workers[s.owner] if s.owner >= 0 else None
+            if owner is not None and owner.draining:
                 continue
-            owner = self.workers[s.owner]
-            if owner.draining:
+            sent = s.sent
+            if owner is not None and owner.shard is s:
+                sent = max(sent, self.sent_position(owner, t))
+            started = s.piece_of(max(sent, s.done) - 1) + 1 if max(sent, s.done) > s.lo else s.piece_of(s.lo)
+            first, end = s.piece_of(s.lo), -(-(s.hi - s.origin) // s.piece)
+            point = split_point(first, end, started)
+            if point is None:
                 continue
-            pos = self.position(owner, t)
-            if self.per_record:
-                # The write batch in flight stays with its owner.
-                b = self.sc.write_batch
-                start = min(s.hi, owner.run_start + math.ceil((pos - owner.run_start) / b) * b)
-            else:
-                start = math.ceil(pos)
-            lead = max(0.0, owner.compute_start - t) * self.rate  # owner still in its overhead
-            # Both finish together: owner does (mid - start) + lead, helper overhead + (hi - mid).
-            helper_len = math.floor((s.hi - start + lead - self.overhead * self.rate) / 2)
-            if helper_len >= self.min_split:
-                finish = owner.compute_start + (s.hi - owner.run_start) / self.rate
-                if best is None or finish > best[0]:
-                    best = (finish, s, s.hi - helper_len)
-        if recheck < math.inf:
-            self.schedule_recheck(recheck)
+            unstarted = end - max(started, first)
+            if best is None or unstarted > best[0]:
+                best = (unstarted, s, min(s.hi, s.origin + point * s.piece))
         if best is None:
             return False
         _, s, mid = best
-        if mid < 0:
-            self.takeovers += 1
-            self.assign(w, s, t)
-            return True
-        # Split: the owner keeps [.., mid) and its lease; the back part becomes a
-        # shard of its own, leased to the helper.
-        owner = self.workers[s.owner]
+        # The owner keeps [.., mid) and its lease; the tail becomes a ready shard of its
+        # own, which this worker claims.
         self.splits += 1
-        piece = _Shard(mid, s.hi)
+        tail = _Shard(mid, s.hi, s.origin, s.piece)
         s.hi = mid
-        owner.gen += 1
-        self.push(owner.compute_start + (mid - owner.run_start) / self.rate, _RUN_DONE, owner.idx, owner.gen)
+        owner = self.workers[s.owner] if s.owner >= 0 else None
+        if owner is not None and owner.shard is s and owner.state == _WORKING and not owner.draining:
+            owner.gen += 1
+            self.push(owner.compute_start + (mid - owner.run_start) / self.rate, _RUN_DONE, owner.idx, owner.gen)
         self.open += 1
-        self.assign(w, piece, t)
+        self.assign(w, tail, t)
         return True
 
     # -- events
@@ -487,7 +492,7 @@ class _Sim:
                         return
                     self.writes.append((w.run_start, durable))
                     s.done = durable
-                self.go_silent(w, s, t)
+                self.go_silent(w, s, t, dead=True)
         self.start_load(w, t, self.sc.model_load_seconds + delay)
 
     def stall(self, w: _Worker, t: float, seconds: float) -> None:
@@ -506,7 +511,7 @@ class _Sim:
                 s.done = durable
             elif self.strategy is Strategy.APPEND_PER_SHARD:
                 w.pending = (w.run_start, math.floor(pos))
-            self.go_silent(w, s, t)
+            self.go_silent(w, s, t, dead=False)
             w.shard = None
         elif w.state == _LOADING:
             resume_loading = True
@@ -586,10 +591,6 @@ class _Sim:
                 s = extra
                 if s.epoch == b and s.state == _LEASED:
                     self.release(s, t)
-            elif kind == _RECHECK:
-                if t >= self.recheck_at:
-                    self.recheck_at = math.inf
-                    self.wake(t)
             elif kind == _INTERRUPT:
                 is_stall, seconds = extra
                 self.on_interrupt(self.workers[a], t, is_stall, seconds)
@@ -630,7 +631,7 @@ def simulate(scenario: Scenario, strategy: Strategy | str, shard_size: int, seed
         stalls=sim.stalls,
         waves=sim.waves,
         splits=sim.splits,
-        takeovers=sim.takeovers,
+        take_backs=sim.take_backs,
         lost=LostTime(
             reload=sim.load_time - sc.workers * sc.model_load_seconds,
             stall=sim.stall_time,
@@ -772,21 +773,22 @@ def recommend_shard_size(
     seeds: int = 3,
     strategy: Strategy | str = Strategy.KEYED_PER_RECORD,
     notice: bool = True,
-    tail_split: bool = False,
+    tail_split: bool = True,
+    take_back: bool = True,
     candidates: Sequence[int] | None = None,
 ) -> int:
     """The shard size to plan a job with, for `shards.size: auto`.
 
-    The defaults describe batchline's worker as the design states it: keyed
-    per-record writes and preemption notices honoured (I5). Pass
-    ``tail_split=True`` once the store splits shards at the tail.
+    The defaults describe batchline's worker and store: keyed per-record writes,
+    preemption notices honoured (I5), dead workers' leases taken back on proof, and
+    unstarted tails split off to idle workers.
     Raises SimulationDiverged when interruptions outpace the work at every size.
     """
     scenario = Scenario(
         items=records, workers=workers, records_per_second=records_per_second,
         interruptions_per_hour=interruptions_per_hour, stall_share=stall_share,
         model_load_seconds=model_load_seconds, lease_seconds=lease_seconds,
-        shard_overhead_seconds=shard_overhead_seconds, notice=notice, tail_split=tail_split,
+        shard_overhead_seconds=shard_overhead_seconds, notice=notice, tail_split=tail_split, take_back=take_back,
     )
     return choose_shard_size(scenario, strategy=strategy, seeds=seeds, candidates=candidates).shard_size
 
@@ -800,5 +802,6 @@ REFERENCE_SEEDS = (0, 1, 2, 3, 4)
 
 
 def with_batchline(scenario: Scenario) -> Scenario:
-    """The same scenario with what batchline adds: notices and tail splitting."""
-    return replace(scenario, notice=True, tail_split=True)
+    """The same scenario with what batchline adds: notices, take-backs of workers proven
+    dead, and tail splitting."""
+    return replace(scenario, notice=True, tail_split=True, take_back=True)

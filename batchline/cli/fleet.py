@@ -77,7 +77,7 @@ def cmd_launch_ray(args: argparse.Namespace) -> int:
     from batchline.launch.ray import RayLauncher
 
     url = args.store or default_url()
-    store = open_store(url)
+    store = open_store(url, create=False)
     try:
         if store.job(args.job) is None:
             raise BatchlineError(f"no job version {args.job!r} in the store")
@@ -106,7 +106,7 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
 
     grace = 30.0
     if args.store:
-        store = open_store(args.store)
+        store = open_store(args.store, create=False)
         try:
             job = store.job(args.job)
         finally:

@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--job", default=None, metavar="VERSION", help="work on this version only")
     p.add_argument("--poll-seconds", type=float, default=1.0,
                    help="how often to look for shards while others hold the leases")
+    p.add_argument("--store-wait", type=float, default=float(os.environ.get("BATCHLINE_STORE_WAIT", 300)),
+                   metavar="SECONDS", help="how long to wait for a store that cannot be reached yet, saying so, "
+                   "before giving up (exit 4); one that does not exist is refused at once (default 300, or "
+                   "$BATCHLINE_STORE_WAIT)")
     p.add_argument("--preemption-notice", choices=("none", "aws", "gcp"),
                    default=os.environ.get("BATCHLINE_PREEMPTION_NOTICE", "none"),
                    help="also stop on the cloud's preemption notice (AWS spot interruption via IMDSv2, "
@@ -96,8 +100,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_rollback)
 
 
-def _store(args: argparse.Namespace) -> Store:
-    return open_store(args.store)
+def _store(args: argparse.Namespace, *, create: bool = False) -> Store:
+    """Only the commands that plan (plan, run) make a store; the others refuse one that
+    does not exist, so a typo in a path is not taken for an empty store."""
+    return open_store(args.store, create=create)
 
 
 def _version(store: Store, target: str) -> str:
@@ -114,7 +120,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from batchline.spec import load_spec
 
     spec = load_spec(args.spec)
-    store = _store(args)
+    store = _store(args, create=True)
     result = plan(spec, store, log=lambda m: print(m, file=sys.stderr))
     if not result.created:
         print(f"already planned: {result.records} records in {result.shards} shards", file=sys.stderr)
@@ -130,7 +136,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise BatchlineError("--workers must be at least 1")
     spec = load_spec(args.spec)
-    store = _store(args)
+    store = _store(args, create=True)
     result = plan(spec, store, log=lambda m: print(m, file=sys.stderr))
     print(f"version {result.version}", file=sys.stderr)
     runner = LocalRunner(store, result.version, args.workers,
@@ -208,7 +214,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from batchline.notices import start_watcher
 
     watcher = start_watcher(args.preemption_notice, stop, base_url=args.metadata_url, log=log.info)
-    worker = Worker(_store(args), version=args.job, worker_id=worker_id, stop=stop,
+    store = open_store(args.store, create=False, wait_seconds=args.store_wait, log=log.info)
+    worker = Worker(store, version=args.job, worker_id=worker_id, stop=stop,
                     poll_seconds=args.poll_seconds, log=log.info, telemetry=telemetry,
                     routes=[r.strip() for r in args.routes.split(",") if r.strip()] if args.routes else None)
     code = worker.run()

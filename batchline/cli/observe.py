@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from batchline.report import write_report
 
-    store = open_store(args.store)
+    store = open_store(args.store, create=False)
     try:
         data = write_report(store, args.version, args.html, price=args.gpu_hour_price)
     finally:
@@ -68,7 +68,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     if args.check is not None:
         if args.store is None:
             raise BatchlineError("--check needs the --store that holds the drill's job")
-        store = open_store(args.store)
+        store = open_store(args.store, create=False)
         try:
             figures, checks = check_job(store, args.check, work_dir=args.work_dir, validate_gate=False)
         finally:

@@ -146,7 +146,7 @@ def measured_records_per_second(store_url: str, version: str) -> float:
     """Records/s per worker that a run of `version` measured, from the store's event log."""
     from batchline.store import open_store
 
-    store = open_store(store_url)
+    store = open_store(store_url, create=False)
     try:
         if store.job(version) is None:
             raise BatchlineError(f"{version}: no such job version in {store_url}")
@@ -321,10 +321,12 @@ def _register_simulate(subparsers: argparse._SubParsersAction) -> None:  # type:
     s.add_argument("--notice", action="store_true",
                    help="workers get a preemption notice and give their shard back at once")
     s.add_argument("--tail-split", action="store_true",
-                   help="idle workers split the last shards at the tail of the job")
-    s.add_argument("--batchline", action="store_true", help="both --notice and --tail-split")
+                   help="idle workers split the unstarted tail of the last shards off, as the store does")
+    s.add_argument("--take-back", action="store_true",
+                   help="a dead worker's lease is taken back once it is proven dead, not left to run out")
+    s.add_argument("--batchline", action="store_true", help="--notice, --take-back and --tail-split")
     s.add_argument("--compare", action="store_true",
-                   help="every row twice: without and with notices and tail splitting")
+                   help="every row twice: as the seed design ran it, and as batchline runs it")
     p.add_argument("--recommend-shard-size", action="store_true",
                    help="also pick the shard size with the least expected makespan for keyed-per-record")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -342,7 +344,8 @@ def _usd(value: float) -> str:
 
 
 def _features(scenario: sim.Scenario) -> str:
-    on = [name for name, flag in (("notice", scenario.notice), ("tail split", scenario.tail_split)) if flag]
+    on = [name for name, flag in (("notice", scenario.notice), ("take-back", scenario.take_back),
+                                  ("tail split", scenario.tail_split)) if flag]
     return " + ".join(on) if on else "none"
 
 
@@ -357,10 +360,12 @@ def run_simulate(args: argparse.Namespace) -> int:
             waves_per_hour=args.waves_per_hour, wave_share=args.wave_share,
             wave_recovery_seconds=args.wave_recovery_seconds,
             notice=args.notice or args.batchline, tail_split=args.tail_split or args.batchline,
+            take_back=args.take_back or args.batchline,
         )
     except ValueError as exc:
         raise BatchlineError(f"simulate: {exc}") from None
-    scenarios = [replace(base, notice=False, tail_split=False), sim.with_batchline(base)] if args.compare else [base]
+    scenarios = ([replace(base, notice=False, tail_split=False, take_back=False), sim.with_batchline(base)]
+                 if args.compare else [base])
     seeds = list(range(args.seeds))
     results: list[tuple[sim.Scenario, list[sim.SweepRow]]] = []
     choice: sim.ShardSizeChoice | None = None
@@ -388,11 +393,12 @@ def simulate_json(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]],
                   choice: sim.ShardSizeChoice | None, seeds: Sequence[int]) -> dict[str, Any]:
     base = results[0][0]
     return {
-        "scenario": {k: v for k, v in asdict(base).items() if k not in ("notice", "tail_split")},
+        "scenario": {k: v for k, v in asdict(base).items() if k not in ("notice", "tail_split", "take_back")},
         "ideal_hours": base.ideal_seconds / 3600.0,
         "seeds": list(seeds),
         "rows": [
-            {"notice": scenario.notice, "tail_split": scenario.tail_split, **row.to_json()}
+            {"notice": scenario.notice, "tail_split": scenario.tail_split, "take_back": scenario.take_back,
+             **row.to_json()}
             for scenario, rows in results for row in rows
         ],
         "recommendation": None if choice is None else {
@@ -421,13 +427,13 @@ def print_simulation(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]],
         f"ideal     {sc.ideal_seconds / 3600:.2f} h = {work_hours:.2f} h of work + one model load "
         f"({sc.model_load_seconds / 3600:.2f} h)",
         "",
-        f"{'features':<20}{'strategy':<18}{'shard size':>11}{'makespan h':>12}{'sd':>6}"
+        f"{'features':<33}{'strategy':<18}{'shard size':>11}{'makespan h':>12}{'sd':>6}"
         f"{'over ideal':>12}{'GPU-h lost':>12}{'duplicate rows':>16}",
     ]
     for scenario, rows in results:
         for row in rows:
             lines.append(
-                f"{_features(scenario):<20}{row.strategy:<18}{row.shard_size:>11,}{row.makespan_hours:>12.2f}"
+                f"{_features(scenario):<33}{row.strategy:<18}{row.shard_size:>11,}{row.makespan_hours:>12.2f}"
                 f"{row.makespan_hours_stdev:>6.2f}{row.over_ideal:>11.2f}x{row.gpu_hours_lost:>12.1f}"
                 f"{row.duplicate_rows:>16,.0f}"
             )
@@ -464,7 +470,7 @@ def plot_sweep(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]], path:
     }
     sizes: set[int] = set()
     for scenario, rows in results:
-        style = "-" if not (scenario.notice or scenario.tail_split) else "--"
+        style = "-" if not (scenario.notice or scenario.tail_split or scenario.take_back) else "--"
         for strategy in dict.fromkeys(row.strategy for row in rows):
             points = sorted((r.shard_size, r.makespan_hours) for r in rows if r.strategy == strategy)
             sizes.update(x for x, _ in points)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from batchline.errors import StoreError
@@ -47,18 +48,23 @@ def default_url() -> str:
     return os.environ.get("BATCHLINE_STORE", DEFAULT_URL)
 
 
-def open_store(url: str | None = None) -> Store:
+def open_store(url: str | None = None, *, create: bool = True, wait_seconds: float = 0.0,
+               log: Callable[[str], None] = lambda _m: None) -> Store:
+    """The store at `url`. `create`: a SQLite store that does not exist is made (planning);
+    otherwise it is refused with its path, as a PostgreSQL database that does not exist
+    always is. `wait_seconds`: how long to wait for a server that cannot be reached yet
+    (a worker's start)."""
     url = url or default_url()
     if url.startswith("sqlite:///"):
         from batchline.store.sqlite import SQLiteStore
 
         # sqlite:///relative.db and sqlite:////absolute/path.db, as SQLAlchemy spells them.
-        return SQLiteStore(Path(url[len("sqlite:///"):]), url=url)
+        return SQLiteStore(Path(url[len("sqlite:///"):]), url=url, create=create)
     if url.startswith(("postgresql://", "postgres://")):
         try:
             from batchline.store.postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:
             raise StoreError(f"the PostgreSQL store is not available: {exc}") from None
-        store: Store = PostgresStore(url)
+        store: Store = PostgresStore(url, wait_seconds=wait_seconds, log=log)
         return store
     raise StoreError(f"unknown store URL {url!r}: use sqlite:///path/to/file.db or postgresql://...")

@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +58,9 @@ DEFAULT_RECONNECT_SECONDS = 120.0
 # about 1.6 times the rows/s of arrays at 500 rows); smaller ones as arrays in
 # one statement, which costs fewer round trips.
 COPY_MIN_ROWS = 64
+
+NO_SUCH_DATABASE = re.compile(r'database ".*" does not exist')
+REFUSED_CREDENTIALS = re.compile(r'role ".*" does not exist|authentication failed|no pg_hba\.conf entry')
 
 # Connection settings applied unless the URL sets them: a name to find the
 # store's sessions by, and keepalives so a vanished server is noticed in
@@ -90,7 +94,8 @@ class PostgresStore(StoreCore):
     q = q
 
     def __init__(self, url: str, *, reconnect_seconds: float = DEFAULT_RECONNECT_SECONDS,
-                 migrate: bool = True) -> None:
+                 migrate: bool = True, wait_seconds: float = 0.0,
+                 log: Callable[[str], None] = lambda _m: None) -> None:
         self.url = url
         self.reconnect_seconds = reconnect_seconds
         try:
@@ -103,12 +108,35 @@ class PostgresStore(StoreCore):
         self.reconnects = 0
         # One connection: a store shared by threads runs one transaction at a time.
         self._lock = threading.RLock()
-        try:
-            self._connection()
-        except psycopg.Error as exc:
-            raise StoreError(f"cannot connect to PostgreSQL store {redact(url)}: {_first_line(exc)}") from None
+        self._first_connection(wait_seconds, log)
         if migrate:
             self._migrate()
+
+    def _first_connection(self, wait_seconds: float, log: Callable[[str], None]) -> None:
+        """Connects, waiting up to `wait_seconds` for a server that cannot be reached yet (a
+        fleet started in any order comes up); a database that does not exist, or credentials
+        refused, are said at once: no wait would change them."""
+        deadline = time.monotonic() + wait_seconds
+        delay, said = 0.5, False
+        while True:
+            try:
+                self._connection()
+                if said:
+                    log(f"reached the store {redact(self.url)}")
+                return
+            except psycopg.Error as exc:
+                # The server's answer at connection time comes as text, without its sqlstate.
+                said_by_server = _server_message(exc)
+                if NO_SUCH_DATABASE.search(said_by_server):
+                    raise StoreError(f"store {redact(self.url)} does not exist: {said_by_server}") from None
+                if REFUSED_CREDENTIALS.search(said_by_server) or time.monotonic() + delay > deadline:
+                    raise StoreError(f"cannot connect to PostgreSQL store {redact(self.url)}: "
+                                     f"{_first_line(exc)}") from None
+                if not said:
+                    log(f"waiting up to {wait_seconds:.0f}s for the store {redact(self.url)}: {_first_line(exc)}")
+                    said = True
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
 
     # --- connections, retries ---------------------------------------------------------
 
@@ -326,6 +354,12 @@ class _Tx:
     def many(self, stmt: str, rows: Sequence[Params]) -> int:
         self.cur.executemany(stmt, rows)
         return self.cur.rowcount
+
+
+def _server_message(exc: BaseException) -> str:
+    """What the server said, past libpq's 'connection to server at ... failed:' preamble."""
+    text = " ".join(str(exc).split())
+    return text.split("FATAL: ", 1)[1].strip() if "FATAL: " in text else _first_line(exc)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -51,14 +51,18 @@ class _Tx:
 class SQLiteStore(StoreCore):
     q = q
 
-    def __init__(self, path: str | Path, url: str | None = None) -> None:
+    def __init__(self, path: str | Path, url: str | None = None, *, create: bool = True) -> None:
         self.path = Path(path)
         self.url = url or f"sqlite:///{self.path}"
+        if not create and not self.path.exists():
+            # A typo in a path must not look like "every job is gone": nothing is made here.
+            raise StoreError(f"store {self.path} does not exist (batchline plan or run makes it)")
         # One connection: a store shared by threads (a worker and its metrics, a test and
         # a worker thread) runs one transaction at a time.
         self._lock = threading.RLock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if create:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
             # Transactions are explicit (BEGIN IMMEDIATE); the module's implicit
             # ones would start deferred transactions that can deadlock on upgrade.
             self.conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=60.0,

@@ -233,7 +233,14 @@ class LocalShardRun:
             self._charge(record, msg.get("kind") or "engine_error", msg["error"])
         else:
             canonical, problem = self.job.checker.check(msg["output"])
-            if canonical is None:
+            if canonical is None and msg.get("finish") == "length" and self.job.retry_cannot_help_truncation:
+                # At temperature 0 a local engine writes the same tokens again and is cut off
+                # at the same place: a second attempt costs the same and fails the same.
+                self._charge(record, "truncated", f"the output reached decoding.max_tokens="
+                             f"{self.job.spec.decoding.max_tokens} at temperature 0 and does not fit the "
+                             f"schema ({problem or 'invalid output'}); retrying would write it again",
+                             max_attempts=1)
+            elif canonical is None:
                 self._charge(record, "invalid_output", problem or "invalid output")
             else:
                 self._buffer(ResultRow(record.id, canonical, record.acl, self.attempts.get(record.id, 0) + 1,
@@ -250,8 +257,8 @@ class LocalShardRun:
             self.buffer_since = time.monotonic()
         self.too_long.append(row)
 
-    def _charge(self, record: Record, kind: str, error: str) -> None:
-        result = self.ctx.charge(record, kind, error)
+    def _charge(self, record: Record, kind: str, error: str, *, max_attempts: int | None = None) -> None:
+        result = self.ctx.charge(record, kind, error, max_attempts=max_attempts)
         if result.attempts == 0:
             return  # answered meanwhile
         self.attempts[record.id] = result.attempts

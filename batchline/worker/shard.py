@@ -18,6 +18,7 @@ from typing import Any
 
 from batchline.outputs import OutputChecker
 from batchline.providers.base import BatchProvider
+from batchline.registry import ENGINES
 from batchline.snapshot import Record
 from batchline.spec import JobSpec
 from batchline.store import ChargeResult, DeadLetterRow, Lease, LeaseLost, ResultRow, WorkerStore
@@ -35,6 +36,11 @@ class JobContext:
     init: dict[str, Any] = field(default_factory=dict)  # what the engine child is started with
     model: str = ""  # how results of the local engine name the model that answered
     providers: dict[str, BatchProvider] = field(default_factory=dict)
+
+    @property
+    def retry_cannot_help_truncation(self) -> bool:
+        """A generation cut off at max_tokens comes out the same on every attempt."""
+        return self.spec.decoding.temperature == 0 and ENGINES[self.spec.model.engine].deterministic
 
     @property
     def hosted_routes(self) -> list[str]:

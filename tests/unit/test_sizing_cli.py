@@ -129,7 +129,7 @@ def test_simulate_compare_runs_with_and_without_batchline(capsys: pytest.Capture
 def test_simulate_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["simulate", *SMALL, "--batchline"]) == 0
     text = capsys.readouterr().out
-    assert "notice + tail split" in text
+    assert "notice + take-back + tail split" in text
     assert "keyed-per-record" in text and "duplicate rows" in text
     assert "ideal" in text
 
