@@ -24,7 +24,8 @@ re-checks any stored version: `batchline drill --check VERSION`):
   passes;
 
 and, for the run it made, that each fault really happened (the event log
-shows the expired lease, the refused stale write, the release on SIGTERM) and
+shows the killed worker's lease taken back or expired, the stalled worker's
+refused stale write, the release on SIGTERM) and
 that no write of a stalled worker was accepted once its lease was taken over.
 """
 
@@ -350,7 +351,8 @@ def fault_checks(store: Store, version: str, faults: list[Fault]) -> list[Check]
             continue  # it held no lease when it was hurt: nothing for the log to show
         mine = [e for e in events if e.worker == f.worker and e.shard_no == f.shard_no and e.epoch == f.epoch]
         if f.kind == "kill9":
-            ok = any(e.kind == "lease_expired" for e in mine)
+            # Another worker proves it dead and takes its lease back, or the lease runs out.
+            ok = any(e.kind in ("lease_expired", "take_back") for e in mine)
         elif f.kind == "sigstop":
             ok = any(e.kind == "lease_expired" for e in mine) and (
                 f.note == "killed" or any(e.kind == "stale_epoch" for e in events if e.worker == f.worker))

@@ -104,6 +104,9 @@ class ShardSpec:
     # How long a worker asked to stop (SIGTERM, preemption notice) keeps
     # finishing records in flight before it releases its lease.
     grace_seconds: float = 30.0
+    # When no ready shard is left, an idle worker splits the unstarted tail of the leased
+    # shard that has the most of it off to itself. Scheduling only: not part of the version.
+    tail_split: bool = True
     # `size: auto`: the planner asks the interruption simulator for the size that
     # minimises the expected makespan at this rate, fleet and throughput.
     size_auto: bool = False
@@ -490,6 +493,7 @@ def _parse_shards(r: _Reader, raw: Any) -> ShardSpec:
             sh.get("batch_timeout_seconds", defaults.batch_timeout_seconds), "shards.batch_timeout_seconds", 0.0
         ),
         grace_seconds=r.number(sh.get("grace_seconds", defaults.grace_seconds), "shards.grace_seconds", 0.0),
+        tail_split=r.boolean(sh.get("tail_split", defaults.tail_split), "shards.tail_split"),
     )
     if shards.renew_seconds >= shards.lease_seconds:
         r.fail("shards.renew_seconds", "must be shorter than shards.lease_seconds")
@@ -734,6 +738,11 @@ class _Reader:
 
     def optional_int(self, value: Any, name: str, minimum: int) -> int | None:
         return None if value is None else self.integer(value, name, minimum)
+
+    def boolean(self, value: Any, name: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(name, f"must be true or false, not {value!r}")
+        return value
 
     def number(self, value: Any, name: str, minimum: float) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):

@@ -167,7 +167,8 @@ class Worker:
                 raise
             except EngineStopped:
                 return None
-            lease = self._claim_or_recover(version, [LOCAL_ROUTE] if job.spec.routing else None, split=True)
+            lease = self._claim_or_recover(version, [LOCAL_ROUTE] if job.spec.routing else None,
+                                           split=job.spec.shards.tail_split)
             if lease is not None:
                 return lease
         return None
