@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# How every one-line error starts on stderr.
+ERROR_PREFIX = "batchline: error: "
+
 
 class BatchlineError(Exception):
     """A failure the command line reports as one line on stderr with a non-zero exit."""

@@ -18,13 +18,27 @@ from pathlib import Path
 from typing import Any
 
 from batchline.errors import BatchlineError, InputError
-from batchline.store import ReaderStore, StoredResult
+from batchline.store import JobInfo, ReaderStore, StoredResult
 
 PARQUET_ROWS_PER_GROUP = 50_000
 
 
 def _rows(store: ReaderStore, version: str) -> Iterator[StoredResult]:
     return store.iter_results(version)
+
+
+def finished(store: ReaderStore, version: str, partial: bool) -> JobInfo:
+    """The version to export: sealed, or with `partial` any version (a half-done job is
+    exported only when asked for by name: a reader of a file cannot tell it is half)."""
+    info = store.job(version)
+    if info is None:
+        raise BatchlineError(f"no job version {version!r} in {store.url}")
+    if info.state != "sealed" and not partial:
+        st = store.status(version)
+        raise BatchlineError(f"{version} is not finished ({st.results + st.dead_letters:,} of {st.records:,} "
+                             "records have an outcome): export it once it is sealed, or pass --partial to "
+                             "write the outcomes there are")
+    return info
 
 
 def export_jsonl(store: ReaderStore, version: str, out: Path | None) -> int:
@@ -114,14 +128,7 @@ def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Pat
     from batchline.snapshot import file_digest, input_sources, scan
     from batchline.spec import stored_spec
 
-    info = store.job(version)
-    if info is None:
-        raise BatchlineError(f"no job version {version!r} in {store.url}")
-    if info.state != "sealed" and not partial:
-        st = store.status(version)
-        raise BatchlineError(f"{version} is not finished ({st.results + st.dead_letters:,} of {st.records:,} "
-                             "records have an outcome): export it once it is sealed, or pass --partial to "
-                             "write the outcomes there are")
+    info = finished(store, version, partial)
     spec = stored_spec(info)
     # The files follow the input's order, so the input must still be the planned snapshot.
     if spec.version(file_digest(spec.input), spec.base_version) != version:

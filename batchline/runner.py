@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from batchline.errors import BatchlineError
+from batchline.errors import ERROR_PREFIX, BatchlineError
 from batchline.liveness import take_back_dead
 from batchline.store import JobStatus, Store
 from batchline.worker.supervisor import EXIT_DONE, EXIT_PREEMPTED
@@ -28,6 +28,15 @@ from batchline.worker.supervisor import EXIT_DONE, EXIT_PREEMPTED
 FATAL_EXITS = {2, 3, 5}
 RATE_WINDOW_SECONDS = 60.0
 RUNNER = "runner"
+
+
+class WorkerFailed(BatchlineError):
+    """A worker stopped on something no replacement would get past (the spec, the input,
+    the engine): the run fails with the worker's own exit status and meaning."""
+
+    def __init__(self, exit_code: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass
@@ -109,8 +118,7 @@ class LocalRunner:
                     take_back_dead(self.store, self.version, RUNNER)
                     if code in FATAL_EXITS:
                         self._stop_all(slots)
-                        raise BatchlineError(f"worker {slot.index} failed: {self._last_line(slot)} "
-                                             f"(log: {slot.log})")
+                        raise WorkerFailed(code, f"worker {slot.index}: {self._last_line(slot)} (log: {slot.log})")
                     restarts += 1
                     if restarts > self.max_restarts:
                         self._stop_all(slots)
@@ -150,10 +158,14 @@ class LocalRunner:
 
     @staticmethod
     def _last_line(slot: _Slot) -> str:
+        """The worker's own one-line error (without its `batchline: error:` prefix, which the
+        run's message adds once)."""
         if slot.log is None or not slot.log.exists():
             return "no log"
         lines = [ln for ln in slot.log.read_text(errors="replace").splitlines() if ln.strip()]
-        return lines[-1] if lines else f"exit status {slot.proc.returncode if slot.proc else '?'}"
+        if not lines:
+            return f"exit status {slot.proc.returncode if slot.proc else '?'}"
+        return lines[-1].removeprefix(ERROR_PREFIX)
 
     def rate(self, now: float, done: int) -> float | None:
         self._samples.append((now, done))

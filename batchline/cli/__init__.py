@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from batchline.errors import BatchlineError
+from batchline.errors import ERROR_PREFIX, BatchlineError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
         return code
     except BatchlineError as exc:
-        print(f"batchline: error: {exc}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("batchline: interrupted", file=sys.stderr)

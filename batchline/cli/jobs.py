@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--errors", type=Path, default=None, metavar="PATH",
                    help="with --format openai-batch: the error file (default: --out with .errors.jsonl)")
     p.add_argument("--partial", action="store_true",
-                   help="with --format openai-batch: export a version that is not finished yet")
+                   help="export a version that is not finished yet (refused without it)")
     p.set_defaults(func=cmd_export)
 
     p = command("validate", "check a sealed version: coverage, schema, dead letters, drift, evaluation")
@@ -320,18 +320,19 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from batchline.export import export_dataset, export_jsonl, export_parquet
+    from batchline.export import export_dataset, export_jsonl, export_parquet, finished
 
     store = _store(args)
     if args.format == "openai-batch":
         return _export_openai_batch(store, args)
-    if args.errors is not None or args.partial:
-        raise BatchlineError("--errors and --partial go with --format openai-batch")
+    if args.errors is not None:
+        raise BatchlineError("--errors goes with --format openai-batch")
     if store.job(args.target) is None and args.format == "parquet":
         version, folder = export_dataset(store, args.target, args.out or Path("exports"))
         print(f"exported {version} to {folder}; {folder.parent / 'CURRENT'} names it", file=sys.stderr)
         return 0
     version = _version(store, args.target)
+    finished(store, version, args.partial)
     if args.format == "parquet":
         out = args.out or Path(f"{version.replace('@', '-')}.parquet")
         n = export_parquet(store, version, out)

@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from batchline.store import Store
+from tests.helpers import planned, wait_for
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -63,7 +64,7 @@ def test_plan_prints_the_version_and_status_lists_jobs(job_factory: Any, store_u
     assert cli("plan", str(spec), "--store", store_url).stdout.strip() == version
 
 
-def test_errors_are_one_line_on_stderr_with_a_non_zero_exit(job_factory: Any, store_url: str,
+def test_errors_are_one_line_on_stderr_with_a_non_zero_exit(job_factory: Any, store_url: str, store: Store,
                                                           tmp_path: Path) -> None:
     missing = cli("status", "nope@123", "--store", store_url)
     assert missing.returncode != 0
@@ -84,3 +85,57 @@ def test_errors_are_one_line_on_stderr_with_a_non_zero_exit(job_factory: Any, st
         f"batchline: error: {bad_input}:2: duplicate id 'a' (first at {bad_input}:1)")
 
     assert cli("status", "--store", "mysql://x").returncode == 4
+
+
+def test_run_exits_5_with_one_line_when_its_workers_engine_cannot_load(job_factory: Any, store_url: str) -> None:
+    # Regression: `run` exited 1 with "worker 0 failed: batchline: error: ..." where the
+    # worker itself exits 5: the run now passes on its workers' meaning, in one line.
+    run = cli("run", str(job_factory(n=20, options={"fail_load": True})), "--store", store_url, "--workers", "2")
+    assert run.returncode == 5
+    line = run.stderr.strip().splitlines()[-1]
+    assert line.startswith("batchline: error: worker ") and line.count("batchline: error:") == 1
+    assert "synthetic engine told to fail while loading" in line
+
+
+def test_run_exits_3_when_its_input_changes_under_its_workers(job_factory: Any, store_url: str, store: Store,
+                                                              tmp_path: Path) -> None:
+    spec_path = job_factory(n=400, options={"seconds_per_record": 0.01}, shards={"size": 50})
+    _spec, version = planned(spec_path, store)
+    run = subprocess.Popen([sys.executable, "-m", "batchline", "run", str(spec_path), "--store", store_url,
+                            "--workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: store.status(version).results >= 10, what="the run under way")
+    data = Path(spec_path.parent / "input.jsonl")
+    lines = data.read_text().splitlines(keepends=True)
+    lines[-1] = lines[-1].replace("record number", "record NUMBER")
+    data.write_text("".join(lines))
+    _out, err = run.communicate(timeout=120)
+    assert run.returncode == 3, err
+    line = err.strip().splitlines()[-1]
+    assert line.count("batchline: error:") == 1 and "input changed since planning" in line
+
+
+def test_an_unfinished_version_is_exported_only_when_asked_for(job_factory: Any, store_url: str, store: Store,
+                                                               tmp_path: Path) -> None:
+    # Regression: jsonl and parquet exports of an unsealed version wrote the half job and exited 0.
+    _spec, version = planned(job_factory(n=20), store)
+    for fmt in ("jsonl", "parquet"):
+        out = tmp_path / f"half.{fmt}"
+        refused = cli("export", version, "--store", store_url, "--format", fmt, "--out", str(out))
+        assert refused.returncode == 1 and "is not finished (0 of 20 records have an outcome)" in refused.stderr
+        assert not out.exists()
+        assert cli("export", version, "--store", store_url, "--format", fmt, "--out", str(out),
+                   "--partial").returncode == 0
+
+
+def test_read_commands_never_make_a_store(tmp_path: Path) -> None:
+    # Regression: `status` in an empty folder made batchline.db, and a mistyped path made
+    # its folders and a new store: a typo looked like "every job is gone".
+    here = cli("status", cwd=tmp_path)
+    assert here.returncode == 4 and "batchline.db does not exist" in here.stderr
+    assert not (tmp_path / "batchline.db").exists()
+    typo = tmp_path / "no" / "such" / "x.db"
+    for command in (["status"], ["dead-letters", "v@1"], ["export", "v@1"], ["validate", "v@1"],
+                    ["worker", "--store-wait", "0"]):
+        done = cli(*command, "--store", f"sqlite:///{typo}")
+        assert done.returncode == 4 and f"{typo} does not exist" in done.stderr, (command, done.stderr)
+    assert not (tmp_path / "no").exists()
