@@ -61,6 +61,13 @@ def batches(requests: RequestSource, size: int) -> Iterator[list[EngineRequest]]
         yield batch
 
 
+def one_at_a_time(requests: RequestSource) -> Iterator[EngineRequest]:
+    """For an engine that decodes one record at a time: it takes a record only when it
+    starts it, so a worker that stops can take back every record not yet started."""
+    while batch := requests.next_batch(1):
+        yield batch[0]
+
+
 class ListRequestSource:
     """A fixed list of requests, for running an engine in-process (benchmarks, tools)."""
 

@@ -15,7 +15,6 @@ forces (keys, quotes, separators) in one batch, as cheap as prompt tokens.
 Model options (``model.options``), all part of the job version:
   n_ctx (4096), n_threads, n_threads_batch, n_batch (512), constrained (true),
   stop (strings that end an unconstrained output; default a blank line),
-  batch_items (records taken from the supervisor at a time, 8),
   calibrate_choices (true) and calibration_strength (0.8): see below,
   chat_template (a Jinja chat template used instead of the GGUF's own, for a
   file that has none, as base models' files often do).
@@ -56,7 +55,7 @@ from batchline.engines.base import (
     EngineOutcome,
     EngineRequest,
     RequestSource,
-    batches,
+    one_at_a_time,
     plain_chat_prompt,
 )
 from batchline.engines.grammar import GrammarSession, json_schema_grammar, pick_token, record_rng
@@ -97,7 +96,6 @@ class LlamaCppEngine:
         self.n_batch = int(opts.get("n_batch", 512))
         self.constrained = bool(opts.get("constrained", True))
         self.stop: list[str] = [str(s) for s in opts.get("stop", ["\n\n"])]
-        self.batch_items = int(opts.get("batch_items", 8))
         self.calibrate = bool(opts.get("calibrate_choices", True)) and self.constrained
         self.calibration_strength = float(opts.get("calibration_strength", DEFAULT_STRENGTH))
         self.chat_template: str | None = opts.get("chat_template")
@@ -186,9 +184,8 @@ class LlamaCppEngine:
     def generate(self, requests: RequestSource) -> Iterator[EngineOutcome]:
         if self._llm is None:
             raise EngineFatal("engine used before load()")
-        for batch in batches(requests, self.batch_items):
-            for request in batch:
-                yield self.run_one(request)
+        for request in one_at_a_time(requests):
+            yield self.run_one(request)
 
     def close(self) -> None:
         if self._llm is not None:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from batchline.engines.base import EngineConfig, EngineOutcome, RequestSource, batches
+from batchline.engines.base import EngineConfig, EngineOutcome, RequestSource, one_at_a_time
 from batchline.errors import EngineFatal
 
 SLOWDOWN_ENV = "BATCHLINE_SYNTHETIC_SLOWDOWN"
@@ -55,7 +55,6 @@ class SyntheticEngine:
         self.fail_load = bool(opts.get("fail_load", False))
         self.load_seconds = float(opts.get("load_seconds", 0.0))
         self.stderr_message = opts.get("stderr_message")
-        self.batch_size = int(opts.get("batch_size", 16))
         self._log_fd: int | None = None
 
     def load(self) -> None:
@@ -71,9 +70,8 @@ class SyntheticEngine:
         return math.ceil(len(text) / self.chars_per_token)
 
     def generate(self, requests: RequestSource) -> Iterator[EngineOutcome]:
-        for batch in batches(requests, self.batch_size):
-            for req in batch:
-                yield self._one(req.record_id, req.text, req.prompt)
+        for req in one_at_a_time(requests):
+            yield self._one(req.record_id, req.text, req.prompt)
 
     def _one(self, record_id: str, text: str, prompt: str) -> EngineOutcome:
         if self._log_fd is not None:

@@ -104,6 +104,20 @@ class _Source:
                 out.append(request)
         return out
 
+    def withdraw(self) -> list[str]:
+        """Takes back every request the engine has not taken: the worker is stopping, and
+        they go back to its shard unanswered. The engine keeps what it has taken."""
+        ids: list[str] = []
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return ids
+            if item is None:
+                self.inbox.put(None)  # the end of input stays for the engine to see
+                return ids
+            ids.append(item.record_id)
+
     def next_batch(self, max_items: int) -> list[EngineRequest]:
         while not self.closed:
             batch = self._take(max_items, block=True)
@@ -122,6 +136,8 @@ def _read_requests(stdin: IO[str], source: _Source) -> None:
             messages = msg.get("messages")
             source.inbox.put(EngineRequest(msg["id"], msg["prompt"], msg["prefix"], msg["text"],
                                            tuple(messages) if messages is not None else None))
+        elif msg["op"] == "withdraw":
+            source.writer.send({"op": "withdrawn", "ids": source.withdraw()})
         elif msg["op"] == "end":
             break
     source.inbox.put(None)

@@ -111,6 +111,11 @@ class EngineProcess:
         for r in requests:
             self._outbox.put(json.dumps({"op": "req", **r}, separators=(",", ":")))
 
+    def withdraw(self) -> None:
+        """Asks the child to give back the records it has not started; it answers with a
+        `withdrawn` message listing them (the worker is stopping: they go back unanswered)."""
+        self._outbox.put(json.dumps({"op": "withdraw"}))
+
     def get(self, timeout: float) -> dict[str, Any] | None:
         try:
             return self.messages.get(timeout=max(timeout, 0.0))

@@ -86,8 +86,10 @@ class LocalShardRun:
             now = time.monotonic()
             if self.ctx.stopping and stop_at is None:
                 stop_at = now + self.shards.grace_seconds
-                self.ctx.log(f"stopping: finishing {self._in_flight()} records in flight "
-                             f"(grace {self.shards.grace_seconds:.0f}s)")
+                # What the engine has not started goes back: the grace is for what it decodes.
+                self.engine.withdraw()
+                self.ctx.log(f"stopping: taking back what the engine has not started, finishing what it "
+                             f"decodes (grace {self.shards.grace_seconds:.0f}s)")
             if stop_at is not None and (not self.groups or now >= stop_at):
                 return self._stop()
             if stop_at is None:
@@ -98,6 +100,8 @@ class LocalShardRun:
             if msg is not None:
                 if msg["op"] == "out":
                     self._outcome(msg)
+                elif msg["op"] == "withdrawn":
+                    self._withdrawn(msg["ids"])
                 elif msg["op"] == "fatal":
                     # The engine says it cannot go on (CUDA error, server gone): no record is to blame.
                     raise EngineFatal(msg["error"])
@@ -116,6 +120,15 @@ class LocalShardRun:
         self._flush(force=True)
         self.ctx.complete()
         return "done"
+
+    def _withdrawn(self, ids: list[str]) -> None:
+        """Records the engine gave back unstarted, the worker stopping: unanswered, uncharged."""
+        for record_id in ids:
+            record = self._take({"id": record_id}, answered=False)
+            if record is not None:
+                self.pending.append(record)
+        self.ctx.log(f"took back {len(ids)} records the engine had not started; "
+                     f"{self._in_flight()} still decoding")
 
     def _drop_split_off(self) -> None:
         """The shard's tail went to another worker: what is not sent yet of it is not sent."""
@@ -200,16 +213,19 @@ class LocalShardRun:
 
     # -- receiving --
 
-    def _take(self, msg: dict[str, Any]) -> Record | None:
+    def _take(self, msg: dict[str, Any], *, answered: bool = True) -> Record | None:
         for i, g in enumerate(self.groups):
             record = g.remaining.pop(msg["id"], None)
             if record is not None:
                 g.input_tokens += msg.get("in") or 0
                 g.output_tokens += msg.get("outt") or 0
+                if not answered:
+                    g.size -= 1  # given back, not answered: not part of the batch's figures
                 if not g.remaining:
                     del self.groups[i]
-                    self.telemetry.engine_batch(g.size, time.monotonic() - g.sent, g.input_tokens,
-                                                g.output_tokens)
+                    if g.size:
+                        self.telemetry.engine_batch(g.size, time.monotonic() - g.sent, g.input_tokens,
+                                                    g.output_tokens)
                     if i == 0 and self.groups:
                         # A queued batch's clock starts when the one ahead of it is done, not at
                         # that one's deadline: stacked deadlines would grow by a whole budget per
