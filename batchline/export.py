@@ -125,7 +125,8 @@ def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Pat
     per dead letter), both in the order of the job's input, for any job: custom_id is the
     record's id. The input is streamed and results are fetched a page of ids at a time."""
     from batchline.openai_format import error_line, response_line
-    from batchline.snapshot import file_digest, input_sources, scan
+    from batchline.planner import snapshot_records
+    from batchline.snapshot import file_digest
     from batchline.spec import stored_spec
 
     info = finished(store, version, partial)
@@ -138,9 +139,8 @@ def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Pat
     counts = {"responses": 0, "errors": 0, "pending": 0}
 
     def ids() -> Iterator[str]:
-        for source in input_sources(spec.input):
-            for scanned in scan(source, spec.input):
-                yield scanned.record.id
+        for record in snapshot_records(spec):
+            yield record.id
 
     def write(out_tmp: Path, errors_tmp: Path, dead: _DeadLetterIndex) -> int:
         with out_tmp.open("w", encoding="utf-8") as fo, errors_tmp.open("w", encoding="utf-8") as fe:

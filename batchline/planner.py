@@ -141,9 +141,12 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
     per_route: dict[str, int] = {}
 
     pieces = 0
+    occurrences = _Occurrences() if spec.input.ids == "content" else None
     for source in input_sources(spec.input):
         header = csv_header(source) if spec.input.format == "csv" else None
         for route, chunk in _route_chunks(scan(source, spec.input), spec):
+            if occurrences is not None:
+                chunk = occurrences.number(chunk)
             first, last = chunk[0], chunk[-1]
             batch = [s.record for s in chunk]
             over = {r.id for r in batch if byte_bound is not None and len(r.text.encode()) > byte_bound}
@@ -199,7 +202,60 @@ def _digests(source: Source, chunk: list[ScannedRecord], fmt: str, first_no: int
             return "sha256:" + hashlib.sha256(data[items[0].start - base:items[-1].end - base]).hexdigest()
         whole = digest_of(chunk)
     return whole, tuple(Piece(first_no + i, g[0].start, g[-1].end, g[0].record.line, digest_of(g), len(g),
-                              sum(1 for s in g if s.record.id in over)) for i, g in enumerate(groups))
+                              sum(1 for s in g if s.record.id in over),
+                              {str(s.record.line): s.record.id for s in g if _RENUMBERED in s.record.id})
+                        for i, g in enumerate(groups))
+
+
+_RENUMBERED = "~"  # content id ~ occurrence: a row identical to an earlier one
+
+
+def snapshot_records(spec: JobSpec) -> Iterator[Record]:
+    """Every record of the snapshot in input order, with the ids the planner gives them
+    (ids from content numbered as planning numbers them): what an export in input order
+    and a check of coverage read."""
+    occurrences = _Occurrences() if spec.input.ids == "content" else None
+    for source in input_sources(spec.input):
+        pending: list[ScannedRecord] = []
+        for scanned in scan(source, spec.input):
+            pending.append(scanned)
+            if len(pending) == 5000:
+                yield from (s.record for s in (occurrences.number(pending) if occurrences else pending))
+                pending = []
+        yield from (s.record for s in (occurrences.number(pending) if occurrences and pending else pending))
+
+
+class _Occurrences:
+    """Numbers rows identical to an earlier row of the snapshot (ids from content): the
+    second gets `~2`, the third `~3`. Counted in a scratch SQLite file, so planning's
+    memory does not grow with the snapshot."""
+
+    def __init__(self) -> None:
+        import sqlite3
+        import tempfile
+
+        self._dir = tempfile.TemporaryDirectory(prefix="batchline-ids-")
+        self.db = sqlite3.connect(f"{self._dir.name}/seen.db", isolation_level=None)
+        self.db.execute("PRAGMA journal_mode = OFF")
+        self.db.execute("CREATE TABLE seen (id TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID")
+
+    def number(self, chunk: list[ScannedRecord]) -> list[ScannedRecord]:
+        ids = sorted({s.record.id for s in chunk})
+        counts: dict[str, int] = {}
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            counts.update(self.db.execute(
+                f"SELECT id, n FROM seen WHERE id IN ({','.join('?' * len(part))})", part).fetchall())
+        out = []
+        for s in chunk:
+            n = counts.get(s.record.id, 0) + 1
+            counts[s.record.id] = n
+            out.append(s if n == 1 else replace(s, record=replace(s.record, id=f"{s.record.id}{_RENUMBERED}{n}")))
+        self.db.execute("BEGIN")
+        self.db.executemany("INSERT INTO seen (id, n) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET n = excluded.n",
+                            [(i, counts[i]) for i in ids])
+        self.db.execute("COMMIT")
+        return out
 
 
 def _route_chunks(items: Iterator[ScannedRecord], spec: JobSpec) -> Iterator[tuple[str, list[ScannedRecord]]]:

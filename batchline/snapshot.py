@@ -13,8 +13,9 @@ import csv
 import hashlib
 import io
 import json
+import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +57,20 @@ class Piece:
     digest: str
     records: int
     dead: int = 0  # records the planner dead-lettered (over the length cap)
+    # With ids from content: the ids of rows identical to an earlier row, by line (the
+    # planner numbered them by their order; a worker reading this piece alone cannot).
+    ids: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        if not self.ids:
+            del out["ids"]
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Piece:
         return cls(int(data["no"]), int(data["start"]), int(data["end"]), int(data["first_line"]),
-                   str(data["digest"]), int(data["records"]), int(data.get("dead", 0)))
+                   str(data["digest"]), int(data["records"]), int(data.get("dead", 0)), dict(data.get("ids", {})))
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,7 @@ class Slice:
 
     def describe(self) -> str:
         unit = "rows" if self.format == "parquet" else "bytes"
-        return f"{self.path} ({unit} {self.start}-{self.end})"
+        return f"{self.path}:{self.first_line} ({unit} {self.start}-{self.end})"
 
 
 def content_hash(text: str, acl: Any, data_class: str | None = None) -> str:
@@ -200,7 +207,12 @@ def _scan_jsonl(source: Source, spec: InputSpec) -> Iterator[ScannedRecord]:
                 yield ScannedRecord(record, start, offset)
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def parse_jsonl_line(raw: bytes, path: Path | str, line_no: int, spec: InputSpec) -> Record | None:
+    if line_no == 1 and raw.startswith(UTF8_BOM):
+        raw = raw[len(UTF8_BOM):]  # a byte order mark some editors write: not part of the JSON
     if not raw.strip():
         return None
     try:
@@ -222,34 +234,86 @@ def _chat_record(obj: dict[str, Any], path: Path | str, line_no: int, spec: Inpu
 
 
 def _parse_slowly(raw: bytes, path: Path | str, line_no: int) -> Any:
+    # Without its line ending: a fault at the end of the line is at its last column, not
+    # at column 1 of the next.
+    line = raw.rstrip(b"\r\n")
     try:
-        text = raw.decode("utf-8")
+        text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{path}:{line_no}: not valid UTF-8 (byte {exc.start} of the line)") from None
+        raise InputError(f"{path}:{line_no}: {_id_if_readable(line)}not valid UTF-8 (byte {exc.start + 1} of "
+                         f"the line)") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:{line_no}: malformed JSON: {exc.msg} at column {exc.colno}") from None
+        where = "at the end of the line" if exc.pos >= len(text) else f"at column {exc.colno}"
+        raise InputError(f"{path}:{line_no}: {_id_if_readable(line)}malformed JSON: {exc.msg} {where}") from None
+
+
+_ID_IN_TEXT = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){1,200}"|-?\d{1,30})')
+
+
+def _id_if_readable(line: bytes) -> str:
+    """`id 'x': ` when the line's id can be read in spite of its fault, for the message."""
+    try:
+        obj = json.loads(line.decode("utf-8", errors="replace"))
+        rid = obj.get("id") if isinstance(obj, dict) else None
+    except json.JSONDecodeError:
+        # Broken JSON: an `"id": ...` near the start still says which record it is.
+        found = _ID_IN_TEXT.search(line)
+        try:
+            rid = json.loads(found.group(1).decode("utf-8", errors="replace")) if found else None
+        except json.JSONDecodeError:
+            rid = None
+    return f"id {rid!r}: " if isinstance(rid, str | int) and not isinstance(rid, bool) else ""
 
 
 def _record(obj: dict[str, Any], path: Path | str, line_no: int, spec: InputSpec) -> Record:
     # `where` is formatted only for an error: on the planner's path, once per record, it cost a fifth of a scan.
-    raw_id = obj.get(spec.id_field)
-    if raw_id is None:
-        raise InputError(f"{path}:{line_no}: missing id (field {spec.id_field!r})")
-    if isinstance(raw_id, bool) or not isinstance(raw_id, str | int):
-        raise InputError(f"{path}:{line_no}: id {raw_id!r} must be a string or an integer")
-    record_id = raw_id if isinstance(raw_id, str) else str(raw_id)
-    if not record_id.strip():
-        raise InputError(f"{path}:{line_no}: empty id (field {spec.id_field!r})")
+    if spec.ids == "content":
+        record_id = content_id(obj)
+    else:
+        raw_id = obj.get(spec.id_field)
+        if raw_id is None:
+            raise InputError(f"{path}:{line_no}: missing id (field {spec.id_field!r})")
+        if isinstance(raw_id, bool) or not isinstance(raw_id, str | int):
+            raise InputError(f"{path}:{line_no}: id {raw_id!r} must be a string or an integer")
+        record_id = raw_id if isinstance(raw_id, str) else str(raw_id)
+        if not record_id.strip():
+            raise InputError(f"{path}:{line_no}: empty id (field {spec.id_field!r})")
     text = obj.get(spec.text_field)
     if not isinstance(text, str):
         what = "missing" if text is None else f"not a string ({type(text).__name__})"
         raise InputError(f"{path}:{line_no}: id {record_id!r}: text field {spec.text_field!r} is {what}")
-    acl = obj.get(spec.acl_field) if spec.acl_field else None
+    acl = _acl(obj, spec, path, line_no, record_id) if spec.acl_field else None
     data_class = obj.get(spec.class_field) if spec.class_field else None
     return Record(record_id, text, acl, content_hash(text, acl, class_key(spec, data_class)), line_no,
                   data_class)
+
+
+def content_id(row: dict[str, Any]) -> str:
+    """An id from the whole row: the same row has the same id in every snapshot, wherever it
+    stands (row numbers shift from one nightly snapshot to the next; these do not)."""
+    data = orjson.dumps(row, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
+    return "c" + hashlib.sha256(data).hexdigest()[:24]
+
+
+def _acl(obj: dict[str, Any], spec: InputSpec, path: Path | str, line_no: int, record_id: str) -> list[str]:
+    """A record's ACL as a list of strings. A missing one is refused unless the spec says
+    what it means: a reader downstream would take it for "open to all"."""
+    acl = obj.get(spec.acl_field) if spec.acl_field else None
+    if acl is None:
+        if spec.acl_missing is not None:
+            return list(spec.acl_missing)
+        what = "null" if spec.acl_field in obj else "missing"
+        raise InputError(f"{path}:{line_no}: id {record_id!r}: ACL field {spec.acl_field!r} is {what}; every "
+                         "record needs one, or set input.acl_missing to say what a missing one means "
+                         '(for example ["restricted"])')
+    if isinstance(acl, str):
+        return [acl]
+    if not isinstance(acl, list) or not all(isinstance(a, str) for a in acl):
+        raise InputError(f"{path}:{line_no}: id {record_id!r}: ACL field {spec.acl_field!r} must be a list of "
+                         f"strings (or one string), not {json.dumps(acl, default=str)[:80]}")
+    return acl
 
 
 def class_key(spec: InputSpec, data_class: Any) -> str | None:
@@ -264,7 +328,7 @@ def _scan_csv(source: Source, spec: InputSpec) -> Iterator[ScannedRecord]:
     with source.stream() as f:
         first = f.readline()
         header = _parse_header(source, first)
-        for name in (spec.id_field, spec.text_field):
+        for name in (spec.text_field,) if spec.ids == "content" else (spec.id_field, spec.text_field):
             if name not in header:
                 raise InputError(f"{source.location}:1: CSV header has no column {name!r} "
                                  f"(columns: {', '.join(header)})")
@@ -324,7 +388,12 @@ def _parquet_file(source: Source) -> Any:
 
 
 def _parquet_columns(pf: Any, path: str, spec: InputSpec) -> list[str]:
-    names = set(pf.schema_arrow.names)
+    names = list(pf.schema_arrow.names)
+    if spec.ids == "content":
+        # The id is a digest of the whole row.
+        if spec.text_field not in names:
+            raise InputError(f"{path}: Parquet file has no column {spec.text_field!r}")
+        return names
     columns = ([spec.id_field, spec.text_field] + ([spec.acl_field] if spec.acl_field else [])
                + ([spec.class_field] if spec.class_field else []))
     for name in columns[:2]:
@@ -380,7 +449,8 @@ def _read_pieces(sl: Slice, spec: InputSpec, routing: RoutingSpec | None) -> lis
     data = b"" if parquet else source.read(start, end)
     out: list[Record] = []
     for p in sl.pieces:
-        where = f"input changed since planning: {sl.path} ({'rows' if parquet else 'bytes'} {p.start}-{p.end})"
+        where = (f"{sl.path}:{p.first_line}: input changed since planning (the {p.records} records from "
+                 f"{'row' if parquet else 'line'} {p.first_line} on)")
         if rows is not None:
             records = rows[p.start - start:p.end - start]
         else:
@@ -391,6 +461,8 @@ def _read_pieces(sl: Slice, spec: InputSpec, routing: RoutingSpec | None) -> lis
         if sl.route is not None:
             assert routing is not None
             records = [r for r in records if routing.route_of(r.data_class) == sl.route]
+        if p.ids:
+            records = [replace(r, id=p.ids.get(str(r.line), r.id)) for r in records]
         if parquet and parquet_slice_digest(records) != p.digest:
             raise InputError(where)
         out.extend(replace(r, piece=p.no) for r in records)

@@ -42,6 +42,12 @@ class InputSpec:
     id_field: str = "id"
     text_field: str = "text"
     acl_field: str | None = None
+    # What a missing or null ACL means; None: a record without one is refused at planning,
+    # since a reader downstream would take a missing ACL for "open to all".
+    acl_missing: tuple[str, ...] | None = None
+    # "field": the id is the record's `id_field`; "content": a digest of the whole row,
+    # stable across snapshots (identical rows numbered by their order).
+    ids: str = "field"
     max_input_tokens: int | None = None
     max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN
     format: str = "jsonl"
@@ -247,6 +253,9 @@ class JobSpec:
                 "acl_field": self.input.acl_field,
                 "max_input_tokens": self.input.max_input_tokens,
                 "max_bytes_per_token": self.input.max_bytes_per_token,
+                # New keys enter only when set, so no existing version's hash moves.
+                **({"acl_missing": list(self.input.acl_missing)} if self.input.acl_missing is not None else {}),
+                **({"ids": self.input.ids} if self.input.ids != "field" else {}),
             },
             "model": model,
             "prompt": {"text": self.prompt.text, "version": self.prompt.version},
@@ -298,6 +307,11 @@ class JobSpec:
             out["base"] = self.base
         if self.input.acl_field:
             out["input"]["acl_field"] = self.input.acl_field
+        if self.input.acl_missing is not None:
+            out["input"]["acl_missing"] = list(self.input.acl_missing)
+        if self.input.ids != "field":
+            out["input"]["ids"] = self.input.ids
+            del out["input"]["id_field"]
         if self.input.max_input_tokens is not None:
             out["input"]["max_input_tokens"] = self.input.max_input_tokens
         if self.model.path:
@@ -387,8 +401,8 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
 
 def _parse_input(r: _Reader, top: Mapping[str, Any], base_dir: Path) -> InputSpec:
     inp = r.mapping(top["input"], "input", required={"path"},
-                    allowed={"path", "id_field", "text_field", "acl_field", "max_input_tokens",
-                             "max_bytes_per_token", "format"})
+                    allowed={"path", "id_field", "text_field", "acl_field", "acl_missing", "ids",
+                             "max_input_tokens", "max_bytes_per_token", "format"})
     locations = _input_locations(r, inp["path"], base_dir)
     for location in locations:
         suffix = PurePosixPath(location).suffix.lower()
@@ -405,11 +419,25 @@ def _parse_input(r: _Reader, top: Mapping[str, Any], base_dir: Path) -> InputSpe
         _check_chat_input(r, inp, top)
     elif top.get("prompt") is None:
         r.fail("prompt", "is required")
+    ids = r.string(inp.get("ids", "field"), "input.ids")
+    if ids not in ("field", "content"):
+        r.fail("input.ids", f"{ids!r} is not field (the id_field) or content (a digest of each row)")
+    if ids == "content" and inp.get("id_field") is not None:
+        r.fail("input.id_field", "goes with input.ids: field; with ids: content each id is a digest of its row")
+    acl_field = r.optional_string(inp.get("acl_field"), "input.acl_field")
+    acl_missing = None
+    if inp.get("acl_missing") is not None:
+        if acl_field is None:
+            r.fail("input.acl_missing", "says what a missing ACL means; it needs input.acl_field")
+        acl_missing = tuple(r.string_list(inp["acl_missing"], "input.acl_missing"))
     return InputSpec(
         locations=locations,
-        id_field=r.string(inp.get("id_field", "custom_id" if chat else "id"), "input.id_field"),
+        ids=ids,
+        acl_missing=acl_missing,
+        id_field=(r.string(inp.get("id_field", "custom_id" if chat else "id"), "input.id_field")
+                  if ids == "field" else "id"),
         text_field=r.string(inp.get("text_field", "messages" if chat else "text"), "input.text_field"),
-        acl_field=r.optional_string(inp.get("acl_field"), "input.acl_field"),
+        acl_field=acl_field,
         max_input_tokens=r.optional_int(inp.get("max_input_tokens"), "input.max_input_tokens", 1),
         max_bytes_per_token=r.integer(
             inp.get("max_bytes_per_token", DEFAULT_MAX_BYTES_PER_TOKEN), "input.max_bytes_per_token", 1
@@ -738,6 +766,11 @@ class _Reader:
 
     def optional_int(self, value: Any, name: str, minimum: int) -> int | None:
         return None if value is None else self.integer(value, name, minimum)
+
+    def string_list(self, value: Any, name: str) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            self.fail(name, f"must be a list of non-empty strings, not {value!r}")
+        return list(value)
 
     def boolean(self, value: Any, name: str) -> bool:
         if not isinstance(value, bool):

@@ -52,11 +52,20 @@ def job_factory(tmp_path: Path) -> Callable[..., Path]:
         d = tmp_path / f"job{counter['n']}"
         d.mkdir()
         if input_path is None:
-            input_path = write_jsonl(d / "input.jsonl", records if records is not None else make_records(n))
+            rows = records if records is not None else make_records(n)
+            input_path = write_jsonl(d / "input.jsonl", rows)
+        else:
+            try:
+                rows = [json.loads(line) for line in input_path.read_text().splitlines() if line.strip()]
+            except ValueError:  # not JSONL, or the broken input a test is about
+                rows = []
+        # Records that all have an ACL get acl_field; others do not (a missing one is refused).
+        with_acl = bool(rows) and all(isinstance(r, dict) and r.get("acl") is not None for r in rows)
         (d / "schema.json").write_text(json.dumps(schema or SIMPLE_SCHEMA))
         spec: dict[str, Any] = {
             "name": name,
-            "input": {"path": str(input_path), "id_field": "id", "acl_field": "acl", **(input_extra or {})},
+            "input": {"path": str(input_path), "id_field": "id", **({"acl_field": "acl"} if with_acl else {}),
+                      **(input_extra or {})},
             "model": {"engine": "synthetic", "options": options or {}},
             "prompt": {"text": prompt, "version": "v1"},
             "output": {"schema": "schema.json"},

@@ -169,9 +169,9 @@ def check_invariants(store: Store, version: str, spec: JobSpec) -> tuple[set[str
     """I1 and I4 from what was stored: every snapshot id has exactly one outcome,
     nothing else has one, and every result is valid against the schema."""
     from batchline.outputs import OutputChecker
-    from batchline.snapshot import scan
+    from batchline.planner import snapshot_records
 
-    snapshot_ids = [s.record.id for p in spec.input.locations for s in scan(p, spec.input)]
+    snapshot_ids = [r.id for r in snapshot_records(spec)]
     results = {r.record_id: r for r in store.iter_results(version)}
     dead = {d.record_id for d in store.iter_dead_letters(version)}
     assert not (set(results) & dead), f"ids both answered and dead-lettered: {sorted(set(results) & dead)[:5]}"

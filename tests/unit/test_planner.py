@@ -16,7 +16,7 @@ from batchline.planner import plan
 from batchline.snapshot import Slice, read_slice
 from batchline.spec import load_spec
 from batchline.store import Store
-from tests.helpers import make_records, write_jsonl
+from tests.helpers import check_invariants, make_records, planned, run_to_seal, write_jsonl
 
 
 def shard_records(store: Store, version: str, spec: Any) -> list[list[str]]:
@@ -102,8 +102,8 @@ GOOD = b'{"id": "a", "text": "x"}\n'
 
 
 @pytest.mark.parametrize("content,message", [
-    (GOOD + b'{"id": "b", "text": "y"\n', "bad.jsonl:2: malformed JSON"),
-    (GOOD + b'{"id": "b", "text": "caf\xe9"}\n', "bad.jsonl:2: not valid UTF-8"),
+    (GOOD + b'{"id": "b", "text": "y"\n', "bad.jsonl:2: id 'b': malformed JSON"),
+    (GOOD + b'{"id": "b", "text": "caf\xe9"}\n', "bad.jsonl:2: id 'b': not valid UTF-8 (byte 25 of the line)"),
     (GOOD + b'{"text": "y"}\n', "bad.jsonl:2: missing id (field 'id')"),
     (GOOD + b'{"id": "", "text": "y"}\n', "bad.jsonl:2: empty id"),
     (GOOD + b'{"id": true, "text": "y"}\n', "bad.jsonl:2: id True must be a string or an integer"),
@@ -212,3 +212,101 @@ def test_a_compressed_input_is_refused_whatever_its_name(job_factory: Any, store
     with pytest.raises(InputError, match="is gzip-compressed; decompress it"):
         plan(spec, store)
     assert store.jobs() == []
+
+
+def test_a_jsonl_file_with_a_byte_order_mark_is_read_like_one_without(job_factory: Any, store: Store,
+                                                                    tmp_path: Path) -> None:
+    # Regression: refused with Python's own hint ("decode using utf-8-sig"); CSV took it.
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b"".join(json.dumps(r).encode() + b"\n" for r in make_records(60)))
+    spec = load_spec(job_factory(input_path=path))
+    version = plan(spec, store).version
+    assert [rid for s in shard_records(store, version, spec) for rid in s] == [r["id"] for r in make_records(60)]
+
+
+def test_malformed_json_at_the_end_of_a_line_says_where_and_which_record(job_factory: Any, store: Store,
+                                                                        tmp_path: Path) -> None:
+    # Regression: a brace missing at the end read "at column 1" (of the next line).
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"id": "a", "text": "x"}\n{"id": "b", "text": "y"\n')
+    with pytest.raises(InputError) as info:
+        plan(load_spec(job_factory(input_path=path)), store)
+    assert str(info.value) == f"{path}:2: id 'b': malformed JSON: Expecting ',' delimiter at the end of the line"
+
+
+def test_an_input_changed_after_planning_is_refused_with_its_file_and_line(job_factory: Any, store: Store) -> None:
+    # Regression: a changed input was reported by byte offsets only.
+    spec = load_spec(job_factory(make_records(120)))
+    version = plan(spec, store).version
+    path = Path(spec.input.locations[0])
+    lines = path.read_text().splitlines(keepends=True)
+    lines[70] = lines[70].replace("record number", "record NUMBER")
+    path.write_text("".join(lines))
+    slices = _slices(store, version)
+    read_slice(slices[0], spec.input)  # the first shard is as planned
+    with pytest.raises(InputError) as info:
+        read_slice(slices[1], spec.input)
+    assert str(info.value).startswith(f"{path}:")
+    line = int(str(info.value).split(":")[1])
+    assert 51 <= line <= 71 and "input changed since planning" in str(info.value)
+
+
+@pytest.mark.parametrize(("acl", "refused"), [
+    (None, "ACL field 'acl' is null"), ("absent", "ACL field 'acl' is missing"),
+    (7, "ACL field 'acl' must be a list of strings (or one string), not 7"),
+    ([1, "x"], 'ACL field \'acl\' must be a list of strings (or one string), not [1, "x"]'),
+])
+def test_a_record_without_a_proper_acl_is_refused_at_planning(job_factory: Any, store: Store, tmp_path: Path,
+                                                              acl: Any, refused: str) -> None:
+    # Regression: a missing or null ACL was planned and published as NULL, which a reader
+    # downstream takes for "open to all"; a string was stored as it was.
+    records = make_records(5)
+    if acl == "absent":
+        del records[3]["acl"]
+    else:
+        records[3]["acl"] = acl
+    path = write_jsonl(tmp_path / "in.jsonl", records)
+    with pytest.raises(InputError) as info:
+        plan(load_spec(job_factory(input_path=path, input_extra={"acl_field": "acl"})), store)
+    assert str(info.value).startswith(f"{path}:4: id 'r000003': {refused}")
+    assert store.jobs() == []
+
+
+def test_a_single_string_acl_is_a_list_of_one_and_acl_missing_says_what_none_means(
+        job_factory: Any, store: Store, tmp_path: Path) -> None:
+    records = make_records(4)
+    records[1]["acl"] = "notalist"
+    del records[2]["acl"]
+    path = write_jsonl(tmp_path / "in.jsonl", records)
+    spec = load_spec(job_factory(input_path=path, input_extra={"acl_field": "acl", "acl_missing": ["restricted"]}))
+    version = plan(spec, store).version
+    [got] = [read_slice(s, spec.input) for s in _slices(store, version)]
+    assert [r.acl for r in got] == [["group-0"], ["notalist"], ["restricted"], ["group-0"]]
+
+
+def test_ids_from_content_are_stable_across_snapshots_and_number_identical_rows(
+        job_factory: Any, store: Store, tmp_path: Path) -> None:
+    # Real exports often have no id column; row numbers shift between nightly snapshots.
+    rows = [["text", "acl"], ["printer jams", "it"], ["reset my password", "it"], ["printer jams", "it"],
+            ["new laptop", "hr"], ["printer jams", "it"]]
+    first = tmp_path / "night1.csv"
+    with first.open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    spec = load_spec(job_factory(input_path=first, input_extra={"ids": "content", "id_field": None}))
+    version = plan(spec, store).version
+    ids = [rid for s in shard_records(store, version, spec) for rid in s]
+    assert len(set(ids)) == 5 and all(i.startswith("c") for i in ids)
+    assert ids[2] == ids[0] + "~2" and ids[4] == ids[0] + "~3"  # identical rows, numbered by their order
+    # The next night the same rows come in another order, with one new: the same rows keep their ids.
+    second = tmp_path / "night2.csv"
+    with second.open("w", newline="") as f:
+        csv.writer(f).writerows([rows[0], rows[4], ["a new ticket", "it"], rows[2], rows[1]])
+    spec2 = load_spec(job_factory(input_path=second, input_extra={"ids": "content", "id_field": None}))
+    ids2 = [rid for s in shard_records(store, plan(spec2, store).version, spec2) for rid in s]
+    assert ids2[0] == ids[3] and ids2[2] == ids[1] and ids2[3] == ids[0]
+    # A worker reading one shard gives each row the id the planner gave it.
+    _spec, version3 = planned(job_factory(input_path=first, input_extra={"ids": "content", "id_field": None},
+                                          name="content-ids-run"), store)
+    run_to_seal(store, version3)
+    check_invariants(store, version3, load_spec(job_factory(input_path=first, name="content-ids-run",
+                                                            input_extra={"ids": "content", "id_field": None})))

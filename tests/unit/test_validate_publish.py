@@ -238,7 +238,7 @@ def test_acl_travels_into_the_view_every_export_carried_rows_and_dead_letters(
         job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
     records = make_records(150)
     for i, r in enumerate(records):
-        r["acl"] = {"groups": [f"team-{i % 4}"], "owner": f"user{i}"}
+        r["acl"] = [f"team-{i % 4}", f"user{i}"]
     source = {r["id"]: r["acl"] for r in records}
     path = job_factory(records, options={"error_on": ["r000009"]})
     add_to_spec(path, output={"label_field": "category"}, validate={"max_dead_letter_rate": 0.5})
