@@ -56,6 +56,12 @@ class RunSummary:
     log_dir: Path
     exit_code: int = 0
     samples: list[tuple[float, int]] = field(default_factory=list)
+    answered_before: int = 0  # records with an outcome when this run began (carried, or a run before)
+
+    @property
+    def answered(self) -> int:
+        """Records this run answered: what a rate "this run" divides."""
+        return self.status.results + self.status.dead_letters - self.answered_before
 
 
 class LocalRunner:
@@ -93,6 +99,7 @@ class LocalRunner:
     def run(self) -> RunSummary:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
+        before = self.store.status(self.version)
         slots = [_Slot(i) for i in range(self.workers)]
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         restarts = 0
@@ -143,7 +150,7 @@ class LocalRunner:
         if exit_code == 0 and status.state != "sealed":
             exit_code = EXIT_PREEMPTED
         return RunSummary(status, time.monotonic() - started, sum(s.starts for s in slots), restarts,
-                          self.log_dir, exit_code, list(self._samples))
+                          self.log_dir, exit_code, list(self._samples), before.results + before.dead_letters)
 
     def _stop_all(self, slots: list[_Slot]) -> int:
         procs = [s.proc for s in slots if s.proc and s.proc.poll() is None]

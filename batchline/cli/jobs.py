@@ -146,7 +146,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     st = summary.status
     info = store.job(st.version)
     assert info is not None
-    rate = (st.results + st.dead_letters) / summary.seconds if summary.seconds > 0 else 0.0
+    done = summary.answered
+    pace = (f"{done:,} records answered this run, {done / summary.seconds:,.2f} records/s" if done
+            else "nothing was left to answer")
     tokens = store.token_totals(st.version)
     lines = [
         f"{st.state}: {st.version}",
@@ -155,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"  dead letters {st.dead_letters:,}"
         + (f" ({', '.join(f'{k} {v}' for k, v in sorted(st.dead_letters_by_kind.items()))})"
            if st.dead_letters else ""),
-        f"  wall time    {format_duration(summary.seconds)} ({rate:,.2f} records/s this run)",
+        f"  wall time    {format_duration(summary.seconds)} ({pace})",
         f"  workers      {args.workers} ({summary.restarts} restarts, {st.leases_lost} leases lost, "
         f"{st.leases_taken_back} taken back from dead workers, {st.splits} tails split)",
     ]
@@ -232,7 +234,9 @@ def status_dict(st: JobStatus) -> dict[str, Any]:
         "outcomes": {"results": st.results, "dead_letters": st.dead_letters, "pending": st.pending},
         "dead_letters_by_kind": st.dead_letters_by_kind, "leases_lost": st.leases_lost,
         "leases_taken_back": st.leases_taken_back, "splits": st.splits,
-        "records_per_second": st.records_done_last_minutes / st.window_seconds,
+        # Over the last rate_window_seconds (the window, or the time since the first claim if
+        # shorter); null before any shard was claimed.
+        "records_per_second": st.records_per_second, "rate_window_seconds": st.rate_window,
     }
 
 
@@ -264,7 +268,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**status_dict(st), "routes": routes_dict(store, st.version)}, indent=2))
         return 0
-    rate = st.records_done_last_minutes / st.window_seconds or None
+    rate = st.records_per_second or None
     print(f"{st.version} ({st.state})")
     print("  " + progress_line(st, rate, None, None, None))
     print("  shards: " + ", ".join(f"{k} {v}" for k, v in st.shards.items()))

@@ -140,7 +140,7 @@ def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[s
                 samples.popleft()
             t0, d0 = samples[0]
             rate = (done - d0) / (now - t0) if now - t0 >= 1.0 else (
-                st.records_done_last_minutes / st.window_seconds or None)
+                st.records_per_second or None)
             line = f"{st.state:6} " + progress_line(st, rate, workers_alive(store, version, st.now),
                                                       now - started, deadline)
             stream.write(("\r\033[K" + line) if tty else line + "\n")

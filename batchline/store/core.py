@@ -675,11 +675,13 @@ class StoreCore(ABC):
             lost = int(_scalar(tx, self.q.LEASES_LOST, {"v": version}))
             taken, splits = (int(_scalar(tx, self.q.COUNT_EVENTS, {"v": version, "kind": k}))
                              for k in ("take_back", "split"))
+            first_claim = _scalar(tx, self.q.FIRST_CLAIM, {"v": version})
             recent = int(_scalar(tx, self.q.RECENT, {"v": version, "since": now - window_seconds}))
             return JobStatus(version=version, name=job.name, state=job.state, records=job.record_count,
                              results=results, dead_letters=dead, shards=shards, dead_letters_by_kind=by_kind,
                              leases_lost=lost, records_done_last_minutes=recent, window_seconds=window_seconds,
-                             now=now, leases_taken_back=taken, splits=splits)
+                             now=now, leases_taken_back=taken, splits=splits,
+                             started_at=float(first_claim) if first_claim is not None else None)
 
         return self._read(body, snapshot=True)
 

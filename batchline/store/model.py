@@ -187,6 +187,22 @@ class JobStatus:
 
     leases_taken_back: int = 0  # ended at once: their owners were proven dead
     splits: int = 0  # unstarted tails split off to idle workers
+    started_at: float | None = None  # the first claim of a shard of this version
+
+    @property
+    def rate_window(self) -> float:
+        """The seconds the recent rate is over: the window, or the time since the work began
+        when that is shorter (a short run is not divided by a long window)."""
+        if self.started_at is None:
+            return self.window_seconds
+        return max(1.0, min(self.window_seconds, self.now - self.started_at))
+
+    @property
+    def records_per_second(self) -> float | None:
+        """Records of shards completed within the rate window, per second; None before any claim."""
+        if self.started_at is None:
+            return None
+        return self.records_done_last_minutes / self.rate_window
 
     @property
     def pending(self) -> int:

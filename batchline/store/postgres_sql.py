@@ -572,6 +572,7 @@ STATUS_SHARDS = ("SELECT state, count(*), COALESCE(sum(results_count), 0), COALE
 DEAD_BY_KIND = "SELECT kind, count(*) FROM dead_letters WHERE version = %(v)s GROUP BY kind"
 LEASES_LOST = "SELECT count(*) FROM events WHERE version = %(v)s AND kind = 'lease_expired'"
 COUNT_EVENTS = "SELECT count(*) FROM events WHERE version = %(v)s AND kind = %(kind)s"
+FIRST_CLAIM = "SELECT min(ts) FROM events WHERE version = %(v)s AND kind = 'claim'"
 RECENT = ("SELECT COALESCE(sum(record_count), 0) FROM shards WHERE version = %(v)s AND state = 'done' "
           "AND done_at >= %(since)s")
 SHARD_ROWS = ("SELECT shard_no, state, owner, epoch, lease_expires, claims, record_count, results_count, "

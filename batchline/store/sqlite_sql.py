@@ -338,6 +338,7 @@ STATUS_SHARDS = ("SELECT state, COUNT(*), SUM(results_count), SUM(dead_count) FR
 DEAD_BY_KIND = "SELECT kind, COUNT(*) FROM dead_letters WHERE version = :v GROUP BY kind"
 LEASES_LOST = "SELECT COUNT(*) FROM events WHERE version = :v AND kind = 'lease_expired'"
 COUNT_EVENTS = "SELECT COUNT(*) FROM events WHERE version = :v AND kind = :kind"
+FIRST_CLAIM = "SELECT MIN(ts) FROM events WHERE version = :v AND kind = 'claim'"
 RECENT = ("SELECT COALESCE(SUM(record_count), 0) FROM shards WHERE version = :v AND state = 'done' "
           "AND done_at >= :since")
 SHARD_ROWS = ("SELECT shard_no, state, owner, epoch, lease_expires, claims, record_count, results_count, "
