@@ -502,9 +502,14 @@ class _Running:
             positions[i, width - m:] = torch.arange(k, k + m)
             mask[i, width_past - k:width_past] = 1
             mask[i, width_past + width - m:] = 1
-        past = _past_from_prefixes(torch, [p for _, p in fresh], shared, width_past, device) if width_past else []
+        if width_past:
+            # Room for the rows' own tokens, so the forward writes them in place.
+            past = _cache_of(_past_from_prefixes(torch, [p for _, p in fresh], shared, width_past, width, device),
+                             used=width_past)
+        else:
+            past = _cache_of([])
         mask = mask.to(device)
-        result = engine.forward(input_ids.to(device), mask, positions.to(device), _cache_of(past))
+        result = engine.forward(input_ids.to(device), mask, positions.to(device), past)
         counts = engine.counts
         counts.prefill_tokens += sum(own)
         counts.reused_tokens += sum(shared)
@@ -515,43 +520,48 @@ class _Running:
         return layers, mask, result.logits[:, -1, :].float()
 
     def _merge(self, layers: list[tuple[Any, Any]], mask: Any, logits: Any, lengths: list[int]) -> None:
-        """Joins new rows to the live ones, dropping the finished, in one copy."""
+        """Joins new rows to the live ones, dropping the finished."""
         torch = self.torch
         positions = torch.tensor(lengths, dtype=torch.long, device=self.engine.device)
         keep = [i for i, row in enumerate(self.rows) if row.finish is None]
-        self.rows = [self.rows[i] for i in keep]
-        if not keep:
-            self.cache, self.mask, self.logits, self.positions = _cache_of(layers), mask, logits, positions
-            return
-        index = torch.tensor(keep, dtype=torch.long, device=self.engine.device)
-        old_mask = self.mask.index_select(0, index)
-        first = _first_used(torch, old_mask)
-        width = max(old_mask.shape[1] - first, mask.shape[1])
-        merged = []
-        for (ok, ov), (nk, nv) in zip(_cache_layers(self.cache), layers, strict=True):
-            merged.append((
-                torch.cat([_fit(torch, ok.index_select(0, index), first, width), _fit(torch, nk, 0, width)]),
-                torch.cat([_fit(torch, ov.index_select(0, index), first, width), _fit(torch, nv, 0, width)]),
-            ))
-        self.cache = _cache_of(merged)
-        self.mask = torch.cat([_fit(torch, old_mask, first, width), _fit(torch, mask, 0, width)])
-        self.logits = torch.cat([self.logits.index_select(0, index), logits])
-        self.positions = torch.cat([self.positions.index_select(0, index), positions])
+        if keep:
+            index = torch.tensor(keep, dtype=torch.long, device=self.engine.device)
+            logits = torch.cat([self.logits.index_select(0, index), logits])
+            positions = torch.cat([self.positions.index_select(0, index), positions])
+        self._restack(keep, [(layers, mask)])
+        self.logits, self.positions = logits, positions
 
     def _compact(self) -> None:
         """Drops the finished rows, and the columns only they used."""
         torch = self.torch
         keep = [i for i, row in enumerate(self.rows) if row.finish is None]
-        self.rows = [self.rows[i] for i in keep]
         with torch.inference_mode():
+            index = torch.tensor(keep, dtype=torch.long, device=self.engine.device)
+            self.logits = self.logits.index_select(0, index)
+            self.positions = self.positions.index_select(0, index)
+            self._restack(keep, [])
+
+    def _restack(self, keep: list[int], new: list[tuple[list[tuple[Any, Any]], Any]]) -> None:
+        """Rebuilds the cache from the kept rows and the new ones, right-aligned to the
+        widest, with room to grow: one pass over the keys and values kept."""
+        torch = self.torch
+        parts = list(new)
+        if keep and self.cache is not None:
             index = torch.tensor(keep, dtype=torch.long, device=self.engine.device)
             mask = self.mask.index_select(0, index)
             first = _first_used(torch, mask)
-            self.cache = _cache_of([(k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:])
-                                    for k, v in _cache_layers(self.cache)])
-            self.mask = mask[:, first:]
-            self.logits = self.logits.index_select(0, index)
-            self.positions = self.positions.index_select(0, index)
+            kept = [(k[:, :, first:].index_select(0, index), v[:, :, first:].index_select(0, index))
+                    for k, v in _cache_layers(self.cache)]
+            parts.insert(0, (kept, mask[:, first:]))
+        self.rows = [self.rows[i] for i in keep]
+        width = max(mask.shape[1] for _, mask in parts)
+        room = max(GROW_COLUMNS, width // 4)
+        self.mask = torch.cat([_left_pad(torch, mask, width) for _, mask in parts])
+        self.cache = _cache_of([
+            (_stack(torch, [layers[i][0] for layers, _ in parts], width, room),
+             _stack(torch, [layers[i][1] for layers, _ in parts], width, room))
+            for i in range(len(parts[0][0]))
+        ], used=width)
 
     # --- decoding ------------------------------------------------------------------
 
@@ -621,9 +631,10 @@ def _shared_length(prompt: list[int], prefix: _Prefix | None) -> int:
     return k
 
 
-def _past_from_prefixes(torch: Any, prefixes: list[_Prefix | None], shared: list[int], width: int,
+def _past_from_prefixes(torch: Any, prefixes: list[_Prefix | None], shared: list[int], width: int, room: int,
                         device: Any) -> list[tuple[Any, Any]]:
-    """Per layer, each row's first `shared` prefix keys and values, right-aligned in `width` columns."""
+    """Per layer, each row's first `shared` prefix keys and values, right-aligned in `width`
+    columns, with `room` columns after them."""
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (prefix, k) in enumerate(zip(prefixes, shared, strict=True)):
         if prefix is not None and k:
@@ -631,15 +642,15 @@ def _past_from_prefixes(torch: Any, prefixes: list[_Prefix | None], shared: list
     first = next(p for p in prefixes if p is not None)
     past = []
     for layer, (k0, v0) in enumerate(first.layers):
-        keys = k0.new_zeros((len(prefixes), k0.shape[1], width, k0.shape[3]))
-        values = v0.new_zeros((len(prefixes), v0.shape[1], width, v0.shape[3]))
+        keys = k0.new_zeros((len(prefixes), k0.shape[1], width + room, k0.shape[3]))
+        values = v0.new_zeros((len(prefixes), v0.shape[1], width + room, v0.shape[3]))
         for (_, k), rows in groups.items():
             prefix = prefixes[rows[0]]
             assert prefix is not None
             pk, pv = prefix.layers[layer]
             index = torch.tensor(rows, dtype=torch.long, device=device)
-            keys[index, :, width - k:] = pk[:, :, :k]
-            values[index, :, width - k:] = pv[:, :, :k]
+            keys[index, :, width - k:width] = pk[:, :, :k]
+            values[index, :, width - k:width] = pv[:, :, :k]
         past.append((keys, values))
     return past
 
@@ -663,28 +674,35 @@ def _first_used(torch: Any, mask: Any) -> int:
     return int(mask.any(0).to(torch.int8).argmax())
 
 
-def _fit(torch: Any, tensor: Any, start: int, width: int) -> Any:
-    """Columns from `start` on (the mask's second dimension, the keys' third), padded
-    on the left with zeros to `width`."""
-    dim = 1 if tensor.dim() == 2 else 2
-    tensor = tensor.narrow(dim, start, tensor.shape[dim] - start)
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+def _left_pad(torch: Any, mask: Any, width: int) -> Any:
+    missing = width - mask.shape[1]
+    return mask if missing == 0 else torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
 
 
-def _cache_of(layers: list[tuple[Any, Any]]) -> Any:
-    """A cache holding these keys and values, with room to grow in place."""
+def _stack(torch: Any, parts: list[Any], width: int, room: int) -> Any:
+    """Keys or values (rows, heads, columns, dim) of several groups of rows, one group
+    under another, right-aligned in `width` columns, with `room` free columns after."""
+    first = parts[0]
+    # Zeros, not garbage, left of each row's tokens: a masked column still meets the
+    # attention's matmul, and NaN times a zero weight is NaN.
+    out = first.new_zeros((sum(p.shape[0] for p in parts), first.shape[1], width + room, first.shape[3]))
+    row = 0
+    for part in parts:
+        out[row:row + part.shape[0], :, width - part.shape[2]:width] = part
+        row += part.shape[0]
+    return out
+
+
+def _cache_of(layers: list[tuple[Any, Any]], used: int | None = None) -> Any:
+    """A cache over these keys and values, taken as they are; `used` columns of them
+    are filled (all when None), the rest is room to grow in place."""
     from transformers import DynamicCache
 
     # Without the model's config every layer keeps all its columns, which the
     # merging and dropping of rows rely on (a sliding-window layer would crop them).
     cache = DynamicCache()
     grow = _growing_layer()
-    cache.layers = [grow(keys, values) for keys, values in layers]
+    cache.layers = [grow(keys, values, keys.shape[2] if used is None else used) for keys, values in layers]
     return cache
 
 
@@ -700,22 +718,19 @@ def _growing_layer() -> Any:
         step writes one column and a copy happens once in many steps.
         """
 
-        def __init__(self, keys: Any = None, values: Any = None) -> None:
+        def __init__(self, keys: Any, values: Any, used: int) -> None:
             super().__init__()  # type: ignore[no-untyped-call]
-            self._keys: Any = None
-            self._values: Any = None
-            self._used = 0
-            if keys is not None:
-                self.update(keys, values)
+            self.lazy_initialization(keys, values)
+            self._keys, self._values, self._used = keys, values, used
+            self.keys = keys[:, :, :used]
+            self.values = values[:, :, :used]
 
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
             used, new = self._used, key_states.shape[-2]
-            if self._keys is None or used + new > self._keys.shape[-2]:
+            if used + new > self._keys.shape[-2]:
                 room = used + new + max(GROW_COLUMNS, (used + new) // 4)
-                self._keys = _with_room(self._keys, key_states, used, room)
-                self._values = _with_room(self._values, value_states, used, room)
+                self._keys = _with_room(self._keys, used, room)
+                self._values = _with_room(self._values, used, room)
             self._keys[:, :, used:used + new] = key_states
             self._values[:, :, used:used + new] = value_states
             self._used = used + new
@@ -726,12 +741,11 @@ def _growing_layer() -> Any:
     return GrowingLayer
 
 
-def _with_room(old: Any, like: Any, used: int, columns: int) -> Any:
-    shape = list(like.shape)
+def _with_room(old: Any, used: int, columns: int) -> Any:
+    shape = list(old.shape)
     shape[2] = columns
-    buffer = like.new_empty(shape)
-    if old is not None and used:
-        buffer[:, :, :used] = old[:, :, :used]
+    buffer = old.new_empty(shape)
+    buffer[:, :, :used] = old[:, :, :used]
     return buffer
 
 
