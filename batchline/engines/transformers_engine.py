@@ -399,12 +399,12 @@ class _Running:
 
     Each row's tokens sit right-aligned in the cache with padding on the left
     only, as in a left-padded batch, so a column's distance is a token's
-    distance (sliding-window attention stays right). A finished row stays,
-    fed padding, until `compact_at` rows have finished or new records are
-    admitted; then they are dropped in one copy of the keys and values
-    (continuous refill). With `compact_at` None rows stay until the whole
-    batch is done (static batches, whose sampled draws depend on every row
-    being there).
+    distance (sliding-window attention stays right). With continuous refill
+    (`compact_at` set) finished rows are dropped when new records are admitted
+    or, with none waiting, once `compact_at` of them have finished; either way
+    in one copy of the keys and values. With `compact_at` None rows stay until
+    the whole batch is done (static batches, whose sampled draws depend on
+    every row being there).
     """
 
     def __init__(self, engine: TransformersEngine, compact_at: int | None) -> None:
@@ -427,22 +427,37 @@ class _Running:
         """Decodes `batch` to its end, taking nothing else (a static batch)."""
         yield from self.admit(batch)
         while self.active():
-            yield from self.step()
+            yield from self.decide()
+            if self.active():
+                self.forward()
 
     def refill(self, requests: RequestSource) -> Iterator[EngineOutcome]:
-        """Decodes the source's records until it runs dry, admitting new ones as rows free."""
+        """Decodes the source's records until it runs dry, admitting new ones as rows free.
+
+        New records are admitted after the step's forward, in the same rebuild of
+        the cache that drops the finished rows: a row that finished is run once
+        more, fed padding, which costs a row of the forward, where dropping it
+        first would cost a second copy of the whole cache.
+        """
         size = self.engine.batch_size
+        threshold = self.compact_at or 1
         while True:
-            free = size - self.active()
-            if free == size:
+            if not self.active():
                 new = requests.next_batch(size)
                 if not new:
                     return
                 yield from self.admit(new)
-            elif self.compact_at is not None and free >= self.compact_at:
-                yield from self.admit(requests.poll(free))
+                continue
+            yield from self.decide()
+            free = size - self.active()
             if self.active():
-                yield from self.step()
+                self.forward()
+            if free >= threshold:
+                new = requests.poll(free)
+                if new:
+                    yield from self.admit(new)
+                elif self.active() and len(self.rows) - self.active() >= threshold:
+                    self._compact()
 
     def unanswered(self) -> list[EngineRequest]:
         """The requests taken but not yet answered, in the order they came."""
@@ -543,33 +558,38 @@ class _Running:
 
     def _restack(self, keep: list[int], new: list[tuple[list[tuple[Any, Any]], Any]]) -> None:
         """Rebuilds the cache from the kept rows and the new ones, right-aligned to the
-        widest, with room to grow: one pass over the keys and values kept."""
+        widest, with room to grow. Layer by layer, each old layer's buffers freed once
+        copied, so the device holds one extra layer at a time, not a second cache."""
         torch = self.torch
-        parts = list(new)
+        masks = [mask for _, mask in new]
+        old: list[Any] = []
+        first = 0
         if keep and self.cache is not None:
             index = torch.tensor(keep, dtype=torch.long, device=self.engine.device)
             mask = self.mask.index_select(0, index)
             first = _first_used(torch, mask)
-            kept = [(k[:, :, first:].index_select(0, index), v[:, :, first:].index_select(0, index))
-                    for k, v in _cache_layers(self.cache)]
-            parts.insert(0, (kept, mask[:, first:]))
+            masks.insert(0, mask[:, first:])
+            old = self.cache.layers
         self.rows = [self.rows[i] for i in keep]
-        width = max(mask.shape[1] for _, mask in parts)
+        width = max(mask.shape[1] for mask in masks)
         room = max(GROW_COLUMNS, width // 4)
-        self.mask = torch.cat([_left_pad(torch, mask, width) for _, mask in parts])
-        self.cache = _cache_of([
-            (_stack(torch, [layers[i][0] for layers, _ in parts], width, room),
-             _stack(torch, [layers[i][1] for layers, _ in parts], width, room))
-            for i in range(len(parts[0][0]))
-        ], used=width)
+        layers = []
+        for i in range(len(old) or len(new[0][0])):
+            keys = [group[i][0] for group, _ in new]
+            values = [group[i][1] for group, _ in new]
+            if old:
+                keys.insert(0, old[i].keys[:, :, first:].index_select(0, index))
+                values.insert(0, old[i].values[:, :, first:].index_select(0, index))
+                old[i].release()
+            layers.append((_stack(torch, keys, width, room), _stack(torch, values, width, room)))
+        self.mask = torch.cat([_left_pad(torch, mask, width) for mask in masks])
+        self.cache = _cache_of(layers, used=width)
 
     # --- decoding ------------------------------------------------------------------
 
-    def step(self) -> Iterator[EngineOutcome]:
-        """Chooses each row's next token, yields the records that finished, then runs
-        one forward for the rows still decoding."""
+    def decide(self) -> Iterator[EngineOutcome]:
+        """Chooses each live row's next token and yields the records that finished."""
         engine = self.engine
-        torch = self.torch
         live = [row.finish is None for row in self.rows]
         chosen = engine._choose(self.logits, [row.session for row in self.rows], live, self.generator)
         finished = []
@@ -583,13 +603,12 @@ class _Running:
         for row in finished:
             del self.inflight[row.request.record_id]
             yield engine._outcome(row)
+
+    def forward(self) -> None:
+        """One decode step: each live row is fed its last token, a finished row padding."""
+        engine = self.engine
+        torch = self.torch
         live = [row.finish is None for row in self.rows]
-        if not any(live):
-            return
-        idle = live.count(False)
-        if self.compact_at is not None and idle >= self.compact_at:
-            self._compact()
-            live, idle = [True] * len(self.rows), 0
         pad = int(engine.tokenizer.pad_token_id)
         feed = [[row.out[-1] if on else pad] for row, on in zip(self.rows, live, strict=True)]
         device = engine.device
@@ -604,7 +623,7 @@ class _Running:
         counts = engine.counts
         counts.decode_steps += 1
         counts.decode_rows += len(live)
-        counts.idle_rows += idle
+        counts.idle_rows += live.count(False)
 
     def _advance(self, row: _Row, token: int) -> str | None:
         """Takes the row's chosen token; returns why the record ended, if it did."""
@@ -720,10 +739,14 @@ def _growing_layer() -> Any:
 
         def __init__(self, keys: Any, values: Any, used: int) -> None:
             super().__init__()  # type: ignore[no-untyped-call]
-            self.lazy_initialization(keys, values)
+            # What lazy_initialization sets, whose arguments differ between releases.
+            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
             self._keys, self._values, self._used = keys, values, used
             self.keys = keys[:, :, :used]
             self.values = values[:, :, :used]
+
+        def release(self) -> None:
+            self._keys = self._values = self.keys = self.values = None
 
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
             used, new = self._used, key_states.shape[-2]
