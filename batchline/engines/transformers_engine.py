@@ -14,11 +14,12 @@ A record whose tokenization merges across the prefix's end reuses the prefix's
 tokens up to the first one that differs, so every record sees exactly the
 tokens of its whole prompt, at the same positions, as without the cache.
 
-Continuous refill (greedy decoding): rows whose record finished are dropped
-before the next step, and once an eighth of the batch is free the engine takes
-more records from the source, runs their prompts and merges their keys and
-values into the running batch, so the batch stays full while output lengths
-differ. A greedy choice depends only on the record's own tokens, so refill and
+Continuous refill (greedy decoding): once an eighth of the batch is free the
+engine takes more records from the source, runs their prompts, and rebuilds
+the batch's keys and values without the finished rows and with the new ones,
+so the batch stays full while output lengths differ; a finished row costs at
+most one more step, fed padding, before it goes. The cache grows in place
+(transformers' own concatenates it at every step). A greedy choice depends only on the record's own tokens, so refill and
 prefix reuse give the tokens of static batches, up to the floating-point
 rounding that batch size and padding already vary (no engine revision change).
 Sampled decoding (temperature > 0) keeps static batches: its draws come from
@@ -690,7 +691,7 @@ def _right_align(torch: Any, layers: list[tuple[Any, Any]], mask: Any) -> tuple[
 
 def _first_used(torch: Any, mask: Any) -> int:
     """The first column any row uses: those before it are padding for every row."""
-    return int(mask.any(0).to(torch.int8).argmax())
+    return int(mask.any(0).nonzero()[0])
 
 
 def _left_pad(torch: Any, mask: Any, width: int) -> Any:
