@@ -19,7 +19,10 @@ engine takes more records from the source, runs their prompts, and rebuilds
 the batch's keys and values without the finished rows and with the new ones,
 so the batch stays full while output lengths differ; a finished row costs at
 most one more step, fed padding, before it goes. The cache grows in place
-(transformers' own concatenates it at every step). A greedy choice depends only on the record's own tokens, so refill and
+(transformers' own concatenates it at every step). transformers 5's own
+continuous batching (``generate_batch`` and its manager, paged attention) was
+not used: its logits processors take one scalar per token (a temperature, a
+top-p), with no place for a record's grammar state. A greedy choice depends only on the record's own tokens, so refill and
 prefix reuse give the tokens of static batches, up to the floating-point
 rounding that batch size and padding already vary (no engine revision change).
 Sampled decoding (temperature > 0) keeps static batches: its draws come from
