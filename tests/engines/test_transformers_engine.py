@@ -288,3 +288,17 @@ def test_sampled_decoding_keeps_static_batches(tiny_model: tuple[Path, str]) -> 
     plain = _engine(path, digest, temperature=0.8, batch_size=2, prefix_cache=False)
     assert _outputs(first, requests) == _outputs(plain, requests)
     assert first.counts.admissions == 1 and first.counts.idle_rows > 0
+
+
+def test_rows_without_a_shared_prefix_decode_beside_rows_with_one(tiny_model: tuple[Path, str]) -> None:
+    # A conversation has no shared prefix; in one batch with prefixed records its row
+    # gets no reused keys and values, and every record keeps its plain-path tokens.
+    path, digest = tiny_model
+    messages = ({"role": "system", "content": "Triage."}, {"role": "user", "content": TICKETS[1]})
+    chat = EngineRequest("c", plain_chat_prompt(messages), "", TICKETS[1], messages)
+    requests = [_mixed_requests()[1], chat, _mixed_requests()[3]]
+    plain = _engine(path, digest, max_tokens=300, batch_size=3, prefix_cache=False, refill=False)
+    reuse = _engine(path, digest, max_tokens=300, batch_size=3)
+    assert _outputs(reuse, requests) == _outputs(plain, requests)
+    prefix_tokens = reuse.count_tokens(requests[0].prefix)
+    assert 2 * (prefix_tokens - 1) <= reuse.counts.reused_tokens <= 2 * prefix_tokens
