@@ -1,5 +1,6 @@
 # make demo: set up everything and run the ticket-triage example end to end.
 # make test: set up everything and run lint, type checks and the whole test suite.
+# make vllm-check: the vLLM engine's tests against the real vLLM (not part of make test).
 
 PYTHON ?= python3
 VENV := .venv
@@ -10,7 +11,7 @@ EXTRAS := dev,postgres,fleet,sizing,metrics,llamacpp,transformers,embedding,open
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 DEMO_STORE ?= sqlite:///demo/batchline.db
 
-.PHONY: setup demo test lint typecheck services browser bench drill clean
+.PHONY: setup demo test lint typecheck services browser bench drill clean vllm-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -67,6 +68,31 @@ typecheck: setup
 
 test: setup services browser lint typecheck
 	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q
+
+# vLLM with its CUDA build of torch (several GB) in a virtual environment of its own: vLLM pins
+# torch, transformers and llguidance to versions the main environment does not take.
+VLLM_VERSION ?= 0.33.0
+VLLM_VENV := .venv-vllm
+VLLM_RESULT := bench/results/vllm_conformance.txt
+
+$(VLLM_VENV)/.installed: pyproject.toml Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm==$(VLLM_VERSION)' -e '.[dev]'
+	touch $@
+
+# The vLLM engine's tests with vLLM importable (what needs no GPU runs; the GPU test says why it
+# skips), then whether vLLM runs the tiny test model on this machine's CPU. Output kept in VLLM_RESULT.
+vllm-check: $(VLLM_VENV)/.installed
+	mkdir -p $(dir $(VLLM_RESULT))
+	( echo "# make vllm-check on $$(date -u +%Y-%m-%d)"; \
+	  $(VLLM_VENV)/bin/python -c 'import sys, vllm, torch, transformers; print(f"python {sys.version.split()[0]}, vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'; \
+	  $(VLLM_VENV)/bin/python -m pytest tests/engines/test_vllm_engine.py -v -rs -p no:cacheprovider; \
+	  status=$$?; \
+	  echo "# bench/vllm_cpu.py"; \
+	  VLLM_LOGGING_LEVEL=ERROR $(VLLM_VENV)/bin/python bench/vllm_cpu.py 2>/dev/null; \
+	  exit $$status ) > $(VLLM_RESULT) 2>&1; \
+	status=$$?; cat $(VLLM_RESULT); exit $$status
 
 bench: setup
 	$(BIN)/python bench/store_throughput.py

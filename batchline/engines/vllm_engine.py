@@ -11,10 +11,11 @@ worker checks against the length cap is exactly what vLLM processes. The shared
 instruction prefix comes first in every prompt, which is what vLLM's automatic
 prefix caching needs to compute it once per GPU rather than once per record.
 
-vLLM is imported only when the engine loads. Written against vLLM's documented
-API as of v0.12 and later (``SamplingParams(structured_outputs=
-StructuredOutputsParams(json=...))``), falling back to ``guided_decoding`` for
-older releases.
+vLLM is imported only when the engine loads. Checked against vLLM 0.33.0 by
+``make vllm-check`` (the arguments, the sampling parameters with structured
+outputs, and the signatures of ``add_request``, ``step`` and the outputs it
+reads; see the README); falls back to ``guided_decoding`` for releases before
+0.11.
 
 Model options (``model.options``), all part of the job version:
   tensor_parallel_size (1), max_num_seqs (512), max_inflight (2 * max_num_seqs),
@@ -83,9 +84,13 @@ def sampling_kwargs(config: EngineConfig) -> dict[str, Any]:
         "ignore_eos": bool(opts.get("ignore_eos", False)),
         "detokenize": True,
     }
-    if bool(opts.get("constrained", True)):
+    if _constrained(config):
         kwargs["structured_outputs"] = {"json": dict(config.output_schema)}
     return kwargs
+
+
+def _constrained(config: EngineConfig) -> bool:
+    return bool(config.model.options.get("constrained", True))
 
 
 def make_sampling_params(vllm: Any, kwargs: Mapping[str, Any]) -> Any:
@@ -207,36 +212,46 @@ class VllmEngine:
             raise
         except Exception as exc:  # e.g. longer than max_model_len: this record's error
             return EngineOutcome(record_id=request.record_id, error=_one_line(exc),
-                                 error_kind="engine_error")
+                                 error_kind="engine_error", constrained=_constrained(self.config))
         inflight[request_id] = _InFlight(request, len(ids))
         return None
 
     def close(self) -> None:
         engine, self._llm = self._llm, None
-        if engine is not None and hasattr(engine, "shutdown"):
-            engine.shutdown()
+        if engine is None:
+            return
+        # vLLM 0.33's LLMEngine has no shutdown of its own: its engine-core client
+        # stops the core process and frees the GPU. Older releases had LLMEngine.shutdown.
+        core = getattr(engine, "engine_core", None)
+        stop = getattr(core, "shutdown", None) or getattr(engine, "shutdown", None)
+        if stop is not None:
+            stop()
 
 
 def _outcome(entry: _InFlight, output: Any, config: EngineConfig) -> EngineOutcome:
     completion = output.outputs[0]
-    record_id = entry.request.record_id
     n_out = len(completion.token_ids)
-    max_tokens = config.decoding.max_tokens
+    reason = completion.finish_reason
     ignore_eos = bool(config.model.options.get("ignore_eos", False))
-    if completion.finish_reason == "length" and not ignore_eos:
+    common: dict[str, Any] = {
+        "record_id": entry.request.record_id,
+        "input_tokens": entry.prompt_tokens,
+        "output_tokens": n_out,
+        # vLLM 0.33 also ends requests with "abort", "error" and "repetition": none is
+        # a reason the worker may treat as final, so those say None.
+        "finish_reason": reason if reason in ("stop", "length") else None,
+        "constrained": _constrained(config),
+    }
+    if reason == "length" and not ignore_eos:
         return EngineOutcome(
-            record_id=record_id,
-            error=f"output reached max_tokens={max_tokens} before it was complete: "
+            error=f"output reached max_tokens={config.decoding.max_tokens} before it was complete: "
                   f"{completion.text[:80]!r}...",
-            error_kind="engine_error", input_tokens=entry.prompt_tokens, output_tokens=n_out,
+            error_kind="engine_error", **common,
         )
-    if completion.finish_reason not in ("stop", "length", None):
-        return EngineOutcome(
-            record_id=record_id, error=f"vLLM finished the request with {completion.finish_reason!r}",
-            error_kind="engine_error", input_tokens=entry.prompt_tokens, output_tokens=n_out,
-        )
-    return EngineOutcome(record_id=record_id, output=completion.text.strip(),
-                         input_tokens=entry.prompt_tokens, output_tokens=n_out)
+    if reason not in ("stop", "length", None):
+        return EngineOutcome(error=f"vLLM finished the request with {reason!r}",
+                             error_kind="engine_error", **common)
+    return EngineOutcome(output=completion.text.strip(), **common)
 
 
 def _require_gpus(count: int) -> None:
