@@ -124,14 +124,14 @@ def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Pat
                              "write the outcomes there are")
     spec = stored_spec(info)
     # The files follow the input's order, so the input must still be the planned snapshot.
-    if spec.version(file_digest(spec.input), spec.base_version) != version:
-        raise InputError(f"{', '.join(spec.input.locations)}: the input changed since {version} "
+    if spec.version(file_digest(spec.input, store.url), spec.base_version) != version:
+        raise InputError(f"{spec.input.describe()}: the input changed since {version} "
                          "was planned; the export reads it for the order of the lines")
     local_model = _local_model_name(spec.model.engine, spec.model.path, spec.model.options)
     counts = {"responses": 0, "errors": 0, "pending": 0}
 
     def ids() -> Iterator[str]:
-        for source in input_sources(spec.input):
+        for source in input_sources(spec.input, store.url):
             for scanned in scan(source, spec.input):
                 yield scanned.record.id
 

@@ -16,13 +16,14 @@ from batchline.snapshot import (
     ScannedRecord,
     Slice,
     csv_header,
+    input_pins,
     input_sources,
     parquet_slice_digest,
     read_slice,
     scan,
     slice_digest_bytes,
 )
-from batchline.sources import Source, snapshot_digest
+from batchline.sources import Pin, Source, open_source, snapshot_digest
 from batchline.spec import LOCAL_ROUTE, JobSpec, stored_spec
 from batchline.store import DeadLetterRow, DuplicateRecord, PlannedRecord, PlannedShard, Store
 from batchline.store.ports import PlanWriter
@@ -39,8 +40,7 @@ class PlanResult:
 
 
 def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m: None) -> PlanResult:
-    sources = input_sources(spec.input)
-    before = [s.pin() for s in sources]
+    spec, sources, before = _pinned_input(spec, store.url)
     digest = snapshot_digest(before)
     base = _base_version(spec, store, log)
     version = spec.version(digest, base)
@@ -49,14 +49,14 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
         return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
 
     if spec.shards.size_auto:
-        spec = _auto_shard_size(spec, store, base, log)
+        spec = _auto_shard_size(spec, store, base, sources, log)
     writer = store.begin_plan(version, spec.name, {**spec.to_dict(), "base_version": base})
     try:
-        result = _write_plan(spec, version, writer)
+        result = _write_plan(spec, version, writer, sources)
         if base is not None:
             carried = writer.carry_from(base)
             log(f"carried {carried} unchanged records from {base} without inference")
-        if [s.pin() for s in sources] != before:
+        if input_pins(spec.input, store.url) != before:
             raise InputError("input changed while it was being planned; plan again once it is stable")
         writer.commit(result.records, result.shards)
     except BaseException:
@@ -67,6 +67,19 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     if spec.routing is not None:
         log(routes_summary(spec, result.routes))
     return result
+
+
+def _pinned_input(spec: JobSpec, store_url: str) -> tuple[JobSpec, list[Source], list[Pin]]:
+    """The input's sources and pins. A table's snapshot is read once and its id written
+    into the spec, so the stored spec (and every later reader of it) names that snapshot."""
+    if spec.input.table is None:
+        sources = input_sources(spec.input)
+        return spec, sources, [s.pin() for s in sources]
+    from batchline.sources.iceberg import read_snapshot
+
+    snapshot = read_snapshot(spec.input, store_url)
+    spec = replace(spec, input=replace(spec.input, table=snapshot.ref))
+    return spec, [open_source(f.path) for f in snapshot.data_files], [snapshot.pin]
 
 
 def routes_summary(spec: JobSpec, per_route: dict[str, int]) -> str:
@@ -98,14 +111,15 @@ def _base_version(spec: JobSpec, store: Store, log: Callable[[str], None]) -> st
     return base
 
 
-def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, log: Callable[[str], None]) -> JobSpec:
+def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, sources: list[Source],
+                     log: Callable[[str], None]) -> JobSpec:
     from batchline.simulate import SimulationDiverged, recommend_shard_size
 
     sh = spec.shards
     assert sh.interruptions_per_hour is not None and sh.workers and sh.records_per_second
     measured = store.run_throughput(base) if base else 0.0
     rate = measured or sh.records_per_second
-    records = sum(estimate_records(s, spec.input.format) for s in input_sources(spec.input))
+    records = sum(estimate_records(s, spec.input.format) for s in sources)
     try:
         size = recommend_shard_size(max(records, 1), sh.workers, rate, sh.interruptions_per_hour,
                                     lease_seconds=sh.lease_seconds)
@@ -131,14 +145,14 @@ def estimate_records(source: Source, fmt: str) -> int:
     return lines
 
 
-def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
+def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[Source]) -> PlanResult:
     cap = spec.input.max_input_tokens
     byte_bound = cap * spec.input.max_bytes_per_token if cap else None
     shard_no = records = dead_total = 0
     slices: dict[int, Slice] = {}
     per_route: dict[str, int] = {}
 
-    for source in input_sources(spec.input):
+    for source in sources:
         header = csv_header(source) if spec.input.format == "csv" else None
         for route, chunk in _route_chunks(scan(source, spec.input), spec):
             first, last = chunk[0], chunk[-1]
@@ -169,7 +183,7 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
             records += len(batch)
             shard_no += 1
     if records == 0:
-        raise InputError(f"no records in {', '.join(spec.input.locations)} (empty input)")
+        raise InputError(f"no records in {spec.input.describe()} (empty input)")
     return PlanResult(version, True, records, shard_no, dead_total, per_route)
 
 
