@@ -48,6 +48,10 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     if existing is not None and existing.state not in ("planning", "removed"):
         return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
 
+    if spec.output_table is not None:
+        from batchline.targets.iceberg import check_table_schema
+
+        check_table_schema(spec, store.url)
     if spec.shards.size_auto:
         spec = _auto_shard_size(spec, store, base, sources, log)
     writer = store.begin_plan(version, spec.name, {**spec.to_dict(), "base_version": base})
