@@ -392,3 +392,23 @@ def test_publish_and_rollback_on_the_command_line_move_the_table(
                              timeout=120)
     assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1
     assert "as the store recorded" in refused.stderr and store.resolve_name("test-job") == v1
+
+
+def test_grants_say_the_worker_needs_no_catalog_right_and_the_publisher_needs_the_catalog(
+        job_factory: Any, store: Store, tmp_path: Path) -> None:
+    from batchline.grants import snapshot_access
+
+    path = with_table(job_factory(n=10), tmp_path / "wh")
+    _spec, version = planned(path, store)
+    info = store.job(version)
+    assert info is not None
+    spec = dict(info.spec)
+    spec["input"] = {**spec["input"], "table": {"catalog": "lake", "name": "src.tickets", "snapshot_id": 7}}
+    del spec["input"]["path"]
+    lines = snapshot_access(spec)
+    [reads] = [line for line in lines if line.startswith("input table src.tickets")]
+    assert "the worker needs no catalog right" in reads and "snapshot 7" in reads
+    [publishes] = [line for line in lines if line.startswith(f"output table {TABLE}")]
+    assert "the worker needs nothing of it" in publishes
+    assert "SELECT, INSERT, UPDATE and DELETE on the catalog's tables iceberg_tables" in publishes
+    assert str(tmp_path / "wh") in publishes
