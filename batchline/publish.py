@@ -28,6 +28,11 @@ class PublishResult:
     version: str
     previous: str | None
     removed: tuple[str, ...]
+    shown: tuple[str, ...] = ()  # each target, as it now shows the version
+
+    def summary(self) -> str:
+        lines = [f"published {self.version} as {self.name}" + (f" (was {self.previous})" if self.previous else "")]
+        return "\n".join(lines + [f"  {line}" for line in self.shown])
 
 
 def publish(store: PublisherStore, version: str, *, force: bool = False, reason: str | None = None,
@@ -65,7 +70,12 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
         _put_back(info.name, targets, shown, recorded, exc)
         raise
     removed = prune(store, info.name, stored_spec(info).retention.versions, log=log, targets=targets)
-    return PublishResult(info.name, version, previous, removed)
+    return PublishResult(info.name, version, previous, removed,
+                         tuple(f"{t.describe()}: {_state_line(shown.get(t.key))}" for t in targets))
+
+
+def _state_line(state: dict[str, Any] | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in (state or {}).items())
 
 
 def rollback(store: PublisherStore, name: str, reason: str | None = None,

@@ -33,7 +33,7 @@ import orjson
 from batchline.catalogs import load_table, one_line, open_catalog
 from batchline.errors import BatchlineError, SpecError
 from batchline.spec import JobSpec, TableRef, stored_spec
-from batchline.store import ReaderStore
+from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
 from batchline.targets.iceberg_schema import converter, iceberg_schema, output_node, schema_change
 
 BATCH_ROWS = 50_000
@@ -293,41 +293,65 @@ def _batches(schema: Any, store: ReaderStore, version: str, spec: JobSpec) -> It
     """The version's results, then its dead letters, as Arrow batches of the table's schema."""
     import pyarrow as pa
 
-    node = output_node(dict(spec.output_schema))
-    convert = converter(node)
+    convert = converter(output_node(dict(spec.output_schema)))
     has_output = "output" in schema.names
     default_model = spec.model.label
-    columns: dict[str, list[Any]] = {name: [] for name in schema.names}
 
-    def flush() -> Any:
-        arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
-        for values in columns.values():
-            values.clear()
+    def batch(n: int, columns: dict[str, Any]) -> Any:
+        # Built a column at a time: a dict per row cost more than reading the store did.
+        arrays = [pa.array(columns[f.name], type=f.type) if f.name in columns else pa.nulls(n, type=f.type)
+                  for f in schema]
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    def add(**row: Any) -> None:
-        for name, values in columns.items():
-            values.append(row.get(name))
-
-    for r in store.iter_results(version):
+    def outputs(rows: list[StoredResult]) -> list[Any]:
+        loads = orjson.loads
+        if convert is None:
+            return [loads(r.output) for r in rows]
         try:
-            value = convert(orjson.loads(r.output)) if has_output else None
-        except BatchlineError as exc:
-            raise BatchlineError(f"{version}: record {r.record_id!r}: {exc}") from None
-        add(id=r.record_id, outcome="result", output=value, raw_output=r.output, acl=_acl(r.acl), version=version,
-            model=r.model or default_model, label=r.label, attempt=r.attempt, input_tokens=r.input_tokens,
-            output_tokens=r.output_tokens, created_at=int(r.created_at * 1_000_000))
-        if len(columns["id"]) == BATCH_ROWS:
-            yield flush()
-    for d in store.iter_dead_letters(version):
-        add(id=d.record_id, outcome="dead_letter", acl=_acl(d.acl), version=version, attempt=d.attempts,
-            created_at=int(d.created_at * 1_000_000), error_kind=d.kind, error=d.error)
-        if len(columns["id"]) == BATCH_ROWS:
-            yield flush()
-    if columns["id"]:
-        yield flush()
+            return [convert(loads(r.output)) for r in rows]
+        except BatchlineError:
+            for r in rows:  # again, one at a time, to name the record
+                try:
+                    convert(loads(r.output))
+                except BatchlineError as exc:
+                    raise BatchlineError(f"{version}: record {r.record_id!r}: {exc}") from None
+            raise
+
+    def results(rows: list[StoredResult]) -> Any:
+        n = len(rows)
+        return batch(n, {
+            "id": [r.record_id for r in rows], "outcome": ["result"] * n,
+            **({"output": outputs(rows)} if has_output else {}),
+            "raw_output": [r.output for r in rows], "acl": _acls(rows), "version": [version] * n,
+            "model": [r.model or default_model for r in rows], "label": [r.label for r in rows],
+            "attempt": [r.attempt for r in rows], "input_tokens": [r.input_tokens for r in rows],
+            "output_tokens": [r.output_tokens for r in rows],
+            "created_at": [int(r.created_at * 1_000_000) for r in rows]})
+
+    def dead_letters(rows: list[StoredDeadLetter]) -> Any:
+        n = len(rows)
+        return batch(n, {
+            "id": [d.record_id for d in rows], "outcome": ["dead_letter"] * n, "acl": _acls(rows),
+            "version": [version] * n, "attempt": [d.attempts for d in rows],
+            "created_at": [int(d.created_at * 1_000_000) for d in rows],
+            "error_kind": [d.kind for d in rows], "error": [d.error for d in rows]})
+
+    yield from _in_batches(store.iter_results(version), results)
+    yield from _in_batches(store.iter_dead_letters(version), dead_letters)
 
 
-def _acl(acl: Any) -> str | None:
-    # As the Parquet export writes it, so the two can be compared and joined alike.
-    return None if acl is None else json.dumps(acl, sort_keys=True)
+def _in_batches(rows: Iterator[Any], make: Callable[[list[Any]], Any]) -> Iterator[Any]:
+    chunk: list[Any] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == BATCH_ROWS:
+            yield make(chunk)
+            chunk = []
+    if chunk:
+        yield make(chunk)
+
+
+def _acls(rows: list[Any]) -> list[str | None]:
+    # As the Parquet export writes them, so the two can be compared and joined alike.
+    dumps = json.dumps
+    return [None if r.acl is None else dumps(r.acl, sort_keys=True) for r in rows]

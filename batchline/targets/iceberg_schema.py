@@ -166,13 +166,11 @@ def _type_name(t: Any) -> str:
 # --- values ------------------------------------------------------------------------
 
 
-def converter(node: Node | None) -> Callable[[Any], Any]:
+def converter(node: Node | None) -> Callable[[Any], Any] | None:
     """Turns a parsed output into the `output` column's value: longs checked to be whole,
-    values without one clear type written as JSON text, the rest as they are."""
-    if node is None:
-        return lambda _v: None
-    convert = _converter(node, "output")
-    return convert if convert is not None else (lambda v: v)
+    values without one clear type written as JSON text; None when every value goes in as
+    it is (strings, doubles, booleans and structs and lists of them)."""
+    return None if node is None else _converter(node, "output")
 
 
 def _converter(node: Node, where: str) -> Callable[[Any], Any] | None:

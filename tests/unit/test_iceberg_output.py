@@ -379,6 +379,9 @@ def test_publish_and_rollback_on_the_command_line_move_the_table(
     assert run.returncode == 0, run.stderr
     v1 = run.stdout.strip()
     assert main_versions(store_url) == {v1: 30}
+    snapshot = pyiceberg_table(store_url, TABLE).metadata.current_snapshot_id
+    assert f"Iceberg table {TABLE} in catalog 'store': table_uuid" in run.stderr
+    assert f"snapshot_id {snapshot}, version {v1}" in run.stderr
     v2 = sealed(job_factory, store, wh, make_records(12, "x"))
     cli = [sys.executable, "-m", "batchline"]
     assert subprocess.run([*cli, "publish", v2, "--store", store_url], timeout=120).returncode == 0
@@ -412,3 +415,18 @@ def test_grants_say_the_worker_needs_no_catalog_right_and_the_publisher_needs_th
     assert "the worker needs nothing of it" in publishes
     assert "SELECT, INSERT, UPDATE and DELETE on the catalog's tables iceberg_tables" in publishes
     assert str(tmp_path / "wh") in publishes
+
+
+def test_a_whole_float_goes_into_a_long_column_and_a_fraction_is_refused_not_truncated() -> None:
+    # Regression: pyarrow writes 1.5 into a long column as 1 without a word.
+    from batchline.targets.iceberg_schema import converter
+
+    node = node_of({"type": "object", "properties": {"n": {"type": "integer"},
+                                                      "xs": {"type": "array", "items": {"type": "integer"}},
+                                                      "free": {"type": "object"}}})
+    convert = converter(node)
+    assert convert is not None
+    assert convert({"n": 2.0, "xs": [1, 3.0], "free": {"a": [1]}}) == {"n": 2, "xs": [1, 3], "free": '{"a":[1]}'}
+    with pytest.raises(BatchlineError, match=r"output.xs\[\] = 1.5 is not a whole number for a long column"):
+        convert({"n": 1, "xs": [1.5]})
+    assert converter(node_of(SIMPLE_SCHEMA)) is None  # strings only: nothing to convert
