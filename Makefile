@@ -10,7 +10,7 @@ EXTRAS := dev,postgres,fleet,sizing,metrics,llamacpp,transformers,embedding,open
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 DEMO_STORE ?= sqlite:///demo/batchline.db
 
-.PHONY: setup demo test lint typecheck services browser bench drill clean
+.PHONY: setup demo demo-iceberg test lint typecheck services browser bench drill clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ services:
 demo: setup
 	mkdir -p demo
 	$(BIN)/batchline run examples/tickets/job.yaml --store $(DEMO_STORE) --workers 1 --publish
+
+# make demo-iceberg: the ticket example on the synthetic engine, its results published into an
+# Iceberg table (a SQL catalog in the demo's SQLite store, a warehouse in demo/iceberg/warehouse)
+# and read back by DuckDB's own Iceberg reader.
+demo-iceberg: setup
+	$(BIN)/python examples/iceberg_demo.py --out demo/iceberg
 
 # The report's browser test needs Debian's chromium; without it that test skips, saying why.
 browser:
