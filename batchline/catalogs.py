@@ -15,6 +15,7 @@ without a table never needs it.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,7 +58,23 @@ def catalog_properties(ref: TableRef, store_url: str | None) -> tuple[str, dict[
             props = {"type": "sql" if sql else "rest", "uri": sqlalchemy_uri(ref.uri) if sql else ref.uri}
     if ref.warehouse is not None:
         props["warehouse"] = ref.warehouse
-    return name, props
+    return name, {**s3_properties(), **props}
+
+
+def s3_properties() -> dict[str, str]:
+    """The S3 endpoint and region from the usual environment variables, as pyiceberg's file
+    IO names them (pyarrow's S3 client does not read AWS_ENDPOINT_URL itself), so an S3
+    compatible store (MinIO, R2, a stand-in) is reached as obstore and DuckDB reach it.
+    Keys come from the environment or the machine's role, never from here."""
+    env = os.environ
+    out = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        out["s3.endpoint"] = endpoint
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        out["s3.region"] = region
+    return out
 
 
 @contextlib.contextmanager

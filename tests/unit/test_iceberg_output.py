@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from batchline.targets.iceberg_schema import node_of
 from batchline.validate import validate
 from tests.helpers import SIMPLE_SCHEMA, make_records, planned, run_to_seal
 from tests.iceberg_support import (
+    S3StandIn,
     duckdb_iceberg,
     main_rows,
     metadata_location,
@@ -35,7 +37,7 @@ from tests.iceberg_support import (
 TABLE = "lake.results"
 
 
-def sealed(job_factory: Any, store: Store, warehouse: Path, records: list[dict[str, Any]] | None = None, *,
+def sealed(job_factory: Any, store: Store, warehouse: Path | str, records: list[dict[str, Any]] | None = None, *,
            n: int = 40, options: dict[str, Any] | None = None, schema: dict[str, Any] | None = None,
            **top: Any) -> str:
     path = job_factory(records, n=n, options=options, schema=schema,
@@ -430,3 +432,33 @@ def test_a_whole_float_goes_into_a_long_column_and_a_fraction_is_refused_not_tru
     with pytest.raises(BatchlineError, match=r"output.xs\[\] = 1.5 is not a whole number for a long column"):
         convert({"n": 1, "xs": [1.5]})
     assert converter(node_of(SIMPLE_SCHEMA)) is None  # strings only: nothing to convert
+
+
+@pytest.fixture(scope="module")
+def s3_standin() -> Iterator[S3StandIn]:
+    server = S3StandIn()
+    yield server
+    server.close()
+
+
+def test_a_table_with_its_warehouse_in_the_s3_standin_publishes_rolls_back_and_prunes_its_objects(
+        job_factory: Any, store: Store, store_url: str, s3_standin: S3StandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in s3_standin.env().items():
+        monkeypatch.setenv(key, value)
+    bucket = s3_standin.bucket()
+    versions, written = [], []
+    for night in range(4):
+        before = s3_standin.keys(bucket)
+        versions.append(sealed(job_factory, store, f"s3://{bucket}/wh", make_records(10 + night, f"n{night}-"),
+                               retention={"versions": 2}))
+        publish(store, versions[-1])
+        written.append({k for k in s3_standin.keys(bucket) - before if k.endswith(".parquet")})
+        assert written[-1], "each publish wrote its version's data files into the bucket"
+    rows = main_rows(store_url, TABLE, s3=s3_standin)
+    assert {v for _i, _o, v in rows} == {versions[3]} and len(rows) == 13
+    left = s3_standin.keys(bucket)
+    assert not (written[0] | written[1]) & left  # pruned versions' objects are deleted
+    assert written[2] | written[3] <= left
+    assert rollback(store, "test-job") == (versions[3], versions[2])
+    assert {v for _i, _o, v in main_rows(store_url, TABLE, s3=s3_standin)} == {versions[2]}
