@@ -228,3 +228,33 @@ def test_a_missing_table_or_snapshot_is_one_line(job_factory: Any, store: Store,
         plan(load_spec(table_job(job_factory, {"catalog": "store", "name": "src.nope"})), store)
     with pytest.raises(InputError, match=r"at snapshot 12345 has no such snapshot"):
         plan(load_spec(table_job(job_factory, {"catalog": "store", "name": SOURCE, "snapshot_id": 12345})), store)
+
+
+def test_worker_processes_read_the_data_files_without_any_catalog_configured(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import subprocess
+    import sys
+
+    records = make_records(120)
+    catalog_db = tmp_path / "lake-catalog.db"
+    monkeypatch.setenv("PYICEBERG_CATALOG__LAKE__URI", f"sqlite:///{catalog_db}")
+    lake = TableRef("lake", SOURCE, warehouse=f"file://{tmp_path / 'lake-wh'}")
+    with open_catalog(lake) as catalog:
+        catalog.create_namespace_if_not_exists("src")
+        table = catalog.create_table(SOURCE, schema=ARROW)
+        table.append(pa.Table.from_pylist(records[:60], schema=ARROW))
+        table.append(pa.Table.from_pylist(records[60:], schema=ARROW))
+    version = plan(load_spec(table_job(job_factory, {"catalog": "lake", "name": SOURCE})), store).version
+    # The workers get no catalog at all: only the store, and the data files their shards name.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYICEBERG_")}
+    catalog_db.rename(tmp_path / "gone.db")
+    workers = [subprocess.Popen([sys.executable, "-m", "batchline", "worker", "--store", store_url, "--job", version,
+                                 "--poll-seconds", "0.2"], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for w in workers:
+        _out, err = w.communicate(timeout=180)
+        assert w.returncode == 0, err
+    info = store.job(version)
+    assert info is not None and info.state == "sealed"
+    assert sorted(r.record_id for r in store.iter_results(version)) == [r["id"] for r in records]
