@@ -5,13 +5,13 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS := dev,postgres,fleet,sizing,metrics,llamacpp,transformers,embedding,openai
+EXTRAS := dev,postgres,fleet,sizing,metrics,llamacpp,transformers,embedding,openai,iceberg
 # llama.cpp must be built portably: a native build dies with "Illegal instruction"
 # on machines whose CPU differs from the builder's.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 DEMO_STORE ?= sqlite:///demo/batchline.db
 
-.PHONY: setup demo test lint typecheck services browser bench drill clean vllm-check
+.PHONY: setup demo demo-iceberg test lint typecheck services browser bench drill clean vllm-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ services:
 demo: setup
 	mkdir -p demo
 	$(BIN)/batchline run examples/tickets/job.yaml --store $(DEMO_STORE) --workers 1 --publish
+
+# make demo-iceberg: the ticket example on the synthetic engine, its results published into an
+# Iceberg table (a SQL catalog in the demo's SQLite store, a warehouse in demo/iceberg/warehouse)
+# and read back by DuckDB's own Iceberg reader.
+demo-iceberg: setup
+	$(BIN)/python examples/iceberg_demo.py --out demo/iceberg
 
 # The report's browser test needs Debian's chromium; without it that test skips, saying why.
 browser:

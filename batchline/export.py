@@ -132,14 +132,14 @@ def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Pat
     info = finished(store, version, partial)
     spec = stored_spec(info)
     # The files follow the input's order, so the input must still be the planned snapshot.
-    if spec.version(file_digest(spec.input), spec.base_version) != version:
-        raise InputError(f"{', '.join(spec.input.locations)}: the input changed since {version} "
+    if spec.version(file_digest(spec.input, store.url), spec.base_version) != version:
+        raise InputError(f"{spec.input.describe()}: the input changed since {version} "
                          "was planned; the export reads it for the order of the lines")
     local_model = _local_model_name(spec.model.engine, spec.model.path, spec.model.options)
     counts = {"responses": 0, "errors": 0, "pending": 0}
 
     def ids() -> Iterator[str]:
-        for record in snapshot_records(spec):
+        for record in snapshot_records(spec, store.url):
             yield record.id
 
     def write(out_tmp: Path, errors_tmp: Path, dead: _DeadLetterIndex) -> int:

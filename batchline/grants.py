@@ -117,11 +117,31 @@ def statements(version: str, role: str, schema: str, *, role_exists: bool,
 
 
 def snapshot_access(spec: dict[str, Any]) -> list[str]:
-    """What the worker must be able to read outside the database, and how to grant it."""
+    """What the worker must be able to read outside the database, and how to grant it; for
+    Iceberg tables, also the catalog rights the planner and the publisher need."""
     lines: list[str] = []
     paths = spec.get("input", {}).get("path", [])
     for path in [paths] if isinstance(paths, str) else paths:
         lines.extend(_access_for(str(path), "input snapshot"))
+    table = spec.get("input", {}).get("table")
+    if table:
+        lines.append(
+            f"input table {table['name']} (catalog {table['catalog']!r}, snapshot {table.get('snapshot_id')}): the "
+            "worker needs no catalog right, only read access to the snapshot's data files, which its shards name "
+            "(the table's data/ folder or prefix: s3:GetObject on it for a warehouse in S3); the planner loads the "
+            "table from the catalog and reads its manifests")
+    output = spec.get("output", {}).get("table")
+    if output:
+        sql = output["catalog"] == "store" or not str(output.get("uri", "")).startswith(("http://", "https://"))
+        rights = ("SELECT, INSERT, UPDATE and DELETE on the catalog's tables iceberg_tables and "
+                  "iceberg_namespace_properties" + (" (in the store's database; the worker role made here has none)"
+                                                    if output["catalog"] == "store" else "")
+                  if sql else "the catalog's right to create, load and commit to that table")
+        lines.append(
+            f"output table {output['name']} (catalog {output['catalog']!r}): the worker needs nothing of it; the "
+            f"publisher (publish, rollback, retention) needs {rights}, and to write and delete files under the "
+            f"table's location{' in ' + output['warehouse'] if output.get('warehouse') else ''} (it writes each "
+            "version's data and metadata files and deletes pruned versions' files)")
     model_path = spec.get("model", {}).get("path")
     if model_path and not str(model_path).startswith(("http://", "https://")):
         lines.extend(_access_for(str(model_path), "model weights"))

@@ -18,13 +18,14 @@ from batchline.snapshot import (
     ScannedRecord,
     Slice,
     csv_header,
+    input_pins,
     input_sources,
     parquet_slice_digest,
     read_bytes,
     read_slice,
     scan,
 )
-from batchline.sources import Source, snapshot_digest
+from batchline.sources import Pin, Source, open_source, snapshot_digest
 from batchline.spec import LOCAL_ROUTE, JobSpec, stored_spec
 from batchline.store import DeadLetterRow, DuplicateRecord, PlannedRecord, PlannedShard, Store
 from batchline.store.ports import PlanWriter
@@ -41,8 +42,7 @@ class PlanResult:
 
 
 def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m: None) -> PlanResult:
-    sources = input_sources(spec.input)
-    before = [s.pin() for s in sources]
+    spec, sources, before = _pinned_input(spec, store.url)
     digest = snapshot_digest(before)
     base = _base_version(spec, store, log)
     version = spec.version(digest, base)
@@ -50,15 +50,19 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     if existing is not None and existing.state not in ("planning", "removed"):
         return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
 
+    if spec.output_table is not None:
+        from batchline.targets.iceberg import check_table_schema
+
+        check_table_schema(spec, store.url)
     if spec.shards.size_auto:
-        spec = _auto_shard_size(spec, store, base, log)
+        spec = _auto_shard_size(spec, store, base, sources, log)
     writer = store.begin_plan(version, spec.name, {**spec.to_dict(), "base_version": base})
     try:
-        result = _write_plan(spec, version, writer)
+        result = _write_plan(spec, version, writer, sources)
         if base is not None:
             carried = writer.carry_from(base)
             log(f"carried {carried} unchanged records from {base} without inference")
-        if [s.pin() for s in sources] != before:
+        if input_pins(spec.input, store.url) != before:
             raise InputError("input changed while it was being planned; plan again once it is stable")
         writer.commit(result.records, result.shards)
     except BaseException:
@@ -69,6 +73,19 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     if spec.routing is not None:
         log(routes_summary(spec, result.routes))
     return result
+
+
+def _pinned_input(spec: JobSpec, store_url: str) -> tuple[JobSpec, list[Source], list[Pin]]:
+    """The input's sources and pins. A table's snapshot is read once and its id written
+    into the spec, so the stored spec (and every later reader of it) names that snapshot."""
+    if spec.input.table is None:
+        sources = input_sources(spec.input)
+        return spec, sources, [s.pin() for s in sources]
+    from batchline.sources.iceberg import read_snapshot
+
+    snapshot = read_snapshot(spec.input, store_url)
+    spec = replace(spec, input=replace(spec.input, table=snapshot.ref))
+    return spec, [open_source(f.path) for f in snapshot.data_files], [snapshot.pin]
 
 
 def routes_summary(spec: JobSpec, per_route: dict[str, int]) -> str:
@@ -100,14 +117,15 @@ def _base_version(spec: JobSpec, store: Store, log: Callable[[str], None]) -> st
     return base
 
 
-def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, log: Callable[[str], None]) -> JobSpec:
+def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, sources: list[Source],
+                     log: Callable[[str], None]) -> JobSpec:
     from batchline.simulate import SimulationDiverged, recommend_shard_size
 
     sh = spec.shards
     assert sh.interruptions_per_hour is not None and sh.workers and sh.records_per_second
     measured = store.run_throughput(base) if base else 0.0
     rate = measured or sh.records_per_second
-    records = sum(estimate_records(s, spec.input.format) for s in input_sources(spec.input))
+    records = sum(estimate_records(s, spec.input.format) for s in sources)
     try:
         size = recommend_shard_size(max(records, 1), sh.workers, rate, sh.interruptions_per_hour,
                                     lease_seconds=sh.lease_seconds)
@@ -133,7 +151,7 @@ def estimate_records(source: Source, fmt: str) -> int:
     return lines
 
 
-def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
+def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[Source]) -> PlanResult:
     cap = spec.input.max_input_tokens
     byte_bound = cap * spec.input.max_bytes_per_token if cap else None
     shard_no = records = dead_total = 0
@@ -142,7 +160,7 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
 
     pieces = 0
     occurrences = _Occurrences() if spec.input.ids == "content" else None
-    for source in input_sources(spec.input):
+    for source in sources:
         header = csv_header(source) if spec.input.format == "csv" else None
         for route, chunk in _route_chunks(scan(source, spec.input), spec):
             if occurrences is not None:
@@ -175,7 +193,7 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
             records += len(batch)
             shard_no += 1
     if records == 0:
-        raise InputError(f"no records in {', '.join(spec.input.locations)} (empty input)")
+        raise InputError(f"no records in {spec.input.describe()} (empty input)")
     return PlanResult(version, True, records, shard_no, dead_total, per_route)
 
 
@@ -210,12 +228,12 @@ def _digests(source: Source, chunk: list[ScannedRecord], fmt: str, first_no: int
 _RENUMBERED = "~"  # content id ~ occurrence: a row identical to an earlier one
 
 
-def snapshot_records(spec: JobSpec) -> Iterator[Record]:
+def snapshot_records(spec: JobSpec, store_url: str | None = None) -> Iterator[Record]:
     """Every record of the snapshot in input order, with the ids the planner gives them
     (ids from content numbered as planning numbers them): what an export in input order
     and a check of coverage read."""
     occurrences = _Occurrences() if spec.input.ids == "content" else None
-    for source in input_sources(spec.input):
+    for source in input_sources(spec.input, store_url):
         pending: list[ScannedRecord] = []
         for scanned in scan(source, spec.input):
             pending.append(scanned)

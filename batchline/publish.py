@@ -11,7 +11,7 @@ from typing import Any
 from batchline.errors import BatchlineError
 from batchline.spec import stored_spec
 from batchline.store import PublisherStore
-from batchline.targets import PublicationTarget
+from batchline.targets import PublicationTarget, targets_for
 
 
 def who() -> str:
@@ -28,16 +28,25 @@ class PublishResult:
     version: str
     previous: str | None
     removed: tuple[str, ...]
+    shown: tuple[str, ...] = ()  # each target, as it now shows the version
+
+    def summary(self) -> str:
+        lines = [f"published {self.version} as {self.name}" + (f" (was {self.previous})" if self.previous else "")]
+        return "\n".join(lines + [f"  {line}" for line in self.shown])
 
 
 def publish(store: PublisherStore, version: str, *, force: bool = False, reason: str | None = None,
             log: Callable[[str], None] = lambda _m: None,
-            targets: Sequence[PublicationTarget] = ()) -> PublishResult:
+            targets: Sequence[PublicationTarget] | None = None) -> PublishResult:
     """Moves the name's pointer to `version` once it is sealed and validated; each target
-    first gets the version staged, then shown once the pointer has moved."""
+    (by default those the version's spec names) first gets the version staged, then
+    shown, and the store records what each shows as it moves the pointer. A store
+    that refuses puts the targets back."""
     info = store.job(version)
     if info is None:
         raise BatchlineError(f"no job version {version!r} in {store.url}")
+    if targets is None:
+        targets = targets_for(stored_spec(info), store.url)
     if info.state != "sealed":
         raise BatchlineError(f"{version} is not sealed: only a finished, validated version is published")
     if force and not reason:
@@ -52,39 +61,89 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
                                  "fix it, or publish with --force --reason")
     for target in targets:
         target.stage(store, version)
-    shown = _show(store, info.name, version, targets)
-    previous = store.publish(info.name, version, who(), reason if force else None,
-                             latest.report if latest else None, targets=shown or None)
+    recorded = _recorded(store, info.name)
+    shown = _show(info.name, version, targets, recorded)
+    try:
+        previous = store.publish(info.name, version, who(), reason if force else None,
+                                 latest.report if latest else None, targets=shown or None)
+    except BaseException as exc:
+        _put_back(info.name, targets, shown, recorded, exc)
+        raise
     removed = prune(store, info.name, stored_spec(info).retention.versions, log=log, targets=targets)
-    return PublishResult(info.name, version, previous, removed)
+    return PublishResult(info.name, version, previous, removed,
+                         tuple(f"{t.describe()}: {_state_line(shown.get(t.key))}" for t in targets))
+
+
+def _state_line(state: dict[str, Any] | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in (state or {}).items())
 
 
 def rollback(store: PublisherStore, name: str, reason: str | None = None,
-             targets: Sequence[PublicationTarget] = ()) -> tuple[str, str]:
+             targets: Sequence[PublicationTarget] | None = None) -> tuple[str, str]:
+    """Points `name` back at the version published before the current one, and each
+    target (by default those the current version's spec names) with it."""
+    current = store.resolve_name(name)
+    if targets is None:
+        info = store.job(current) if current is not None else None
+        targets = targets_for(stored_spec(info), store.url) if info is not None else []
     if not targets:
         return store.rollback(name, who(), reason)
-    current = store.resolve_name(name)
     back_to = next((p.previous for p in reversed(store.publications(name))
                     if p.version == current and p.action == "publish"), None)
     if current is None or back_to is None:
         return store.rollback(name, who(), reason)  # refused there, in the store's words
     for target in targets:
         target.stage(store, back_to)  # staged when it was published, unless the target is new
-    shown = _show(store, name, back_to, targets)
-    moved = store.rollback(name, who(), reason, targets=shown)
+    recorded = _recorded(store, name)
+    shown = _show(name, back_to, targets, recorded)
+    try:
+        moved = store.rollback(name, who(), reason, targets=shown)
+    except BaseException as exc:
+        _put_back(name, targets, shown, recorded, exc)
+        raise
     if moved != (current, back_to):
         raise BatchlineError(f"{name}: another publish moved it meanwhile ({moved[0]} to {moved[1]}); the "
                              f"targets show {back_to}: publish again to bring them in line")
     return moved
 
 
-def _show(store: PublisherStore, name: str, version: str,
-          targets: Sequence[PublicationTarget]) -> dict[str, Any]:
-    """Shows `version` in each target, from the state the store recorded last for it."""
+def _recorded(store: PublisherStore, name: str) -> dict[str, Any]:
+    """What each target showed after the last publication that recorded it."""
     recorded: dict[str, Any] = {}
     for pub in store.publications(name):
         recorded.update(pub.targets or {})
-    return {t.key: t.show(name, version, recorded.get(t.key)) for t in targets}
+    return recorded
+
+
+def _show(name: str, version: str, targets: Sequence[PublicationTarget],
+          recorded: dict[str, Any]) -> dict[str, Any]:
+    """Shows `version` in each target, from the state the store recorded last for it;
+    when one refuses, those already shown are put back."""
+    shown: dict[str, Any] = {}
+    for target in targets:
+        try:
+            shown[target.key] = target.show(name, version, recorded.get(target.key))
+        except BaseException as exc:
+            _put_back(name, targets, shown, recorded, exc)
+            raise
+    return shown
+
+
+def _put_back(name: str, targets: Sequence[PublicationTarget], shown: dict[str, Any],
+              recorded: dict[str, Any], cause: BaseException) -> None:
+    """Puts each target that was shown back to what the store recorded: the store did not
+    move, so neither may they. A target that cannot be put back is said in one line."""
+    failed = []
+    for target in targets:
+        if target.key not in shown:
+            continue
+        try:
+            target.restore(name, recorded.get(target.key), shown[target.key])
+        except Exception as exc:
+            failed.append(f"{target.describe()} could not be put back ({' '.join(str(exc).split())})")
+    if failed:
+        raise BatchlineError(f"{' '.join(str(cause).split()) or type(cause).__name__}; and "
+                             + "; ".join(failed) + ": it now shows what the store did not record") from cause
 
 
 def prune(store: PublisherStore, name: str, keep: int, *, log: Callable[[str], None] = lambda _m: None,

@@ -23,7 +23,7 @@ import orjson
 
 from batchline.errors import InputError
 from batchline.openai_format import messages_hash_text, parse_request
-from batchline.sources import Source, open_source, snapshot_digest
+from batchline.sources import Pin, Source, open_source, snapshot_digest
 from batchline.spec import OPENAI_BATCH, InputSpec, RoutingSpec
 
 # The slice a worker checks must be read whole before any record is parsed, so
@@ -127,14 +127,29 @@ def content_hash(text: str, acl: Any, data_class: str | None = None) -> str:
     return h.hexdigest()[:32]
 
 
-def input_sources(spec: InputSpec) -> list[Source]:
+def input_sources(spec: InputSpec, store_url: str | None = None) -> list[Source]:
+    """The input's files in order; for an Iceberg table, the data files of the snapshot
+    the spec names (the planner pins it into the spec first)."""
+    if spec.table is not None:
+        from batchline.sources.iceberg import read_snapshot
+
+        return [open_source(f.path) for f in read_snapshot(spec, store_url).data_files]
     return [open_source(location) for location in spec.locations]
 
 
-def file_digest(spec: InputSpec) -> str:
+def input_pins(spec: InputSpec, store_url: str | None = None) -> list[Pin]:
+    """What the input guarantees about itself: each file's pin, or a table's UUID and snapshot id."""
+    if spec.table is not None:
+        from batchline.sources.iceberg import read_snapshot
+
+        return [read_snapshot(spec, store_url).pin]
+    return [s.pin() for s in input_sources(spec)]
+
+
+def file_digest(spec: InputSpec, store_url: str | None = None) -> str:
     """The snapshot digest: what each input source guarantees about itself (a local
-    file: every byte, with its name), in order."""
-    return snapshot_digest([s.pin() for s in input_sources(spec)])
+    file: every byte, with its name; a table: its UUID and snapshot id), in order."""
+    return snapshot_digest(input_pins(spec, store_url))
 
 
 # --- scanning (planning) -------------------------------------------------------

@@ -36,6 +36,31 @@ COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip", ".
 DEFAULT_MAX_BYTES_PER_TOKEN = 32
 
 
+STORE_CATALOG = "store"  # a table's catalog named so: a SQL catalog in the job's own store database
+_SECRET_QUERY_KEYS = ("password", "secret", "token", "credential", "key")
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """An Apache Iceberg table: its catalog and name. The catalog's address and
+    credentials come from pyiceberg's own configuration (`PYICEBERG_CATALOG__NAME__URI`,
+    `.pyiceberg.yaml`) or, for `catalog: store`, from the store URL the command was
+    given; `uri` is only taken when it holds no credential, since the spec is stored."""
+
+    catalog: str
+    name: str  # namespace.table
+    snapshot_id: int | None = None  # an input: the snapshot read (pinned at planning when left out)
+    uri: str | None = None
+    warehouse: str | None = None  # where a table made by batchline keeps its files
+
+    def describe(self) -> str:
+        at = f" at snapshot {self.snapshot_id}" if self.snapshot_id is not None else ""
+        return f"Iceberg table {self.name} in catalog {self.catalog!r}{at}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
 @dataclass(frozen=True)
 class InputSpec:
     locations: tuple[str, ...]  # local paths, resolved; each is opened through batchline.sources
@@ -55,6 +80,12 @@ class InputSpec:
     # openai-batch only: what every request line must agree with (the job's decoding
     # and output schema), so a line asking for something else is refused at planning.
     chat_rules: ChatRules | None = None
+    # An Iceberg table's snapshot instead of files: its data files are the locations,
+    # listed at planning from the pinned snapshot.
+    table: TableRef | None = None
+
+    def describe(self) -> str:
+        return self.table.describe() if self.table is not None else ", ".join(self.locations)
 
 
 @dataclass(frozen=True)
@@ -224,6 +255,9 @@ class JobSpec:
     retention: RetentionSpec = field(default_factory=RetentionSpec)
     routing: RoutingSpec | None = None
     base_version: str | None = None  # a planned version's base, as the planner resolved `base`
+    # Where a published version's results go besides the store (an Iceberg table); not
+    # part of the version, since it cannot change a result.
+    output_table: TableRef | None = None
 
     def inference_identity(self) -> str:
         """What decides a record's result given its content: a base version's result
@@ -285,7 +319,8 @@ class JobSpec:
         out: dict[str, Any] = {
             "name": self.name,
             "input": {
-                "path": list(self.input.locations),
+                **({"table": self.input.table.to_dict()} if self.input.table is not None
+                   else {"path": list(self.input.locations)}),
                 "id_field": self.input.id_field,
                 "text_field": self.input.text_field,
                 "max_bytes_per_token": self.input.max_bytes_per_token,
@@ -303,6 +338,8 @@ class JobSpec:
         }
         if self.label_field:
             out["output"]["label_field"] = self.label_field
+        if self.output_table is not None:
+            out["output"]["table"] = self.output_table.to_dict()
         if self.base:
             out["base"] = self.base
         if self.input.acl_field:
@@ -379,9 +416,10 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
     model_spec = _parse_model(r, top["model"], base_dir)
     prompt_spec = _parse_prompt(r, top, base_dir, chat)
     decoding = _parse_decoding(r, top.get("decoding", {}) or {})
-    out = r.mapping(top["output"], "output", required={"schema"}, allowed={"schema", "label_field"})
+    out = r.mapping(top["output"], "output", required={"schema"}, allowed={"schema", "label_field", "table"})
     schema, schema_path = _load_schema(r, out["schema"], base_dir)
     label_field = r.optional_string(out.get("label_field"), "output.label_field")
+    output_table = _parse_table(r, out["table"], "output.table", base_dir) if out.get("table") is not None else None
     shards = _parse_shards(r, top.get("shards", {}) or {})
     deadline = _parse_deadline(r, top.get("deadline"))
     validate = _parse_validate(r, top.get("validate", {}) or {}, base_dir, label_field)
@@ -396,21 +434,31 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
     return JobSpec(name=name, input=input_spec, model=model_spec, prompt=prompt_spec,
                    decoding=decoding, output_schema=schema, schema_path=schema_path,
                    shards=shards, deadline=deadline, validate=validate, source=source,
-                   label_field=label_field, base=base, retention=retention, routing=routing)
+                   label_field=label_field, base=base, retention=retention, routing=routing,
+                   output_table=output_table)
 
 
 def _parse_input(r: _Reader, top: Mapping[str, Any], base_dir: Path) -> InputSpec:
-    inp = r.mapping(top["input"], "input", required={"path"},
-                    allowed={"path", "id_field", "text_field", "acl_field", "acl_missing", "ids",
+    inp = r.mapping(top["input"], "input",
+                    allowed={"path", "table", "id_field", "text_field", "acl_field", "acl_missing", "ids",
                              "max_input_tokens", "max_bytes_per_token", "format"})
-    locations = _input_locations(r, inp["path"], base_dir)
+    if (inp.get("path") is None) == (inp.get("table") is None):
+        r.fail("input", "give exactly one of 'path' (files) or 'table' (an Iceberg table)")
+    table: TableRef | None = None
+    if inp.get("table") is not None:
+        table = _parse_table(r, inp["table"], "input.table", base_dir, snapshot=True)
+        if inp.get("format", "parquet") != "parquet":
+            r.fail("input.format", "an Iceberg table is read from its Parquet data files; leave format out")
+    locations = _input_locations(r, inp["path"], base_dir) if table is None else ()
     for location in locations:
         suffix = PurePosixPath(location).suffix.lower()
         if suffix in COMPRESSED_SUFFIXES:
             r.fail("input.path", f"{location} is compressed ({suffix}); batchline reads byte ranges of each "
                                  "shard directly, so decompress it (or convert it to Parquet) first")
     fmt = inp.get("format")
-    if fmt is None:
+    if table is not None:
+        fmt = "parquet"
+    elif fmt is None:
         fmt = _format_of(r, locations)
     elif fmt not in FORMATS:
         r.fail("input.format", f"{fmt!r} is not one of {', '.join(FORMATS)}")
@@ -443,7 +491,44 @@ def _parse_input(r: _Reader, top: Mapping[str, Any], base_dir: Path) -> InputSpe
             inp.get("max_bytes_per_token", DEFAULT_MAX_BYTES_PER_TOKEN), "input.max_bytes_per_token", 1
         ),
         format=fmt,
+        table=table,
     )
+
+
+def _parse_table(r: _Reader, raw: Any, where: str, base_dir: Path, *, snapshot: bool = False) -> TableRef:
+    allowed = {"catalog", "name", "uri", "warehouse"} | ({"snapshot_id"} if snapshot else set())
+    tb = r.mapping(raw, where, required={"catalog", "name"}, allowed=allowed)
+    catalog = r.string(tb["catalog"], f"{where}.catalog")
+    name = r.string(tb["name"], f"{where}.name")
+    if "." not in name.strip(".") or name != name.strip("."):
+        r.fail(f"{where}.name", f"{name!r} must be namespace.table")
+    uri = r.optional_string(tb.get("uri"), f"{where}.uri")
+    if uri is not None:
+        if catalog == STORE_CATALOG:
+            r.fail(f"{where}.uri", f"catalog {STORE_CATALOG!r} is the store's own database; leave uri out")
+        uri = _catalog_uri(r, uri, f"{where}.uri", base_dir)
+    warehouse = r.optional_string(tb.get("warehouse"), f"{where}.warehouse")
+    if warehouse is not None and "://" not in warehouse:
+        warehouse = "file://" + str((base_dir / warehouse).resolve())
+    snapshot_id = r.optional_int(tb.get("snapshot_id"), f"{where}.snapshot_id", 0) if snapshot else None
+    return TableRef(catalog=catalog, name=name, snapshot_id=snapshot_id, uri=uri, warehouse=warehouse)
+
+
+def _catalog_uri(r: _Reader, uri: str, where: str, base_dir: Path) -> str:
+    """A catalog address that may be stored: no password, token or key in it."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    parts = urlsplit(uri)
+    secret = parts.password is not None or any(
+        any(word in key.lower() for word in _SECRET_QUERY_KEYS) for key, _v in parse_qsl(parts.query))
+    if secret:
+        r.fail(where, "holds a credential, and the spec is stored: put the catalog's address in "
+                      "PYICEBERG_CATALOG__<CATALOG>__URI (or .pyiceberg.yaml) and leave uri out")
+    if parts.scheme.startswith("sqlite") and uri.startswith(f"{parts.scheme}:///") \
+            and not uri.startswith(f"{parts.scheme}:////"):
+        # sqlite:///relative.db: relative to the spec, like every other path in it.
+        return f"{parts.scheme}:///" + str((base_dir / uri[len(parts.scheme) + 4:]).resolve())
+    return uri
 
 
 def _parse_model(r: _Reader, raw: Any, base_dir: Path) -> ModelSpec:

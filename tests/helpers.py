@@ -171,7 +171,7 @@ def check_invariants(store: Store, version: str, spec: JobSpec) -> tuple[set[str
     from batchline.outputs import OutputChecker
     from batchline.planner import snapshot_records
 
-    snapshot_ids = [r.id for r in snapshot_records(spec)]
+    snapshot_ids = [r.id for r in snapshot_records(spec, store.url)]
     results = {r.record_id: r for r in store.iter_results(version)}
     dead = {d.record_id for d in store.iter_dead_letters(version)}
     assert not (set(results) & dead), f"ids both answered and dead-lettered: {sorted(set(results) & dead)[:5]}"

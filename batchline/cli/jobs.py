@@ -184,8 +184,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not report.passed:
             raise BatchlineError(f"{st.version} failed validation; not published")
         published = publish(store, st.version, log=lambda m: print(m, file=sys.stderr))
-        print(f"published {st.version} as {published.name}"
-              + (f" (was {published.previous})" if published.previous else ""), file=sys.stderr)
+        print(published.summary(), file=sys.stderr)
     print(st.version)
     return summary.exit_code
 
@@ -310,8 +309,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     store = _store(args)
     result = publish(store, args.version, force=args.force, reason=args.reason,
                      log=lambda m: print(m, file=sys.stderr))
-    print(f"published {result.version} as {result.name}"
-          + (f" (was {result.previous})" if result.previous else ""), file=sys.stderr)
+    print(result.summary(), file=sys.stderr)
     return 0
 
 

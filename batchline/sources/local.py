@@ -13,9 +13,9 @@ _CHUNK = 1 << 20
 
 
 class LocalFile:
-    def __init__(self, location: str | Path) -> None:
+    def __init__(self, location: str | Path, *, named: str | None = None) -> None:
         self.path = Path(location)
-        self.location = str(location)
+        self.location = named or str(location)  # `named`: as a table names the file (a file: URI)
 
     def __str__(self) -> str:
         return self.location

@@ -14,13 +14,19 @@ by the target's `key`):
   publication with this target); it refuses, with one line, a target that
   shows something else, so store and target never disagree silently; it
   returns the state to record;
+- `restore` puts a target back to the state the store recorded, when the store's
+  own publish failed after `show` (only if the target still shows what `show` left);
 - `forget` removes a version's data once retention has dropped the version.
+
+A spec's `output.table` names an Iceberg table (`iceberg.py`); `targets_for`
+builds a version's targets from its stored spec.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+from batchline.spec import JobSpec
 from batchline.store import ReaderStore
 
 
@@ -36,4 +42,16 @@ class PublicationTarget(Protocol):
 
     def show(self, name: str, version: str, recorded: dict[str, Any] | None) -> dict[str, Any]: ...
 
+    def restore(self, name: str, recorded: dict[str, Any] | None, shown: dict[str, Any]) -> None: ...
+
     def forget(self, name: str, version: str) -> None: ...
+
+
+def targets_for(spec: JobSpec, store_url: str | None) -> list[PublicationTarget]:
+    """The targets a version's spec names (`output.table`); the catalog of `catalog: store`
+    is reached through `store_url`."""
+    if spec.output_table is None:
+        return []
+    from batchline.targets.iceberg import IcebergTable
+
+    return [IcebergTable(spec.output_table, store_url)]

@@ -68,5 +68,16 @@ class ParquetDataset:
         atomic_write(self.root / name / "CURRENT", lambda tmp: tmp.write_text(version_folder(version) + "\n"))
         return {"current": version_folder(version)}
 
+    def restore(self, name: str, recorded: dict[str, Any] | None, shown: dict[str, Any]) -> None:
+        from batchline.export import atomic_write
+
+        if self.current(name) != shown.get("current"):
+            return  # moved on since: not this publish's to undo
+        path = self.root / name / "CURRENT"
+        if recorded is None:
+            path.unlink(missing_ok=True)
+        else:
+            atomic_write(path, lambda tmp: tmp.write_text(f"{recorded['current']}\n"))
+
     def forget(self, name: str, version: str) -> None:
         shutil.rmtree(self.folder(name, version), ignore_errors=True)

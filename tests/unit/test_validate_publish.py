@@ -407,3 +407,28 @@ def test_a_publication_target_follows_the_pointer_and_refuses_a_state_the_store_
     with pytest.raises(BatchlineError, match=r"CURRENT names 'elsewhere', not 'test-job-.* as the store recorded"):
         publish(store, v2, targets=[dataset])
     assert store.resolve_name(spec.name) == v1
+
+
+def test_a_store_that_fails_to_publish_leaves_the_parquet_current_as_it_recorded(
+        job_factory: Any, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchline.targets.parquet import ParquetDataset, version_folder
+
+    dataset = ParquetDataset(tmp_path / "warehouse")
+    spec, v1 = sealed_version(job_factory, store, n=20)
+    _, v2 = sealed_version(job_factory, store, make_records(25, "x"))
+    for v in (v1, v2):
+        validate(store, v)
+
+    def unreachable(*_a: Any, **_k: Any) -> Any:
+        raise StoreError("store unreachable")
+
+    monkeypatch.setattr(store, "publish", unreachable)
+    with pytest.raises(StoreError, match="store unreachable"):
+        publish(store, v1, targets=[dataset])
+    assert dataset.current(spec.name) is None  # the first publication left no CURRENT behind
+    monkeypatch.undo()
+    publish(store, v1, targets=[dataset])
+    monkeypatch.setattr(store, "publish", unreachable)
+    with pytest.raises(StoreError, match="store unreachable"):
+        publish(store, v2, targets=[dataset])
+    assert dataset.current(spec.name) == version_folder(v1)
