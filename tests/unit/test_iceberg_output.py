@@ -140,7 +140,7 @@ def test_acl_on_every_row_of_the_table_results_and_dead_letters_joined_with_the_
         job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
     records = make_records(120)
     for i, r in enumerate(records):
-        r["acl"] = {"groups": [f"team-{i % 4}"], "owner": f"user{i}"}
+        r["acl"] = [f"team-{i % 4}", f"user{i}"]
     version = sealed(job_factory, store, tmp_path / "wh", records, options={"error_on": ["r000009", "r000050"]})
     publish(store, version)
     con = duckdb_iceberg()
