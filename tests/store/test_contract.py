@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -477,3 +478,30 @@ def test_a_take_back_ends_a_dead_owners_lease_at_once_and_fences_it_off(backend:
     with pytest.raises(LeaseLost):
         backend.put_results(lease, [ResultRow(ids[0][0], OUT)])
     assert backend.leases("job@1")[0].owner == "w2"
+
+
+def test_status_route_totals_and_tokens_read_no_result_row(backend: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: `status VERSION` joined every result with its shard for the per-route
+    # totals, even without routes: 4.1 s at 5 M results, growing with the job.
+    import batchline.store.postgres as pg_backend
+    import batchline.store.sqlite as sqlite_backend
+
+    ids = plan_version(backend, shards=2)
+    lease = backend.claim("w1")
+    assert lease is not None
+    backend.put_results(lease, [ResultRow(rid, OUT, input_tokens=3, output_tokens=2) for rid in ids[0]])
+    seen: list[str] = []
+    for module in (sqlite_backend, pg_backend):
+        for name in ("one", "all"):
+            real = getattr(module._Tx, name)
+
+            def recording(self: Any, stmt: str, params: Any = None, real: Any = real) -> Any:
+                seen.append(" ".join(str(stmt).split()))
+                return real(self, stmt, params)
+
+            monkeypatch.setattr(module._Tx, name, recording)
+    st = backend.status("job@1")
+    totals = backend.route_totals("job@1")["local"]
+    assert backend.token_totals("job@1") == (12, 8)
+    assert (st.results, totals.results, totals.input_tokens, totals.output_tokens) == (4, 4, 12, 8)
+    assert seen and not [s for s in seen if " results " in f" {s} "], "a statement read the results table"

@@ -139,3 +139,18 @@ def test_read_commands_never_make_a_store(tmp_path: Path) -> None:
         done = cli(*command, "--store", f"sqlite:///{typo}")
         assert done.returncode == 4 and f"{typo} does not exist" in done.stderr, (command, done.stderr)
     assert not (tmp_path / "no").exists()
+
+
+def test_rates_count_only_this_runs_work_over_the_time_it_took(job_factory: Any, store_url: str,
+                                                               store: Store) -> None:
+    # Regression: a rerun with nothing to do reported "2,037.71 records/s this run", and
+    # `status --json` divided a short run's records by a 300 s window (9.97/s for ~595/s).
+    spec = job_factory(n=300, shards={"size": 50})
+    first = cli("run", str(spec), "--store", store_url, "--workers", "2")
+    assert first.returncode == 0, first.stderr
+    assert "300 records answered this run" in first.stderr
+    again = cli("run", str(spec), "--store", store_url)
+    assert again.returncode == 0 and "nothing was left to answer" in again.stderr
+    status = json.loads(cli("status", first.stdout.strip(), "--store", store_url, "--json").stdout)
+    assert status["rate_window_seconds"] < 100  # the time since the first claim, not 300 s
+    assert status["records_per_second"] > 300 / 100
