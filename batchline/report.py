@@ -680,6 +680,7 @@ code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; fo
 .err { color: #7f1d1d; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px;
   white-space: pre-wrap; word-break: break-word; }
 .pass { color: var(--good); font-weight: 700; } .fail { color: var(--bad); font-weight: 700; }
+td.diag { background: #ccfbf1; font-weight: 700; }
 .grid2 { display:grid; grid-template-columns: 1fr 1fr; gap: 18px; align-items: start; }
 .pair { display:grid; grid-template-columns: 1fr 1fr; gap: 18px; margin-top: 18px; }
 .pair > section { margin-top: 0; }
@@ -868,10 +869,29 @@ def _validation_section(d: ReportData) -> str:
         f'<tr><td>{esc(c.get("name", ""))}</td><td class="{"pass" if c.get("passed") else "fail"}">'
         f'{"pass" if c.get("passed") else "FAIL"}</td><td>{esc(c.get("figure", ""))}</td></tr>'
         for c in checks if isinstance(c, dict))
+    evaluation = next((c for c in checks if isinstance(c, dict) and c.get("name") == "evaluation"), None)
     return (f'<section><h2>Validation <span class="badge {"good" if v.passed else "bad"}">'
             f'{"passed" if v.passed else "failed"}</span></h2><p class="what">The latest validation, '
             f'{esc(_utc(v.ts))}.</p><table><thead><tr><th>check</th><th>result</th><th>figure</th></tr></thead>'
-            f"<tbody>{rows}</tbody></table></section>")
+            f"<tbody>{rows}</tbody></table>"
+            + (confusion_table(evaluation.get("details") or {}) if evaluation else "") + "</section>")
+
+
+def confusion_table(details: dict[str, Any]) -> str:
+    """The evaluation's confusion matrix: each expected label's records by the label answered."""
+    confusion: dict[str, dict[str, int]] = details.get("confusion") or {}
+    if not confusion:
+        return ""
+    answered = sorted({a for row in confusion.values() for a in row} | set(confusion))
+    expected = sorted(confusion)
+    head = "".join(f'<th class="num">{esc(a)}</th>' for a in answered)
+    body = "".join(
+        f"<tr><th>{esc(e)}</th>" + "".join(
+            f'<td class="num{" diag" if a == e else ""}">{confusion[e].get(a, 0) or ""}</td>' for a in answered)
+        + f'<td class="num">{sum(confusion[e].values()):,}</td></tr>' for e in expected)
+    return (f'<h3>Evaluation: expected {esc(details.get("field", "label"))} (rows) against the answer '
+            f'(columns)</h3><table class="confusion"><thead><tr><th></th>{head}<th class="num">records</th>'
+            f"</tr></thead><tbody>{body}</tbody></table>")
 
 
 def _cost_section(d: ReportData) -> str:

@@ -203,16 +203,21 @@ def check_eval(store: Store, version: str, spec: JobSpec, ev: EvalSpec) -> Check
     ids = [i for i in ordered if i in results][:ev.sample]
     grader = _load_grader(ev.grader) if ev.grader else None
     score = 0.0
+    # Expected label -> answered label -> records: where the misses go, not only how many.
+    confusion: dict[str, dict[str, int]] = {}
     for rid in ids:
         value = json.loads(results[rid].output)
+        got = value.get(ev.field) if isinstance(value, dict) else None
         if grader is not None:
             score += float(grader(value, labels[rid], rid))
         else:
-            got = value.get(ev.field) if isinstance(value, dict) else None
             score += float(str(got) == labels[rid])
+        row = confusion.setdefault(labels[rid], {})
+        row[str(got)] = row.get(str(got), 0) + 1
     accuracy = score / len(ids) if ids else 0.0
     passed = bool(ids) and accuracy >= ev.min_accuracy
     how = f"grader {ev.grader}" if ev.grader else f"{ev.field} == {ev.label_field}"
     return Check("evaluation", passed, f"accuracy {accuracy:.1%} on {len(ids)} labelled records "
                  f"({how}; limit {ev.min_accuracy:.0%})",
-                 {"accuracy": accuracy, "sample": len(ids), "labelled": len(labels), "min_accuracy": ev.min_accuracy})
+                 {"accuracy": accuracy, "sample": len(ids), "labelled": len(labels), "min_accuracy": ev.min_accuracy,
+                  "field": ev.field, "confusion": confusion})

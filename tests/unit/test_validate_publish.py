@@ -137,6 +137,16 @@ def test_evaluation_on_labelled_records(job_factory: Any, store: Store, tmp_path
     assert check.name == "evaluation" and check.details["sample"] == 50
     assert check.passed == (mode != "wrong")
     assert check.details["accuracy"] == (0.0 if mode == "wrong" else 1.0)
+    # Where the answers went, label by label: the report draws this matrix.
+    confusion = check.details["confusion"]
+    assert sum(n for row in confusion.values() for n in row.values()) == 50
+    right = sum(row.get(expected, 0) for expected, row in confusion.items())
+    assert right == (0 if mode == "wrong" else 50)
+    if mode == "exact":
+        from batchline.report import confusion_table
+
+        html = confusion_table(check.details)
+        assert html.count('class="num diag"') == len(confusion) and "expected category (rows)" in html
 
 
 def test_publish_is_refused_without_a_passing_validation(job_factory: Any, store: Store) -> None:
