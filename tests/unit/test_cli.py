@@ -29,7 +29,7 @@ def test_run_then_status_dead_letters_and_exports(job_factory: Any, store_url: s
 
     status = json.loads(cli("status", version, "--store", store_url, "--json").stdout)
     assert status["state"] == "sealed"
-    assert status["shards"]["done"] == 3
+    assert status["shards"]["done"] == 3 + status["splits"]  # a slow tail may have been split off
     assert status["outcomes"] == {"results": 149, "dead_letters": 1, "pending": 0}
     assert status["dead_letters_by_kind"] == {"engine_error": 1}
 
