@@ -181,6 +181,6 @@ def test_drill_refuses_what_cannot_work(tmp_path: Path) -> None:
         cli("drill", "--workers", "1", "--work-dir", str(tmp_path))
     with pytest.raises(BatchlineError, match="--check needs the --store"):
         cli("drill", "--check", "x@y")
-    with pytest.raises(BatchlineError, match="empty.db does not exist"):
+    with pytest.raises(BatchlineError, match=r"empty\.db does not exist"):
         cli("drill", "--check", "nope@1", "--store", f"sqlite:///{tmp_path / 'empty.db'}")
     assert not (tmp_path / "empty.db").exists()
