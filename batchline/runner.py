@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -87,7 +88,10 @@ class LocalRunner:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         slots = [_Slot(i) for i in range(self.workers)]
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        # Handlers can be set from the main thread only; run from another one (an
+        # orchestrator's task thread) the runner leaves the process's signals alone.
+        handled = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+        previous = {s: signal.signal(s, self._on_signal) for s in handled}
         restarts = 0
         exit_code = 0
         try:

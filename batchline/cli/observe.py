@@ -50,13 +50,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from batchline.report import write_report
+    from batchline.api import Jobs
 
-    store = open_store(args.store, create=False)
-    try:
-        data = write_report(store, args.version, args.html, price=args.gpu_hour_price)
-    finally:
-        store.close()
+    data = Jobs(args.store).report(args.version, args.html, gpu_hour_price=args.gpu_hour_price)
     print(f"wrote {args.html} ({data.status.version}: {data.answered:,}/{data.status.records:,} records, "
           f"{len(data.leases):,} leases, {data.gpu_hours:,.3f} GPU-hours)", file=sys.stderr)
     return 0
