@@ -38,6 +38,8 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
     info = store.job(version)
     if info is None:
         raise BatchlineError(f"no job version {version!r} in {store.url}")
+    if info.state == "cancelled":
+        raise BatchlineError(f"{version} was cancelled: a cancelled version is never published")
     if info.state != "sealed":
         raise BatchlineError(f"{version} is not sealed: only a finished, validated version is published")
     if force and not reason:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import signal
@@ -97,8 +98,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = command("rollback", "point NAME back at the version published before the current one")
     p.add_argument("name", metavar="NAME")
-    p.add_argument("--reason", default=None)
+    p.add_argument("--reason", default=None, help="why, recorded in the history")
     p.set_defaults(func=cmd_rollback)
+
+    p = command("cancel", "end a version nobody will publish: its shards are no longer claimed and its "
+                          "workers leave it (not the published version, nor the one a rollback returns to)")
+    p.add_argument("version", metavar="VERSION")
+    p.add_argument("--reason", default=None, help="why, recorded with the cancellation")
+    p.set_defaults(func=cmd_cancel)
+
+    p = command("delete", "remove the rows of a cancelled version, or of a sealed one that is not published "
+                          "and not what a rollback returns to")
+    p.add_argument("version", metavar="VERSION")
+    p.set_defaults(func=cmd_delete)
+
+    p = command("history", "every publish and rollback of NAME: when, who, which version, why, and the "
+                           "validation figures")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_history)
 
 
 def _store(args: argparse.Namespace) -> Store:
@@ -223,10 +241,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             raise BatchlineError("--watch needs a VERSION (or a published NAME)")
         listing = Jobs(store).versions()
         if args.json:
-            print(json.dumps([status_dict(store.status(j.version)) for j in listing], indent=2))
+            print(json.dumps([{**status_dict(store.status(j.version)), "published": j.published}
+                              for j in listing], indent=2))
         else:
             for j in listing:
-                print(f"{j.version}  {j.state:7}  {j.records:,} records  {j.shards:,} shards")
+                print(f"{j.version}  {j.state:9}  {j.records:,} records  {j.shards:,} shards"
+                      + ("  published" if j.published else ""))
         return 0
     version = Jobs(store).resolve(args.version)
     if args.watch:
@@ -236,11 +256,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             raise BatchlineError("--watch draws a progress line; use --json without it")
         return watch_status(store, version, interval=args.interval)
     st = store.status(version)
+    published = store.resolve_name(st.name) == st.version
     if args.json:
-        print(json.dumps({**status_dict(st), "routes": routes_dict(store, st.version)}, indent=2))
+        print(json.dumps({**status_dict(st), "published": published, "routes": routes_dict(store, st.version)},
+                         indent=2))
         return 0
     rate = st.records_done_last_minutes / st.window_seconds or None
-    print(f"{st.version} ({st.state})")
+    print(f"{st.version} ({st.state}" + (f", published as {st.name}" if published else "") + ")")
     print("  " + progress_line(st, rate, None, None, None))
     print("  shards: " + ", ".join(f"{k} {v}" for k, v in st.shards.items()))
     routes = store.route_totals(st.version)
@@ -281,6 +303,44 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     old, new = Jobs(_store(args)).rollback(args.name, reason=args.reason)
     print(f"{args.name}: rolled back from {old} to {new}", file=sys.stderr)
     return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    cancelled = Jobs(_store(args)).cancel(args.version, reason=args.reason)
+    print(f"cancelled {args.version}" if cancelled else f"{args.version} was cancelled already", file=sys.stderr)
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    deleted = Jobs(_store(args)).delete(args.version)
+    print(f"deleted {args.version}" if deleted else f"{args.version} was deleted already", file=sys.stderr)
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    entries = Jobs(_store(args)).history(args.name)
+    if args.json:
+        print(json.dumps([{"at": iso_time(p.ts), "action": p.action, "version": p.version, "previous": p.previous,
+                           "who": p.who, "reason": p.reason, "validation": p.validation} for p in entries],
+                         indent=2))
+        return 0
+    for p in entries:
+        line = f"{iso_time(p.ts)}  {p.action:8}  {p.version}  by {p.who}"
+        if p.previous:
+            line += f" (was {p.previous})"
+        if p.reason:
+            line += f"  reason: {p.reason}"
+        if p.validation:
+            checks = "; ".join(f"{c['name']} {c['figure']}" for c in p.validation.get("checks", []))
+            line += f"  validation {'passed' if p.validation.get('passed') else 'FAILED'}: {checks}"
+        print(line)
+    if not entries:
+        print(f"{args.name} has never been published", file=sys.stderr)
+    return 0
+
+
+def iso_time(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
