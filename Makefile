@@ -10,7 +10,7 @@ EXTRAS := dev,postgres,fleet,sizing,metrics,llamacpp,transformers,embedding,open
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 DEMO_STORE ?= sqlite:///demo/batchline.db
 
-.PHONY: setup demo test lint typecheck services browser bench drill clean
+.PHONY: setup demo test lint typecheck services browser bench drill clean readme
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ services:
 demo: setup
 	mkdir -p demo
 	$(BIN)/batchline run examples/tickets/job.yaml --store $(DEMO_STORE) --workers 1 --publish
+
+# The README's table of commands, rendered from the parser (a test fails when they differ).
+readme: setup
+	$(BIN)/python -m batchline.cli.usage --write README.md
 
 # The report's browser test needs Debian's chromium; without it that test skips, saying why.
 browser:

@@ -23,10 +23,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         return store_command(sub, name, help_text)
 
-    p = command("run", "plan the job if new, run N local workers until it is done")
+    p = command("run", "plan the job if new and run N local workers until it is done; with --publish, "
+                       "then validate it and publish it if it passes")
     p.add_argument("spec", metavar="JOB.yaml")
     p.add_argument("--workers", type=int, default=1, metavar="N")
-    p.add_argument("--log-dir", type=Path, default=None, help="where worker logs go")
+    p.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
+                   help="where worker logs go (default: a folder of this run's own under $BATCHLINE_LOG_DIR)")
     p.add_argument("--publish", action="store_true", help="validate when done and publish if it passes")
     p.set_defaults(func=cmd_run)
 
@@ -36,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = command("worker", "run one worker; exits 0 when no work is left, 75 when stopped early")
     p.add_argument("--job", default=None, metavar="VERSION", help="work on this version only")
-    p.add_argument("--poll-seconds", type=float, default=1.0,
+    p.add_argument("--poll-seconds", type=float, default=1.0, metavar="SECONDS",
                    help="how often to look for shards while others hold the leases")
     p.add_argument("--store-wait", type=float, default=float(os.environ.get("BATCHLINE_STORE_WAIT", 300)),
                    metavar="SECONDS", help="how long to wait for a store that cannot be reached yet, saying so, "

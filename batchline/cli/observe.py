@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--workers", type=int, default=4, metavar="N")
     p.add_argument("--minutes", type=float, default=3.0, metavar="M", help="about how long the drill runs")
     p.add_argument("--seed", type=int, default=None, help="repeat a drill's choices of faults and poison")
-    p.add_argument("--work-dir", type=Path, default=None, help="input, worker logs and exports (default: a temp dir)")
+    p.add_argument("--work-dir", type=Path, default=None, metavar="DIR", help="input, worker logs and exports (default: a temp dir)")
     p.add_argument("--report", type=Path, default=None, metavar="PATH",
                    help="also write the HTML report of the run with faults")
     p.add_argument("--check", default=None, metavar="VERSION",

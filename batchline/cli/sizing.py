@@ -140,7 +140,7 @@ def _register_capacity(subparsers: argparse._SubParsersAction) -> None:  # type:
     a.add_argument("--api-output-price", type=non_negative, help="USD per million output tokens")
     p.add_argument("--from-run", metavar="VERSION",
                    help="use the records/s per worker that this job version measured, not the roofline")
-    p.add_argument("--store", help="store URL for --from-run (default: $BATCHLINE_STORE or sqlite:///batchline.db)")
+    p.add_argument("--store", metavar="URL", help="store URL for --from-run (default: $BATCHLINE_STORE or sqlite:///batchline.db)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run_capacity)
 
