@@ -11,7 +11,7 @@ EXTRAS := dev,postgres,fleet,sizing,metrics,llamacpp,transformers,embedding,open
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 DEMO_STORE ?= sqlite:///demo/batchline.db
 
-.PHONY: setup demo demo-iceberg test lint typecheck services browser bench drill clean vllm-check
+.PHONY: setup demo demo-iceberg test lint typecheck services browser bench drill clean vllm-check readme
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ demo: setup
 # and read back by DuckDB's own Iceberg reader.
 demo-iceberg: setup
 	$(BIN)/python examples/iceberg_demo.py --out demo/iceberg
+
+# The README's table of commands, rendered from the parser (a test fails when they differ).
+readme: setup
+	$(BIN)/python -m batchline.cli.usage --write README.md
 
 # The report's browser test needs Debian's chromium; without it that test skips, saying why.
 browser:

@@ -194,13 +194,25 @@ class JobEstimate:
 
 
 @dataclass(frozen=True)
+class RunMeasurement:
+    """What a run of a job version measured: its throughput per worker, and its job."""
+
+    version: str
+    records_per_second: float
+    records: int
+    engine: str  # a synthetic engine's rate is a stand-in's, not a model's
+    input_tokens: float | None  # mean per computed result; None when the engine reported none
+    output_tokens: float | None
+
+
+@dataclass(frozen=True)
 class CapacityReport:
     model: ModelShape
     gpu: GpuSpec
     efficiency: Efficiency
     workload: Workload
     roofline: Roofline | None  # None when throughput was measured
-    measured_from: str | None  # the job version a measured throughput came from
+    run: RunMeasurement | None  # the run a measured throughput came from
     estimate: JobEstimate
     estimate_prefix_cached: JobEstimate | None
     api: HostedApiPrice | None
@@ -208,6 +220,7 @@ class CapacityReport:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = asdict(self)
+        out["measured_from"] = self.run.version if self.run is not None else None  # as before `run` was added
         out["model"]["weight_bytes"] = self.model.weight_bytes
         out["model"]["kv_bytes_per_token"] = self.model.kv_bytes_per_token
         for key, est in (("estimate", self.estimate), ("estimate_prefix_cached", self.estimate_prefix_cached)):
@@ -294,13 +307,12 @@ def plan_capacity(
     work: Workload,
     *,
     api: HostedApiPrice | None = None,
-    measured_records_per_second: float | None = None,
-    measured_from: str | None = None,
+    run: RunMeasurement | None = None,
 ) -> CapacityReport:
-    """The whole sizing table; a measured throughput replaces the roofline."""
-    if measured_records_per_second is not None:
+    """The whole sizing table; a run's measured throughput replaces the roofline."""
+    if run is not None:
         roof = None
-        estimate = job_estimate(measured_records_per_second, work)
+        estimate = job_estimate(run.records_per_second, work)
         cached = None  # a measured run already reflects whatever caching it had
     else:
         roof = roofline(model, gpu, eff, work)
@@ -311,7 +323,7 @@ def plan_capacity(
         )
     return CapacityReport(
         model=model, gpu=gpu, efficiency=eff, workload=work, roofline=roof,
-        measured_from=measured_from, estimate=estimate, estimate_prefix_cached=cached,
+        run=run, estimate=estimate, estimate_prefix_cached=cached,
         api=api, api_cost=hosted_api_cost(work, api) if api is not None else None,
     )
 

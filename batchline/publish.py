@@ -45,6 +45,8 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
     info = store.job(version)
     if info is None:
         raise BatchlineError(f"no job version {version!r} in {store.url}")
+    if info.state == "cancelled":
+        raise BatchlineError(f"{version} was cancelled: a cancelled version is never published")
     if targets is None:
         targets = targets_for(stored_spec(info), store.url)
     if info.state != "sealed":

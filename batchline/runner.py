@@ -7,12 +7,15 @@ made in the store, so a worker killed here behaves as one lost anywhere.
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -101,7 +104,10 @@ class LocalRunner:
         started = time.monotonic()
         before = self.store.status(self.version)
         slots = [_Slot(i) for i in range(self.workers)]
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        # Handlers can be set from the main thread only; run from another one (an
+        # orchestrator's task thread) the runner leaves the process's signals alone.
+        handled = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+        previous = {s: signal.signal(s, self._on_signal) for s in handled}
         restarts = 0
         exit_code = 0
         try:
@@ -222,6 +228,32 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+def store_key(store_url: str) -> str:
+    """A short, stable name for a store: its kind and a digest of where it is (a SQLite
+    file's absolute path; a PostgreSQL URL without its password), so one job run on two
+    stores keeps two sets of logs and no password reaches a folder name."""
+    if store_url.startswith("sqlite:///"):
+        kind, place = "sqlite", str(Path(store_url[len("sqlite:///"):]).resolve())
+    else:
+        parts = urllib.parse.urlsplit(store_url)
+        netloc = parts.netloc.rpartition("@")
+        user = netloc[0].partition(":")[0]
+        query = [(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "password"]
+        kind = "postgresql"
+        place = urllib.parse.urlunsplit(("postgresql", f"{user}@{netloc[2]}" if user else netloc[2], parts.path,
+                                         urllib.parse.urlencode(query), ""))
+    return f"{kind}-{hashlib.sha256(place.encode()).hexdigest()[:12]}"
+
+
 def default_log_dir(store_url: str, version: str) -> Path:
+    """A folder of this run's own: under $BATCHLINE_LOG_DIR (or the temp folder), by
+    version, store and run (when it started, and this process), so that neither a rerun
+    nor a run of the same job on another store appends to an earlier run's logs."""
     base = Path(os.environ.get("BATCHLINE_LOG_DIR", tempfile.gettempdir()))
-    return base / "batchline-logs" / version.replace("@", "-")
+    parent = base / "batchline-logs" / version.replace("@", "-") / store_key(store_url)
+    run = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    folder, n = parent / run, 1
+    while folder.exists():  # a second run from this process within the same second
+        n += 1
+        folder = parent / f"{run}-{n}"
+    return folder

@@ -728,7 +728,8 @@ def _parse_validate(r: _Reader, raw: Any, base_dir: Path, label_field: str | Non
             grader=grader,
         )
     return ValidateSpec(
-        max_dead_letter_rate=r.number(val.get("max_dead_letter_rate", 0.01), "validate.max_dead_letter_rate", 0.0),
+        max_dead_letter_rate=r.number(val.get("max_dead_letter_rate", 0.01), "validate.max_dead_letter_rate", 0.0,
+                                      1.0),
         schema_sample=r.optional_int(val.get("schema_sample"), "validate.schema_sample", 1),
         drift=drift,
         eval=evaluation,
@@ -862,9 +863,11 @@ class _Reader:
             self.fail(name, f"must be true or false, not {value!r}")
         return value
 
-    def number(self, value: Any, name: str, minimum: float) -> float:
+    def number(self, value: Any, name: str, minimum: float, maximum: float | None = None) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.fail(name, f"must be a number, not {value!r}")
+        if maximum is not None and not minimum <= value <= maximum:
+            self.fail(name, f"must be between {minimum:g} and {maximum:g}, not {value!r}")
         if value < minimum:
             self.fail(name, f"must be at least {minimum}")
         return float(value)

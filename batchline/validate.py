@@ -57,6 +57,8 @@ def validate(store: Store, version: str, *, record: bool = True) -> ValidationRe
     info = store.job(version)
     if info is None:
         raise BatchlineError(f"no job version {version!r} in {store.url}")
+    if info.state == "cancelled":
+        raise BatchlineError(f"{version} was cancelled: a cancelled version is not validated")
     if info.state != "sealed":
         st = store.status(version)
         raise BatchlineError(f"{version} is not sealed ({st.pending:,} records without an outcome); "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from batchline.api import Jobs
 from batchline.cli.common import store_command
 from batchline.errors import BatchlineError
 from batchline.store import JobStatus, Store, open_store
@@ -21,10 +23,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         return store_command(sub, name, help_text)
 
-    p = command("run", "plan the job if new, run N local workers until it is done")
+    p = command("run", "plan the job if new and run N local workers until it is done; with --publish, "
+                       "then validate it and publish it if it passes")
     p.add_argument("spec", metavar="JOB.yaml")
     p.add_argument("--workers", type=int, default=1, metavar="N")
-    p.add_argument("--log-dir", type=Path, default=None, help="where worker logs go")
+    p.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
+                   help="where worker logs go (default: a folder of this run's own under $BATCHLINE_LOG_DIR)")
     p.add_argument("--publish", action="store_true", help="validate when done and publish if it passes")
     p.set_defaults(func=cmd_run)
 
@@ -34,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = command("worker", "run one worker; exits 0 when no work is left, 75 when stopped early")
     p.add_argument("--job", default=None, metavar="VERSION", help="work on this version only")
-    p.add_argument("--poll-seconds", type=float, default=1.0,
+    p.add_argument("--poll-seconds", type=float, default=1.0, metavar="SECONDS",
                    help="how often to look for shards while others hold the leases")
     p.add_argument("--store-wait", type=float, default=float(os.environ.get("BATCHLINE_STORE_WAIT", 300)),
                    metavar="SECONDS", help="how long to wait for a store that cannot be reached yet, saying so, "
@@ -96,32 +100,35 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = command("rollback", "point NAME back at the version published before the current one")
     p.add_argument("name", metavar="NAME")
-    p.add_argument("--reason", default=None)
+    p.add_argument("--reason", default=None, help="why, recorded in the history")
     p.set_defaults(func=cmd_rollback)
 
+    p = command("cancel", "end a version nobody will publish: its shards are no longer claimed and its "
+                          "workers leave it (not the published version, nor the one a rollback returns to)")
+    p.add_argument("version", metavar="VERSION")
+    p.add_argument("--reason", default=None, help="why, recorded with the cancellation")
+    p.set_defaults(func=cmd_cancel)
 
-def _store(args: argparse.Namespace, *, create: bool = False) -> Store:
+    p = command("delete", "remove the rows of a cancelled version, or of a sealed one that is not published "
+                          "and not what a rollback returns to")
+    p.add_argument("version", metavar="VERSION")
+    p.set_defaults(func=cmd_delete)
+
+    p = command("history", "every publish and rollback of NAME: when, who, which version, why, and the "
+                           "validation figures")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_history)
+
+
+def _store(args: argparse.Namespace) -> Store:
     """Only the commands that plan (plan, run) make a store; the others refuse one that
     does not exist, so a typo in a path is not taken for an empty store."""
-    return open_store(args.store, create=create)
-
-
-def _version(store: Store, target: str) -> str:
-    if store.job(target) is not None:
-        return target
-    resolved = store.resolve_name(target)
-    if resolved is None:
-        raise BatchlineError(f"no job version or published name {target!r} in {store.url}")
-    return resolved
+    return open_store(args.store, create=False)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from batchline.planner import plan
-    from batchline.spec import load_spec
-
-    spec = load_spec(args.spec)
-    store = _store(args, create=True)
-    result = plan(spec, store, log=lambda m: print(m, file=sys.stderr))
+    result = Jobs(args.store).plan(args.spec)
     if not result.created:
         print(f"already planned: {result.records} records in {result.shards} shards", file=sys.stderr)
     print(result.version)
@@ -129,23 +136,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from batchline.planner import plan
-    from batchline.runner import LocalRunner, default_log_dir, format_duration
-    from batchline.spec import load_spec
+    from batchline.runner import format_duration
+    from batchline.spec import stored_spec
 
     if args.workers < 1:
         raise BatchlineError("--workers must be at least 1")
-    spec = load_spec(args.spec)
-    store = _store(args, create=True)
-    result = plan(spec, store, log=lambda m: print(m, file=sys.stderr))
-    print(f"version {result.version}", file=sys.stderr)
-    runner = LocalRunner(store, result.version, args.workers,
-                         log_dir=args.log_dir or default_log_dir(store.url, result.version),
-                         deadline=spec.deadline.timestamp() if spec.deadline else None)
-    summary = runner.run()
+    summary = Jobs(args.store).run(args.spec, workers=args.workers, log_dir=args.log_dir)
+    store = _store(args)
     st = summary.status
     info = store.job(st.version)
     assert info is not None
+    spec = stored_spec(info)
     done = summary.answered
     pace = (f"{done:,} records answered this run, {done / summary.seconds:,.2f} records/s" if done
             else "nothing was left to answer")
@@ -176,14 +177,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     lines.append(f"  worker logs  {summary.log_dir}")
     print("\n".join(lines), file=sys.stderr)
     if args.publish and summary.exit_code == 0:
-        from batchline.publish import publish
-        from batchline.validate import validate
-
-        report = validate(store, st.version)
-        print(report.table(), file=sys.stderr)
-        if not report.passed:
-            raise BatchlineError(f"{st.version} failed validation; not published")
-        published = publish(store, st.version, log=lambda m: print(m, file=sys.stderr))
+        _report, published = Jobs(store).validate_and_publish(st.version)
         print(published.summary(), file=sys.stderr)
     print(st.version)
     return summary.exit_code
@@ -250,25 +244,30 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.version is None:
         if args.watch:
             raise BatchlineError("--watch needs a VERSION (or a published NAME)")
-        jobs = store.jobs()
+        listing = Jobs(store).versions()
         if args.json:
-            print(json.dumps([status_dict(store.status(j.version)) for j in jobs], indent=2))
+            print(json.dumps([{**status_dict(store.status(j.version)), "published": j.published}
+                              for j in listing], indent=2))
         else:
-            for j in jobs:
-                print(f"{j.version}  {j.state:7}  {j.record_count:,} records  {j.shard_count:,} shards")
+            for j in listing:
+                print(f"{j.version}  {j.state:9}  {j.records:,} records  {j.shards:,} shards"
+                      + ("  published" if j.published else ""))
         return 0
+    version = Jobs(store).resolve(args.version)
     if args.watch:
         from batchline.cli.observe import watch_status
 
         if args.json:
             raise BatchlineError("--watch draws a progress line; use --json without it")
-        return watch_status(store, _version(store, args.version), interval=args.interval)
-    st = store.status(_version(store, args.version))
+        return watch_status(store, version, interval=args.interval)
+    st = store.status(version)
+    published = store.resolve_name(st.name) == st.version
     if args.json:
-        print(json.dumps({**status_dict(st), "routes": routes_dict(store, st.version)}, indent=2))
+        print(json.dumps({**status_dict(st), "published": published, "routes": routes_dict(store, st.version)},
+                         indent=2))
         return 0
     rate = st.records_per_second or None
-    print(f"{st.version} ({st.state})")
+    print(f"{st.version} ({st.state}" + (f", published as {st.name}" if published else "") + ")")
     print("  " + progress_line(st, rate, None, None, None))
     print("  shards: " + ", ".join(f"{k} {v}" for k, v in st.shards.items()))
     routes = store.route_totals(st.version)
@@ -281,9 +280,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_dead_letters(args: argparse.Namespace) -> int:
-    store = _store(args)
-    version = _version(store, args.version)
-    rows = list(store.iter_dead_letters(version))
+    rows = Jobs(_store(args)).dead_letters(args.version)
     if args.json:
         print(json.dumps([{"id": r.record_id, "kind": r.kind, "error": r.error, "attempts": r.attempts,
                            "shard": r.shard_no, "acl": r.acl} for r in rows], indent=2))
@@ -295,66 +292,71 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from batchline.validate import validate
-
-    store = _store(args)
-    report = validate(store, _version(store, args.version))
+    report = Jobs(_store(args)).validate(args.version)
     print(json.dumps(report.to_json(), indent=2) if args.json else report.table())
     return 0 if report.passed else 1
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from batchline.publish import publish
-
-    store = _store(args)
-    result = publish(store, args.version, force=args.force, reason=args.reason,
-                     log=lambda m: print(m, file=sys.stderr))
+    result = Jobs(_store(args)).publish(args.version, force=args.force, reason=args.reason)
     print(result.summary(), file=sys.stderr)
     return 0
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from batchline.publish import rollback
-
-    old, new = rollback(_store(args), args.name, args.reason)
+    old, new = Jobs(_store(args)).rollback(args.name, reason=args.reason)
     print(f"{args.name}: rolled back from {old} to {new}", file=sys.stderr)
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    from batchline.export import export_dataset, export_jsonl, export_parquet, finished
-
-    store = _store(args)
-    if args.format == "openai-batch":
-        return _export_openai_batch(store, args)
-    if args.errors is not None:
-        raise BatchlineError("--errors goes with --format openai-batch")
-    if store.job(args.target) is None and args.format == "parquet":
-        version, folder = export_dataset(store, args.target, args.out or Path("exports"))
-        print(f"exported {version} to {folder}; {folder.parent / 'CURRENT'} names it", file=sys.stderr)
-        return 0
-    version = _version(store, args.target)
-    finished(store, version, args.partial)
-    if args.format == "parquet":
-        out = args.out or Path(f"{version.replace('@', '-')}.parquet")
-        n = export_parquet(store, version, out)
-    else:
-        out = args.out
-        n = export_jsonl(store, version, out)
-    print(f"exported {n:,} results of {version}" + (f" to {out}" if out else ""), file=sys.stderr)
+def cmd_cancel(args: argparse.Namespace) -> int:
+    cancelled = Jobs(_store(args)).cancel(args.version, reason=args.reason)
+    print(f"cancelled {args.version}" if cancelled else f"{args.version} was cancelled already", file=sys.stderr)
     return 0
 
 
-def _export_openai_batch(store: Store, args: argparse.Namespace) -> int:
-    from batchline.export import export_openai_batch, openai_errors_path
+def cmd_delete(args: argparse.Namespace) -> int:
+    deleted = Jobs(_store(args)).delete(args.version)
+    print(f"deleted {args.version}" if deleted else f"{args.version} was deleted already", file=sys.stderr)
+    return 0
 
-    if args.out is None:
-        raise BatchlineError("--format openai-batch needs --out FILE (the error file goes beside it)")
-    errors = args.errors or openai_errors_path(args.out)
-    if errors.resolve() == args.out.resolve():
-        raise BatchlineError(f"--errors {errors} is the output file itself; name another file")
-    version = _version(store, args.target)
-    done = export_openai_batch(store, version, args.out, errors, partial=args.partial)
-    print(f"exported {version}: responses {done.responses:,} in {args.out}, errors {done.errors:,} in {errors}"
-          + (f"; {done.pending:,} records have no outcome yet" if done.pending else ""), file=sys.stderr)
+
+def cmd_history(args: argparse.Namespace) -> int:
+    entries = Jobs(_store(args)).history(args.name)
+    if args.json:
+        print(json.dumps([{"at": iso_time(p.ts), "action": p.action, "version": p.version, "previous": p.previous,
+                           "who": p.who, "reason": p.reason, "validation": p.validation} for p in entries],
+                         indent=2))
+        return 0
+    for p in entries:
+        line = f"{iso_time(p.ts)}  {p.action:8}  {p.version}  by {p.who}"
+        if p.previous:
+            line += f" (was {p.previous})"
+        if p.reason:
+            line += f"  reason: {p.reason}"
+        if p.validation:
+            checks = "; ".join(f"{c['name']} {c['figure']}" for c in p.validation.get("checks", []))
+            line += f"  validation {'passed' if p.validation.get('passed') else 'FAILED'}: {checks}"
+        print(line)
+    if not entries:
+        print(f"{args.name} has never been published", file=sys.stderr)
+    return 0
+
+
+def iso_time(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    done = Jobs(_store(args)).export(args.target, format=args.format, out=args.out, errors=args.errors,
+                                      partial=args.partial)
+    if done.current is not None:
+        print(f"exported {done.version} to {done.path}; {done.current} names it", file=sys.stderr)
+    elif done.errors_path is not None:
+        print(f"exported {done.version}: responses {done.count:,} in {done.path}, errors {done.errors:,} in "
+              f"{done.errors_path}" + (f"; {done.pending:,} records have no outcome yet" if done.pending else ""),
+              file=sys.stderr)
+    else:
+        print(f"exported {done.count:,} results of {done.version}" + (f" to {done.path}" if done.path else ""),
+              file=sys.stderr)
     return 0

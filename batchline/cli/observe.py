@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--workers", type=int, default=4, metavar="N")
     p.add_argument("--minutes", type=float, default=3.0, metavar="M", help="about how long the drill runs")
     p.add_argument("--seed", type=int, default=None, help="repeat a drill's choices of faults and poison")
-    p.add_argument("--work-dir", type=Path, default=None, help="input, worker logs and exports (default: a temp dir)")
+    p.add_argument("--work-dir", type=Path, default=None, metavar="DIR", help="input, worker logs and exports (default: a temp dir)")
     p.add_argument("--report", type=Path, default=None, metavar="PATH",
                    help="also write the HTML report of the run with faults")
     p.add_argument("--check", default=None, metavar="VERSION",
@@ -50,13 +50,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from batchline.report import write_report
+    from batchline.api import Jobs
 
-    store = open_store(args.store, create=False)
-    try:
-        data = write_report(store, args.version, args.html, price=args.gpu_hour_price)
-    finally:
-        store.close()
+    data = Jobs(args.store).report(args.version, args.html, gpu_hour_price=args.gpu_hour_price)
     print(f"wrote {args.html} ({data.status.version}: {data.answered:,}/{data.status.records:,} records, "
           f"{len(data.leases):,} leases, {data.gpu_hours:,.3f} GPU-hours)", file=sys.stderr)
     return 0

@@ -120,12 +120,15 @@ def _register_capacity(subparsers: argparse._SubParsersAction) -> None:  # type:
     e.add_argument("--decode-efficiency", type=share, default=0.7,
                    help="decode share of peak bandwidth (default 0.7)")
     e.add_argument("--batch", type=whole_count, default=256, help="decode batch (default 256)")
-    w = p.add_argument_group("the job")
-    w.add_argument("--records", type=whole_count, default=50_000_000)
-    w.add_argument("--input-tokens", type=positive, default=1200.0, help="per record, prefix included")
-    w.add_argument("--output-tokens", type=positive, default=150.0, help="per record")
-    w.add_argument("--prefix-tokens", type=non_negative, default=500.0,
-                   help="shared instruction prefix at the start of every input")
+    # None: the reference case's figure, or with --from-run the run's own job.
+    w = p.add_argument_group("the job (with --from-run, by default the run's own records and tokens)")
+    w.add_argument("--records", type=whole_count, default=None, help="default 50M")
+    w.add_argument("--input-tokens", type=positive, default=None,
+                   help="per record, prefix included (default 1200)")
+    w.add_argument("--output-tokens", type=positive, default=None, help="per record (default 150)")
+    w.add_argument("--prefix-tokens", type=non_negative, default=None,
+                   help="shared instruction prefix at the start of every input (default 500; 0 with "
+                        "--from-run, whose measured rate already reflects any prefix caching)")
     w.add_argument("--deadline-hours", type=positive, default=20.0)
     w.add_argument("--price", type=non_negative, default=3.50, help="USD per GPU-hour")
     w.add_argument("--interruption-allowance", type=non_negative, default=0.2,
@@ -137,25 +140,36 @@ def _register_capacity(subparsers: argparse._SubParsersAction) -> None:  # type:
     a.add_argument("--api-output-price", type=non_negative, help="USD per million output tokens")
     p.add_argument("--from-run", metavar="VERSION",
                    help="use the records/s per worker that this job version measured, not the roofline")
-    p.add_argument("--store", help="store URL for --from-run (default: $BATCHLINE_STORE or sqlite:///batchline.db)")
+    p.add_argument("--store", metavar="URL", help="store URL for --from-run (default: $BATCHLINE_STORE or sqlite:///batchline.db)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run_capacity)
 
 
-def measured_records_per_second(store_url: str, version: str) -> float:
-    """Records/s per worker that a run of `version` measured, from the store's event log."""
+def measure_run(store_url: str, version: str) -> cap.RunMeasurement:
+    """What a run of `version` measured, from the store: records/s per worker (the event
+    log), the job's records, and the mean tokens of the results it computed."""
     from batchline.store import open_store
 
     store = open_store(store_url, create=False)
     try:
-        if store.job(version) is None:
+        job = store.job(version)
+        if job is None:
             raise BatchlineError(f"{version}: no such job version in {store_url}")
         measured = store.run_throughput(version)
+        routes = store.route_totals(version).values()
     finally:
         store.close()
     if not 0 < measured < math.inf:
         raise BatchlineError(f"{version}: the event log has no measured throughput yet")
-    return measured
+    computed = sum(t.results for t in routes)
+    input_tokens = sum(t.input_tokens for t in routes)
+    output_tokens = sum(t.output_tokens for t in routes)
+    return cap.RunMeasurement(
+        version=version, records_per_second=measured, records=job.record_count,
+        engine=str(job.spec.get("model", {}).get("engine", "unknown")),
+        # An engine that reports no token counts leaves them to the command line or the defaults.
+        input_tokens=input_tokens / computed if computed and input_tokens else None,
+        output_tokens=output_tokens / computed if computed and output_tokens else None)
 
 
 def build_capacity_report(args: argparse.Namespace) -> cap.CapacityReport:
@@ -185,19 +199,25 @@ def build_capacity_report(args: argparse.Namespace) -> cap.CapacityReport:
         api = cap.HostedApiPrice(name="hosted batch API", input_per_million=args.api_input_price,
                                  output_per_million=args.api_output_price, source="command line")
     eff = cap.Efficiency(mfu=args.mfu, decode_efficiency=args.decode_efficiency, decode_batch=args.batch)
-    work = cap.Workload(
-        records=args.records, input_tokens=args.input_tokens, output_tokens=args.output_tokens,
-        prefix_tokens=args.prefix_tokens, deadline_hours=args.deadline_hours,
-        price_per_gpu_hour=args.price, interruption_allowance=args.interruption_allowance,
-    )
-    measured = None
+    run: cap.RunMeasurement | None = None
     if args.from_run:
         from batchline.store import default_url
 
-        measured = measured_records_per_second(args.store or default_url(), args.from_run)
+        run = measure_run(args.store or default_url(), args.from_run)
+
+    def given(value: float | None, from_run: float | None, reference: float) -> float:
+        return value if value is not None else from_run if from_run is not None else reference
+
+    work = cap.Workload(
+        records=int(given(args.records, run.records if run else None, 50_000_000)),
+        input_tokens=given(args.input_tokens, run.input_tokens if run else None, 1200.0),
+        output_tokens=given(args.output_tokens, run.output_tokens if run else None, 150.0),
+        prefix_tokens=given(args.prefix_tokens, 0.0 if run else None, 500.0),
+        deadline_hours=args.deadline_hours, price_per_gpu_hour=args.price,
+        interruption_allowance=args.interruption_allowance,
+    )
     try:
-        return cap.plan_capacity(model, gpu, eff, work, api=api, measured_records_per_second=measured,
-                                 measured_from=args.from_run)
+        return cap.plan_capacity(model, gpu, eff, work, api=api, run=run)
     except ValueError as exc:
         raise BatchlineError(f"capacity: {exc}") from None
 
@@ -245,8 +265,12 @@ def print_capacity(r: cap.CapacityReport, out: TextIO) -> None:
                 f"  WARNING: a batch of {e.decode_batch} does not fit; at most "
                 f"{roof.max_batch_that_fits} does (0: the weights alone do not fit)"
             )
-    else:
-        lines += ["", f"per GPU: {r.estimate.records_per_second:,.2f} records/s, measured by run {r.measured_from}"]
+    elif r.run is not None:
+        lines += ["", f"per GPU: {r.estimate.records_per_second:,.2f} records/s, measured by run {r.run.version} "
+                      f"on the {r.run.engine} engine"]
+        if r.run.engine == "synthetic":
+            lines.append("  WARNING: the synthetic engine takes a set time per record; this rate says nothing "
+                         "about a model's")
     columns: list[tuple[str, cap.JobEstimate]] = [
         ("measured" if r.roofline is None else "no prefix cache", r.estimate)
     ]

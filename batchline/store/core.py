@@ -743,6 +743,9 @@ class StoreCore(ABC):
         row = self._read(lambda tx: tx.one(self.q.RESOLVE_NAME, {"name": name}))
         return str(row[0]) if row else None
 
+    def published(self) -> dict[str, str]:
+        return {str(r[0]): str(r[1]) for r in self._read(lambda tx: tx.all(self.q.POINTERS))}
+
     def label_counts(self, version: str) -> dict[str | None, int]:
         return {r[0]: int(r[1]) for r in self._read(lambda tx: tx.all(self.q.LABEL_COUNTS, {"v": version}))}
 
@@ -801,6 +804,10 @@ class StoreCore(ABC):
 
         def body(tx: Tx) -> str | None:
             tx.one(self.q.PLAN_LOCK, {"key": f"publish:{name}"})
+            # Checked under the name's lock: a version cancelled or removed since the
+            # caller looked is not published.
+            if not _scalar(tx, self.q.IS_SEALED, {"v": version}):
+                raise StoreError(f"cannot publish {version}: it is not sealed (cancelled, removed or unfinished)")
             previous = self._point(tx, name, version)
             tx.run(self.q.INSERT_PUBLICATION, {"name": name, "v": version, "previous": previous,
                                                "action": "publish", "who": who, "reason": reason,
@@ -857,13 +864,82 @@ class StoreCore(ABC):
         def body(tx: Tx) -> None:
             if _scalar(tx, self.q.IS_PUBLISHED, {"v": version}):
                 raise StoreError(f"{version} is published; it cannot be removed")
-            # Rows that a later version carries stay: they hold that version's payload.
-            for stmt in self.q.REMOVE_VERSION:
-                tx.run(stmt, {"v": version})
-            self._event(tx, "remove", version, None, None, None)
+            self._remove_rows(tx, version, None)
 
         # Every statement is idempotent, and a second `remove` event is harmless.
         self._write(body)
+
+    def _remove_rows(self, tx: Tx, version: str, detail: Mapping[str, Any] | None,
+                     op: uuid.UUID | None = None) -> None:
+        # Rows that a later version carries stay: they hold that version's payload.
+        for stmt in self.q.REMOVE_VERSION:
+            tx.run(stmt, {"v": version})
+        self._event(tx, "remove", version, None, None, None, detail, op)
+
+    # --- housekeeping: versions nobody will publish ----------------------------------------
+
+    def _kept(self, tx: Tx, version: str, verb: str) -> JobInfo:
+        """The job, under its name's publication lock, once it is known to be neither the
+        published version of its name nor the one a rollback would return to."""
+        row = tx.one(self.q.JOB, {"v": version})
+        if row is None:
+            raise StoreError(f"cannot {verb} {version}: no such job version in {self.where()}")
+        # Publish and rollback take the same lock: the pointer cannot move while this runs.
+        tx.one(self.q.PLAN_LOCK, {"key": f"publish:{row[1]}"})
+        row = tx.one(self.q.JOB, {"v": version})  # its state as it is under the lock
+        assert row is not None
+        job = self._job(row)
+        pointer = tx.one(self.q.POINTER_FOR_UPDATE, {"name": job.name})
+        if pointer is not None:
+            current = str(pointer[0])
+            if current == version:
+                raise StoreError(f"cannot {verb} {version}: it is published as {job.name!r}")
+            back = tx.one(self.q.PREVIOUS_PUBLISHED, {"name": job.name, "v": current})
+            if back is not None and back[0] == version:
+                raise StoreError(f"cannot {verb} {version}: a rollback of {job.name!r} would return to it")
+        return job
+
+    def cancel(self, version: str, who: str, reason: str | None) -> bool:
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> bool:
+            job = self._kept(tx, version, "cancel")
+            if job.state == "cancelled":
+                return False
+            if job.state not in ("ready", "sealed"):
+                raise StoreError(f"cannot cancel {version}: it is {job.state}")
+            # Leases end before the job's row is taken: a completing worker holds its
+            # shard and then the job's row, so this order cannot wait on it in a circle.
+            ended = tx.run(self.q.END_LEASES, {"v": version})
+            if tx.run(self.q.CANCEL_JOB, {"v": version}) != 1:
+                raise StoreError(f"cannot cancel {version}: its state changed meanwhile; look again")
+            self._event(tx, "cancel", version, None, None, None,
+                        {"who": who, "reason": reason, "was": job.state, "leases_ended": ended}, op)
+            return True
+
+        def recover(tx: Tx) -> bool | Missing:
+            return True if self._marks(tx, op) else MISSING
+
+        return self._write(body, recover=recover)
+
+    def delete(self, version: str, who: str) -> bool:
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> bool:
+            job = self._kept(tx, version, "delete")
+            if job.state == "removed":
+                return False
+            if job.state == "ready":
+                raise StoreError(f"cannot delete {version}: it is not finished; cancel it first")
+            if job.state not in ("sealed", "cancelled"):
+                raise StoreError(f"cannot delete {version}: it is {job.state}")
+            self._remove_rows(tx, version, {"who": who, "was": job.state}, op)
+            return True
+
+        def recover(tx: Tx) -> bool | Missing:
+            return True if self._marks(tx, op) else MISSING
+
+        return self._write(body, recover=recover)
 
 
 def _scalar(tx: Tx, stmt: str, params: Params | None = None) -> Any:

@@ -220,6 +220,10 @@ class ReaderStore(StoreHandle, Protocol):
 
     def resolve_name(self, name: str) -> str | None: ...
 
+    def published(self) -> dict[str, str]:
+        """Every published name, with the version it points at."""
+        ...
+
     def label_counts(self, version: str) -> dict[str | None, int]: ...
 
     def latest_validation(self, version: str) -> ValidationRecord | None: ...
@@ -249,6 +253,20 @@ class PublisherStore(ReaderStore, Protocol):
 
     def remove_version(self, version: str) -> None:
         """Deletes a version's rows, keeping any result a later version carries."""
+        ...
+
+    def cancel(self, version: str, who: str, reason: str | None) -> bool:
+        """Ends a version nobody will publish: it becomes `cancelled`, no shard of it is
+        claimed again, and its leases end (each owner's next fenced write is refused).
+        Refused for the version published under its name and the one a rollback would
+        return to. False when it was cancelled already."""
+        ...
+
+    def delete(self, version: str, who: str) -> bool:
+        """Removes the rows of a cancelled version, or of a sealed one that is neither
+        published nor what a rollback would return to, keeping any result a later version
+        carries; a version still running is refused (cancel it first). False when it was
+        removed already."""
         ...
 
 

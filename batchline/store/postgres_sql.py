@@ -218,6 +218,14 @@ ALTER TABLE shards ADD COLUMN first_piece int;
 ALTER TABLE shards ADD COLUMN end_piece int;
 ALTER TABLE shards ADD COLUMN started_piece int;
 """),
+    # A cancelled version keeps its rows (its dead letters and events say why it was
+    # abandoned) until it is deleted, so it is a state of its own: 'removed' means the
+    # rows are gone.
+    (7, "a job state for cancelled versions", """
+ALTER TABLE jobs DROP CONSTRAINT jobs_state_check;
+ALTER TABLE jobs ADD CONSTRAINT jobs_state_check
+    CHECK (state IN ('planning', 'ready', 'sealed', 'cancelled', 'removed'));
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -311,7 +319,7 @@ ALL_EVENTS = f"{_EVENT_COLUMNS} WHERE {_KINDS} ORDER BY id"
 
 _JOB_COLUMNS = "version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count"
 JOB = WorkerStatement(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE version = %(v)s", *reads("jobs"))
-JOBS = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'sealed') ORDER BY created_at"
+JOBS = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'sealed', 'cancelled') ORDER BY created_at"
 PLAN_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))"
 JOB_STATE_FOR_UPDATE = "SELECT state FROM jobs WHERE version = %(v)s FOR UPDATE"
 INSERT_JOB = ("INSERT INTO jobs (version, name, state, spec, plan_token, created_at) "
@@ -603,6 +611,7 @@ DEAD_LETTERS_PAGE = ("SELECT record_id, shard_no, kind, error, acl, attempts, wo
 PLANNED_PAGE = ("SELECT record_id FROM records WHERE version = %(v)s AND record_id > %(after)s "
                 "ORDER BY record_id LIMIT %(n)s")
 RESOLVE_NAME = "SELECT version FROM pointers WHERE name = %(name)s"
+POINTERS = "SELECT name, version FROM pointers ORDER BY name"
 LABEL_COUNTS = "SELECT label, count(*) FROM results WHERE version = %(v)s GROUP BY label"
 
 # --- validation and publication -------------------------------------------------------------
@@ -675,6 +684,10 @@ IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = %(v)s AND state =
 PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts, targets FROM publications "
                 "WHERE name = %(name)s ORDER BY id")
 IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = %(v)s)"
+CANCEL_JOB = "UPDATE jobs SET state = 'cancelled' WHERE version = %(v)s AND state IN ('ready', 'sealed')"
+# The epoch moves on, so the owner's next renewal or write is refused and it leaves the shard.
+END_LEASES = ("UPDATE shards SET state = 'ready', owner = NULL, epoch = epoch + 1, lease_expires = NULL "
+              "WHERE version = %(v)s AND state = 'leased'")
 # Rows that a later version carries stay: they hold that version's payload.
 REMOVE_VERSION = (
     """DELETE FROM results r WHERE r.version = %(v)s

@@ -155,6 +155,31 @@ ALTER TABLE shards ADD COLUMN first_piece INTEGER;
 ALTER TABLE shards ADD COLUMN end_piece INTEGER;
 ALTER TABLE shards ADD COLUMN started_piece INTEGER;
 """),
+    # A cancelled version keeps its rows (its dead letters and events say why it was
+    # abandoned) until it is deleted, so it is a state of its own: 'removed' means the
+    # rows are gone. SQLite cannot change a CHECK constraint in place: the table is
+    # rebuilt, its rows copied as they are.
+    (5, "a job state for cancelled versions", """
+CREATE TABLE IF NOT EXISTS jobs_rebuilt (
+    version TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('planning', 'ready', 'sealed', 'cancelled', 'removed')),
+    spec TEXT NOT NULL,
+    plan_token TEXT,
+    record_count INTEGER NOT NULL DEFAULT 0,
+    shard_count INTEGER NOT NULL DEFAULT 0,
+    carried_count INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    sealed_at REAL
+);
+INSERT INTO jobs_rebuilt (version, name, state, spec, plan_token, record_count, shard_count, carried_count,
+                          created_at, sealed_at)
+SELECT version, name, state, spec, plan_token, record_count, shard_count, carried_count, created_at, sealed_at
+FROM jobs;
+DROP TABLE jobs;
+ALTER TABLE jobs_rebuilt RENAME TO jobs;
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, created_at);
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -193,7 +218,7 @@ ALL_EVENTS = f"{_EVENT_COLUMNS} WHERE {_KINDS} ORDER BY id"
 
 _JOB_COLUMNS = "version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count"
 JOB = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE version = :v"
-JOBS = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'sealed') ORDER BY created_at"
+JOBS = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'sealed', 'cancelled') ORDER BY created_at"
 # Every write transaction is BEGIN IMMEDIATE: planners, publishers and completions
 # are serialised by the database lock itself.
 PLAN_LOCK = "SELECT :key"
@@ -368,6 +393,7 @@ DEAD_LETTERS_PAGE = ("SELECT record_id, shard_no, kind, error, acl, attempts, wo
                      "WHERE version = :v AND record_id > :after ORDER BY record_id LIMIT :n")
 PLANNED_PAGE = "SELECT record_id FROM records WHERE version = :v AND record_id > :after ORDER BY record_id LIMIT :n"
 RESOLVE_NAME = "SELECT version FROM pointers WHERE name = :name"
+POINTERS = "SELECT name, version FROM pointers ORDER BY name"
 LABEL_COUNTS = "SELECT label, COUNT(*) FROM results WHERE version = :v GROUP BY label"
 
 # --- validation and publication ---------------------------------------------------------
@@ -417,6 +443,10 @@ IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = :v AND state = 's
 PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts, targets FROM publications "
                 "WHERE name = :name ORDER BY id")
 IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = :v)"
+CANCEL_JOB = "UPDATE jobs SET state = 'cancelled' WHERE version = :v AND state IN ('ready', 'sealed')"
+# The epoch moves on, so the owner's next renewal or write is refused and it leaves the shard.
+END_LEASES = ("UPDATE shards SET state = 'ready', owner = NULL, epoch = epoch + 1, lease_expires = NULL "
+              "WHERE version = :v AND state = 'leased'")
 # Rows that a later version carries stay: they hold that version's payload.
 REMOVE_VERSION = (
     "DELETE FROM results WHERE version = :v AND NOT EXISTS (SELECT 1 FROM results c "

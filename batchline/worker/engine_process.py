@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -15,6 +16,19 @@ from typing import IO, Any, cast
 from batchline.errors import EngineFatal
 
 EOF_MESSAGE: dict[str, Any] = {"op": "eof"}
+
+
+def describe_exit(code: int | None) -> str:
+    """How a process ended, as a person reads it: a negative status is the signal that
+    killed it (a segfault, the out-of-memory killer's SIGKILL)."""
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
 
 
 class EngineStopped(Exception):
@@ -87,7 +101,7 @@ class EngineProcess:
                 raise EngineFatal(msg["error"])
             if msg["op"] == "eof":
                 code = self.kill()
-                raise EngineFatal(f"engine process exited while loading (exit status {code})")
+                raise EngineFatal(f"engine process exited while loading ({describe_exit(code)})")
 
     @staticmethod
     def _read(stream: IO[str], out: queue.Queue[dict[str, Any]]) -> None:
@@ -145,3 +159,13 @@ class EngineProcess:
     @property
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
+
+    def ended(self, timeout: float) -> int | None:
+        """The child's exit status, waiting up to `timeout` for it: its output closes a
+        moment before the kernel has its status to report. None while it still runs."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None

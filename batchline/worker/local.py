@@ -21,11 +21,13 @@ from batchline.errors import EngineFatal
 from batchline.prompt import render
 from batchline.snapshot import Record, Slice, read_slice
 from batchline.store import DeadLetterRow, LeaseLost, ResultRow
-from batchline.worker.engine_process import EngineProcess
+from batchline.worker.engine_process import EngineProcess, describe_exit
 from batchline.worker.shard import ShardContext
 
 FLUSH_ROWS = 500
 FLUSH_SECONDS = 0.25
+# A child whose output has closed is dead or dying; its status is worth a short wait.
+CRASH_STATUS_WAIT_SECONDS = 5.0
 
 
 @dataclass
@@ -289,12 +291,12 @@ class LocalShardRun:
         suspects = [r for g in self.groups for r in g.remaining.values()]
         self.groups.clear()
         self.telemetry.engine_failure(kind)
-        code = self.engine.exit_code
+        code = self.engine.ended(CRASH_STATUS_WAIT_SECONDS) if kind == "crash" else self.engine.exit_code
         self.ctx.event(f"engine_{kind}", {"in_flight": len(suspects), "exit_code": code, "error": detail})
         self.engine = self.restart_engine()
         self.ctx.renew_soon()  # the restart may have taken a while
         if len(suspects) == 1:
-            what = (f"engine process died (exit status {code})" if kind == "crash"
+            what = (f"engine process died ({describe_exit(code)})" if kind == "crash"
                     else "engine gave no answer before the batch deadline")
             self._charge(suspects[0], kind, f"{what} with this record alone in flight"
                          + (f": {detail}" if detail else ""))

@@ -78,11 +78,13 @@ def test_whole_gpus_do_not_round_up_float_noise() -> None:
 
 
 def test_measured_throughput_replaces_the_roofline() -> None:
-    r = cap.plan_capacity(LLAMA_8B, H100, EFF, JOB, measured_records_per_second=10.0, measured_from="job@abc")
+    run = cap.RunMeasurement("job@abc", records_per_second=10.0, records=50_000_000, engine="llamacpp",
+                             input_tokens=1200.0, output_tokens=150.0)
+    r = cap.plan_capacity(LLAMA_8B, H100, EFF, JOB, run=run)
     assert r.roofline is None
     assert r.estimate_prefix_cached is None
     assert r.estimate.gpu_hours == pytest.approx(50_000_000 / 10.0 / 3600)
-    assert r.measured_from == "job@abc"
+    assert r.to_json()["measured_from"] == "job@abc"
 
 
 def test_hosted_api_cost() -> None:

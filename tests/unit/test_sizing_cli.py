@@ -88,11 +88,31 @@ def test_from_run_uses_the_throughput_a_real_run_measured(job_factory: Any, stor
     measured = store.run_throughput(version)
     # one worker at 10 ms a record: at most 100 records/s, less the pipeline's own time
     assert 40 < measured < 100
-    out = run_json(["capacity", "--from-run", version, "--store", store_url], capsys)
+    out = run_json(["capacity", "--from-run", version, "--store", store_url, "--records", "50M"], capsys)
     assert out["roofline"] is None
     assert out["measured_from"] == version
     assert out["estimate"]["records_per_second"] == pytest.approx(measured)
     assert out["estimate"]["gpu_hours"] == pytest.approx(50_000_000 / measured / 3600)
+
+
+def test_from_run_sizes_the_runs_own_job_and_says_its_engine_was_synthetic(
+        job_factory: Any, store: Any, store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.helpers import planned, run_to_seal
+
+    _spec, version = planned(job_factory(n=120), store)
+    run_to_seal(store, version)
+    tokens_in, tokens_out = store.token_totals(version)
+    out = run_json(["capacity", "--from-run", version, "--store", store_url], capsys)
+    work = out["workload"]
+    assert work["records"] == 120
+    assert work["input_tokens"] == pytest.approx(tokens_in / 120)
+    assert work["output_tokens"] == pytest.approx(tokens_out / 120)
+    assert out["run"]["engine"] == "synthetic"
+    assert run(["capacity", "--from-run", version, "--store", store_url]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("job     120 records of ")
+    assert f"measured by run {version} on the synthetic engine" in table
+    assert "WARNING: the synthetic engine takes a set time per record" in table
 
 
 def test_from_run_of_a_version_that_has_not_run_is_one_readable_error(job_factory: Any, store: Any,
@@ -101,9 +121,9 @@ def test_from_run_of_a_version_that_has_not_run_is_one_readable_error(job_factor
 
     _spec, version = planned(job_factory(n=10), store)
     with pytest.raises(BatchlineError, match="no measured throughput"):
-        sizing.measured_records_per_second(store_url, version)
+        sizing.measure_run(store_url, version)
     with pytest.raises(BatchlineError, match="unknown@1"):
-        sizing.measured_records_per_second(store_url, "unknown@1")
+        sizing.measure_run(store_url, "unknown@1")
 
 
 def test_simulate_json(capsys: pytest.CaptureFixture[str]) -> None:

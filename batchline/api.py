@@ -1,0 +1,311 @@
+"""batchline from Python: what the command line does, for notebooks and orchestrators.
+
+`Jobs` is a handle on one store, through which jobs are planned, run, checked,
+published and exported:
+
+    import batchline
+
+    jobs = batchline.Jobs("sqlite:///jobs.db")
+    run = jobs.run("job.yaml", workers=2)
+    if jobs.validate(run.version).passed:
+        jobs.publish(run.version)
+
+The store is a URL (`sqlite:///path.db`, `postgresql://...`; by default
+`$BATCHLINE_STORE` or `sqlite:///batchline.db`), opened for each call and
+closed after it, or a store already opened with `batchline.store.open_store`,
+which is used and left open. Failures raise the command line's errors:
+`BatchlineError` and its subclasses, whose `exit_code` is the status the
+command would exit with (`SpecError` 2, `InputError` 3, `StoreError` 4,
+`EngineFatal` 5). Only `plan` and `run` make a store that does not exist yet;
+every other call refuses it by its path.
+
+Heavy modules (the readers, pyarrow, a PostgreSQL driver) are imported by the
+calls that need them, so importing batchline costs nothing. (The methods are
+not module-level functions: `batchline.validate`, `batchline.publish`,
+`batchline.export` and `batchline.report` are modules.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Literal
+
+from batchline.errors import BatchlineError
+
+if TYPE_CHECKING:
+    from batchline.planner import PlanResult
+    from batchline.publish import PublishResult
+    from batchline.report import ReportData
+    from batchline.store import JobStatus, Store, StoredDeadLetter
+    from batchline.store.model import Publication
+    from batchline.validate import ValidationReport
+
+__all__ = ["ExportFormat", "ExportResult", "JobListing", "Jobs", "RunResult"]
+
+ExportFormat = Literal["jsonl", "parquet", "openai-batch"]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    version: str
+    planned: bool  # planned by this run (False: it found the version planned already)
+    status: JobStatus  # as the run ended
+    seconds: float
+    workers: int
+    worker_starts: int
+    restarts: int
+    log_dir: Path  # the workers' logs
+    exit_code: int  # 0: sealed; 75: stopped early with work left (run again to go on)
+    answered: int = 0  # records this run gave an outcome (not those carried or answered before it)
+    validation: ValidationReport | None = None  # with publish=True
+    publication: PublishResult | None = None
+
+    @property
+    def sealed(self) -> bool:
+        return self.status.state == "sealed"
+
+
+@dataclass(frozen=True)
+class JobListing:
+    version: str
+    name: str
+    state: str  # ready | sealed | cancelled
+    records: int
+    shards: int
+    created_at: float
+    published: bool  # the version readers of `name` see now
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    version: str
+    count: int  # results written (openai-batch: lines of the output file)
+    path: Path | None  # None: jsonl to stdout
+    errors: int = 0  # openai-batch: lines of the error file
+    errors_path: Path | None = None
+    pending: int = 0  # openai-batch with partial: records without an outcome yet
+    current: Path | None = None  # a published name's Parquet dataset: the CURRENT file naming the version
+
+
+class Jobs:
+    """The jobs of one store."""
+
+    def __init__(self, store: str | Store | None = None) -> None:
+        self.store = store
+
+    @contextlib.contextmanager
+    def _opened(self, *, create: bool = False) -> Iterator[Store]:
+        if self.store is not None and not isinstance(self.store, str):
+            yield self.store  # the caller's: it stays open
+            return
+        from batchline.store import open_store
+
+        opened = open_store(self.store, create=create)
+        try:
+            yield opened
+        finally:
+            opened.close()
+
+    @staticmethod
+    def _resolve(s: Store, target: str) -> str:
+        if s.job(target) is not None:
+            return target
+        resolved = s.resolve_name(target)
+        if resolved is None:
+            raise BatchlineError(f"no job version or published name {target!r} in {s.url}")
+        return resolved
+
+    def resolve(self, target: str) -> str:
+        """The job version `target` names: itself, or the version published under that name."""
+        with self._opened() as s:
+            return self._resolve(s, target)
+
+    # --- planning and running ---------------------------------------------------------------
+
+    def plan(self, spec: str | Path, *, log: Callable[[str], None] = _stderr) -> PlanResult:
+        """Plans the job if its version is new (`created`). `log` gets what planning says,
+        among it where records go and what each hosted provider keeps: said before anything
+        is sent, so it goes to stderr unless told otherwise."""
+        from batchline.planner import plan as plan_spec
+        from batchline.spec import load_spec
+
+        job = load_spec(spec)
+        with self._opened(create=True) as s:
+            return plan_spec(job, s, log=log)
+
+    def run(self, spec: str | Path, *, workers: int = 1, log_dir: str | Path | None = None, publish: bool = False,
+            progress: IO[str] | None = sys.stderr, log: Callable[[str], None] = _stderr) -> RunResult:
+        """Plans the job if it is new and keeps `workers` local worker processes running until
+        every shard is done; `publish`: then validates the version and publishes it if it
+        passes (`BatchlineError` if it does not). `progress` gets the live progress line
+        (None: nowhere); `log_dir`: the workers' logs (default: a folder of this run's own).
+        Stopped early (SIGINT or SIGTERM, when run from the main thread), it returns with
+        `exit_code` 75 and the work left in the store for the next run."""
+        from batchline.planner import plan as plan_spec
+        from batchline.runner import LocalRunner, default_log_dir
+        from batchline.spec import load_spec
+
+        if workers < 1:
+            raise BatchlineError(f"workers must be at least 1, not {workers}")
+        job = load_spec(spec)
+        with self._opened(create=True) as s, contextlib.ExitStack() as closing:
+            planned = plan_spec(job, s, log=log)
+            version = planned.version
+            log(f"version {version}")
+            _refuse_cancelled(s, version)
+            out = progress if progress is not None else closing.enter_context(open(os.devnull, "w"))
+            runner = LocalRunner(s, version, workers, out=out,
+                                 log_dir=Path(log_dir) if log_dir is not None else default_log_dir(s.url, version),
+                                 deadline=job.deadline.timestamp() if job.deadline else None)
+            summary = runner.run()
+            _refuse_cancelled(s, version)
+            result = RunResult(version, planned.created, summary.status, summary.seconds, workers,
+                               summary.worker_starts, summary.restarts, summary.log_dir, summary.exit_code,
+                               summary.answered)
+            if publish and summary.exit_code == 0:
+                validation, publication = self.validate_and_publish(version, log=log)
+                result = replace(result, validation=validation, publication=publication)
+            return result
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def status(self, target: str) -> JobStatus:
+        """Progress of a version (or of the version published under a name): shards by
+        state, results, dead letters, leases lost."""
+        with self._opened() as s:
+            return s.status(self._resolve(s, target))
+
+    def versions(self) -> list[JobListing]:
+        """Every job version in the store, oldest first, marking the published one of each name."""
+        with self._opened() as s:
+            pointers = s.published()
+            return [JobListing(j.version, j.name, j.state, j.record_count, j.shard_count, j.created_at,
+                               pointers.get(j.name) == j.version) for j in s.jobs()]
+
+    def dead_letters(self, target: str) -> list[StoredDeadLetter]:
+        """The records of a version that ended as dead letters, with their errors."""
+        with self._opened() as s:
+            return list(s.iter_dead_letters(self._resolve(s, target)))
+
+    def history(self, name: str) -> list[Publication]:
+        """Every publish and rollback of `name`, oldest first: when, who, which version (and
+        the one before), the reason given, the validation figures it was published on."""
+        with self._opened() as s:
+            found = s.publications(name)
+            if not found and not any(j.name == name for j in s.jobs()):
+                raise BatchlineError(f"no job named {name!r} in {s.url}")
+            return found
+
+    # --- validation and publication -----------------------------------------------------------
+
+    def validate(self, target: str) -> ValidationReport:
+        """Runs the gate on a sealed version and records its report; `passed` says whether
+        it may be published."""
+        from batchline.validate import validate
+
+        with self._opened() as s:
+            return validate(s, self._resolve(s, target))
+
+    def publish(self, version: str, *, force: bool = False, reason: str | None = None,
+                log: Callable[[str], None] = _stderr) -> PublishResult:
+        """Points the job's name (and its view) at a sealed version whose latest validation
+        passed; `force` with a `reason` publishes without one."""
+        from batchline.publish import publish
+
+        with self._opened() as s:
+            return publish(s, version, force=force, reason=reason, log=log)
+
+    def validate_and_publish(self, version: str, *,
+                             log: Callable[[str], None] = _stderr) -> tuple[ValidationReport, PublishResult]:
+        """Validates and, if it passes, publishes; `log` gets the validation table first."""
+        report = self.validate(version)
+        log(report.table())
+        if not report.passed:
+            raise BatchlineError(f"{version} failed validation; not published")
+        return report, self.publish(version, log=log)
+
+    def rollback(self, name: str, *, reason: str | None = None) -> tuple[str, str]:
+        """Points `name` back at the version published before the current one: (from, to)."""
+        from batchline.publish import rollback
+
+        with self._opened() as s:
+            return rollback(s, name, reason)
+
+    def cancel(self, version: str, *, reason: str | None = None) -> bool:
+        """Ends a version nobody will publish (an input edited after planning, an engine that
+        cannot load): no shard of it is claimed again and its workers leave it. Refused for
+        the published version and the one a rollback would return to. False if it was
+        cancelled already."""
+        from batchline.publish import who
+
+        with self._opened() as s:
+            return s.cancel(version, who(), reason)
+
+    def delete(self, version: str) -> bool:
+        """Removes the rows of a cancelled version, or of a sealed one that is neither
+        published nor what a rollback would return to (results a later version carries
+        stay). False if it was removed already."""
+        from batchline.publish import who
+
+        with self._opened() as s:
+            return s.delete(version, who())
+
+    # --- export and report -----------------------------------------------------------------------
+
+    def export(self, target: str, *, format: ExportFormat = "jsonl", out: str | Path | None = None,
+               errors: str | Path | None = None, partial: bool = False) -> ExportResult:
+        """Writes a version's results with each record's ACL: `jsonl` (to `out`, or stdout),
+        `parquet` (one file; for a published NAME, a folder per version under `out` with
+        NAME/CURRENT naming the published one), or `openai-batch` (OpenAI's output file at
+        `out` and error file at `errors`, one line per input line, in the input's order).
+        A version that is not sealed yet is refused unless `partial` asks for the outcomes
+        there are (a reader of a file cannot tell it is half)."""
+        from batchline import export as files
+
+        out_path = Path(out) if out is not None else None
+        with self._opened() as s:
+            if format == "openai-batch":
+                if out_path is None:
+                    raise BatchlineError("--format openai-batch needs --out FILE (the error file goes beside it)")
+                errors_path = Path(errors) if errors is not None else files.openai_errors_path(out_path)
+                if errors_path.resolve() == out_path.resolve():
+                    raise BatchlineError(f"--errors {errors_path} is the output file itself; name another file")
+                version = self._resolve(s, target)
+                done = files.export_openai_batch(s, version, out_path, errors_path, partial=partial)
+                return ExportResult(version, done.responses, out_path, done.errors, errors_path, done.pending)
+            if errors is not None:
+                raise BatchlineError("--errors goes with --format openai-batch")
+            if format == "parquet" and s.job(target) is None:
+                version, folder = files.export_dataset(s, target, out_path or Path("exports"))
+                return ExportResult(version, s.status(version).results, folder, current=folder.parent / "CURRENT")
+            version = self._resolve(s, target)
+            files.finished(s, version, partial)
+            if format == "parquet":
+                path = out_path or Path(f"{version.replace('@', '-')}.parquet")
+                return ExportResult(version, files.export_parquet(s, version, path), path)
+            if format != "jsonl":
+                raise BatchlineError(f"unknown export format {format!r}: jsonl, parquet or openai-batch")
+            return ExportResult(version, files.export_jsonl(s, version, out_path), out_path)
+
+    def report(self, target: str, html: str | Path, *, gpu_hour_price: float | None = None) -> ReportData:
+        """Writes one self-contained HTML page about a version (or a published name)."""
+        from batchline.report import DEFAULT_GPU_HOUR_PRICE, write_report
+
+        with self._opened() as s:
+            return write_report(s, target, Path(html),
+                                price=DEFAULT_GPU_HOUR_PRICE if gpu_hour_price is None else gpu_hour_price)
+
+
+def _refuse_cancelled(s: Store, version: str) -> None:
+    info = s.job(version)
+    if info is not None and info.state == "cancelled":
+        raise BatchlineError(f"{version} was cancelled in {s.url}; nothing of it runs again")
