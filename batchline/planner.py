@@ -7,6 +7,7 @@ the next plan of the same version discards the leftovers and starts again.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
@@ -15,11 +16,11 @@ from batchline.snapshot import (
     Record,
     ScannedRecord,
     Slice,
-    csv_header,
     input_sources,
+    parquet_row_groups,
     parquet_slice_digest,
     read_slice,
-    scan,
+    scan_with_header,
     slice_digest_bytes,
 )
 from batchline.sources import Source, snapshot_digest
@@ -49,14 +50,14 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
         return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
 
     if spec.shards.size_auto:
-        spec = _auto_shard_size(spec, store, base, log)
+        spec = _auto_shard_size(spec, store, base, sources, log)
     writer = store.begin_plan(version, spec.name, {**spec.to_dict(), "base_version": base})
     try:
-        result = _write_plan(spec, version, writer)
+        result = _write_plan(spec, version, writer, sources)
         if base is not None:
             carried = writer.carry_from(base)
             log(f"carried {carried} unchanged records from {base} without inference")
-        if [s.pin() for s in sources] != before:
+        if not all(s.still(p) for s, p in zip(sources, before, strict=True)):
             raise InputError("input changed while it was being planned; plan again once it is stable")
         writer.commit(result.records, result.shards)
     except BaseException:
@@ -98,14 +99,15 @@ def _base_version(spec: JobSpec, store: Store, log: Callable[[str], None]) -> st
     return base
 
 
-def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, log: Callable[[str], None]) -> JobSpec:
+def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, sources: list[Source],
+                     log: Callable[[str], None]) -> JobSpec:
     from batchline.simulate import SimulationDiverged, recommend_shard_size
 
     sh = spec.shards
     assert sh.interruptions_per_hour is not None and sh.workers and sh.records_per_second
     measured = store.run_throughput(base) if base else 0.0
     rate = measured or sh.records_per_second
-    records = sum(estimate_records(s, spec.input.format) for s in input_sources(spec.input))
+    records = sum(estimate_records(s, spec.input.format) for s in sources)
     try:
         size = recommend_shard_size(max(records, 1), sh.workers, rate, sh.interruptions_per_hour,
                                     lease_seconds=sh.lease_seconds)
@@ -117,13 +119,22 @@ def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, log: Callabl
     return replace(spec, shards=replace(sh, size=size, size_auto=False))
 
 
-def estimate_records(source: Source, fmt: str) -> int:
-    """A cheap count for sizing: Parquet metadata, or lines of a text file."""
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
+ESTIMATE_SAMPLE_BYTES = 1 << 20
 
-        with source.random_access() as f:
-            return int(pq.ParquetFile(f).metadata.num_rows)
+
+def estimate_records(source: Source, fmt: str) -> int:
+    """A cheap count for sizing: Parquet metadata; lines of a local text file; for an
+    object, the lines of its first MiB scaled to its size (one ranged read, not two
+    whole reads of every object)."""
+    if fmt == "parquet":
+        return sum(parquet_row_groups(source))
+    pin = source.slice_pin()  # an object's pin, taken once at planning
+    if pin is not None:
+        size = pin.size
+        sample = source.read(0, min(size, ESTIMATE_SAMPLE_BYTES))
+        if not sample:
+            return 0
+        return round(sample.count(b"\n") * size / len(sample)) or 1
     lines = 0
     with source.stream() as f:
         while chunk := f.read(1 << 22):
@@ -131,25 +142,30 @@ def estimate_records(source: Source, fmt: str) -> int:
     return lines
 
 
-def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
+def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[Source]) -> PlanResult:
     cap = spec.input.max_input_tokens
     byte_bound = cap * spec.input.max_bytes_per_token if cap else None
     shard_no = records = dead_total = 0
     slices: dict[int, Slice] = {}
     per_route: dict[str, int] = {}
+    parquet = spec.input.format == "parquet"
 
-    for source in input_sources(spec.input):
-        header = csv_header(source) if spec.input.format == "csv" else None
-        for route, chunk in _route_chunks(scan(source, spec.input), spec):
+    for source in sources:
+        groups = parquet_row_groups(source) if parquet else None
+        header, scanned = scan_with_header(source, spec.input)
+        for route, chunk in _route_chunks(scanned, spec, groups):
             first, last = chunk[0], chunk[-1]
             batch = [s.record for s in chunk]
-            if spec.input.format == "parquet":
+            if parquet:
                 digest = parquet_slice_digest(batch)
+            elif spec.routing is None:
+                digest = _streamed_digest(chunk)
             else:
+                # A route's range holds other routes' records too, so it is read again.
                 digest = slice_digest_bytes(source, first.start, last.end)
             sl = Slice(path=source.location, format=spec.input.format, start=first.start, end=last.end,
                        first_line=first.record.line, digest=digest, header=header,
-                       route=route if spec.routing else None)
+                       route=route if spec.routing else None, pin=source.slice_pin())
             slices[shard_no] = sl
             per_route[route] = per_route.get(route, 0) + len(batch)
             writer.add_shards([PlannedShard(shard_no, sl.to_json(), len(batch), route)])
@@ -173,22 +189,47 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter) -> PlanResult:
     return PlanResult(version, True, records, shard_no, dead_total, per_route)
 
 
-def _route_chunks(items: Iterator[ScannedRecord], spec: JobSpec) -> Iterator[tuple[str, list[ScannedRecord]]]:
+def _streamed_digest(chunk: list[ScannedRecord]) -> str:
+    """The digest of the bytes from the chunk's first record to its last, from the bytes
+    the scan streamed by (what `slice_digest_bytes` would read again)."""
+    first = chunk[0]
+    h = hashlib.sha256(first.raw[len(first.raw) - (first.end - first.start):])
+    for item in chunk[1:]:
+        h.update(item.raw)
+    return "sha256:" + h.hexdigest()
+
+
+def _route_chunks(items: Iterator[ScannedRecord], spec: JobSpec,
+                  groups: list[int] | None = None) -> Iterator[tuple[str, list[ScannedRecord]]]:
     """Shards of one route each: records go to their route's open chunk, which is cut
     at that route's shard size. A route's shard spans the bytes from its first record
-    to its last, so a rare route's shard is long in bytes but never mixes routes."""
+    to its last, so a rare route's shard is long in bytes but never mixes routes.
+
+    Parquet (`groups`: rows per row group) is cut only where a row group ends, so a
+    worker reads whole row groups of its own: a chunk takes the next group while that
+    keeps it within the shard size, and always takes at least one."""
     routing = spec.routing
     sizes = {LOCAL_ROUTE: spec.shards.size}
     if routing is not None:
         sizes.update({p.route: p.shard_size or spec.shards.size for p in routing.providers})
+    next_rows: dict[int, int] = {}  # row where a group ends -> rows of the group after it
+    row = 0
+    for i, n in enumerate(groups or ()):
+        row += n
+        next_rows[row] = groups[i + 1] if groups is not None and i + 1 < len(groups) else 0
     open_chunks: dict[str, list[ScannedRecord]] = {}
     for item in items:
         route = routing.route_of(item.record.data_class) if routing else LOCAL_ROUTE
         chunk = open_chunks.setdefault(route, [])
         chunk.append(item)
-        if len(chunk) == sizes[route]:
-            yield route, chunk
-            del open_chunks[route]
+        if groups is None:
+            if len(chunk) == sizes[route]:
+                yield route, chunk
+                del open_chunks[route]
+        elif item.end in next_rows:
+            for name in sorted(open_chunks, key=lambda r: open_chunks[r][0].start):
+                if len(open_chunks[name]) + next_rows[item.end] > sizes[name]:
+                    yield name, open_chunks.pop(name)
     # What is left of each route, in the order of its first record.
     for route, chunk in sorted(open_chunks.items(), key=lambda kv: kv[1][0].start):
         yield route, chunk

@@ -404,6 +404,6 @@ def test_a_publication_target_follows_the_pointer_and_refuses_a_state_the_store_
     assert dataset.current(spec.name) == version_folder(v1)
     # Someone else changed what readers see: the next publish refuses and moves nothing.
     (tmp_path / "warehouse" / spec.name / "CURRENT").write_text("elsewhere\n")
-    with pytest.raises(BatchlineError, match="CURRENT names 'elsewhere', not 'test-job-.* as the store recorded"):
+    with pytest.raises(BatchlineError, match=r"CURRENT names 'elsewhere', not 'test-job-.* as the store recorded"):
         publish(store, v2, targets=[dataset])
     assert store.resolve_name(spec.name) == v1
