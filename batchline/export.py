@@ -111,7 +111,8 @@ def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Pat
     per dead letter), both in the order of the job's input, for any job: custom_id is the
     record's id. The input is streamed and results are fetched a page of ids at a time."""
     from batchline.openai_format import error_line, response_line
-    from batchline.snapshot import file_digest, input_sources, scan
+    from batchline.snapshot import input_sources, scan
+    from batchline.sources import snapshot_digest
     from batchline.spec import stored_spec
 
     info = store.job(version)
@@ -123,15 +124,17 @@ def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Pat
                              "records have an outcome): export it once it is sealed, or pass --partial to "
                              "write the outcomes there are")
     spec = stored_spec(info)
-    # The files follow the input's order, so the input must still be the planned snapshot.
-    if spec.version(file_digest(spec.input), spec.base_version) != version:
+    # The files follow the input's order, so the input must still be the planned snapshot;
+    # the scan below reads each object conditional on the pin checked here.
+    sources = input_sources(spec.input)
+    if spec.version(snapshot_digest([s.pin() for s in sources]), spec.base_version) != version:
         raise InputError(f"{', '.join(spec.input.locations)}: the input changed since {version} "
                          "was planned; the export reads it for the order of the lines")
     local_model = _local_model_name(spec.model.engine, spec.model.path, spec.model.options)
     counts = {"responses": 0, "errors": 0, "pending": 0}
 
     def ids() -> Iterator[str]:
-        for source in input_sources(spec.input):
+        for source in sources:
             for scanned in scan(source, spec.input):
                 yield scanned.record.id
 

@@ -14,7 +14,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 
-from batchline.errors import EngineFatal, InputError
+from batchline.errors import EngineFatal, InputError, SourceUnavailable
 from batchline.outputs import OutputChecker
 from batchline.prompt import split_template
 from batchline.providers.base import BatchProvider
@@ -27,7 +27,9 @@ from batchline.worker.local import LocalShardRun
 from batchline.worker.shard import JobContext, ShardContext, WorkerHandle
 
 EXIT_DONE = 0
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped early with work left; start another
+# EX_TEMPFAIL: stopped early with work left (a signal, a preemption notice, an input store
+# that cannot be read now); start another.
+EXIT_PREEMPTED = 75
 EXIT_INPUT = 3
 EXIT_ENGINE = 5
 
@@ -87,6 +89,12 @@ class Worker:
                      + (f", route {lease.route}" if lease.route != LOCAL_ROUTE else ""))
             try:
                 outcome = self._run_shard(lease)
+            except SourceUnavailable as exc:
+                # Nothing is wrong with the shard or the input: another worker (or this
+                # one, restarted later) reads it once the store answers again.
+                self._give_back(lease, "input_unavailable", str(exc))
+                self.log(f"shard {lease.shard_no}: given back, its input cannot be read now: {exc}")
+                return EXIT_PREEMPTED
             except InputError as exc:
                 self._give_back(lease, "input_changed", str(exc))
                 raise
