@@ -12,7 +12,7 @@ import os
 import sqlite3
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,19 +74,36 @@ def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
     return atomic_write(out, write)
 
 
-def export_dataset(store: ReaderStore, name: str, root: Path) -> tuple[str, Path]:
-    """The published version of `name` as a Parquet dataset under `root`, with CURRENT
-    naming it (see `batchline.targets.parquet`)."""
-    from batchline.targets.parquet import ParquetDataset
+def export_dataset(store: ReaderStore, name: str, root: Path | str) -> tuple[str, str]:
+    """The published version of `name` as a Parquet dataset under `root` (a folder, or an
+    s3:// or gs:// prefix), with CURRENT naming it (see `batchline.targets.parquet`)."""
+    from batchline.targets.parquet import dataset_at
 
     version = store.resolve_name(name)
     if version is None:
         raise BatchlineError(f"nothing is published under {name!r} in {store.url}")
-    dataset = ParquetDataset(root)
+    dataset = dataset_at(root)
     dataset.stage(store, version)
     # An export on demand, not a publication: CURRENT follows the store's pointer, whatever it named before.
     dataset.show(name, version, None)
-    return version, dataset.folder(name, version)
+    return version, str(dataset.folder(name, version))
+
+
+def export_to(out: str, write: Callable[[Path], int]) -> int:
+    """`write(path)` to a local file, or, for an s3:// or gs:// URL, to a scratch file that is
+    then uploaded whole (readers of the object see the old one or the complete new one)."""
+    from batchline.sources import is_object_url
+
+    if not is_object_url(out):
+        return write(Path(out))
+    from batchline.lake import lake_settings
+    from batchline.sources.objects import upload
+
+    with tempfile.TemporaryDirectory(prefix="batchline-export-") as scratch:
+        local = Path(scratch) / Path(out).name
+        n = write(local)
+        upload(local, out, lake_settings())
+    return n
 
 
 @dataclass(frozen=True)

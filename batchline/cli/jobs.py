@@ -67,12 +67,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_dead_letters)
 
     p = command("export", "write a version's results with each record's ACL; a published NAME with "
-                          "--format parquet writes a dataset per version and flips NAME/CURRENT")
+                          "--format parquet writes a dataset per version and flips NAME/CURRENT (a folder, "
+                          "or an s3:// or gs:// prefix)")
     p.add_argument("target", metavar="VERSION|NAME")
     p.add_argument("--format", choices=("jsonl", "parquet", "openai-batch"), default="jsonl",
                    help="openai-batch: OpenAI's batch output file (--out) and error file (--errors), one "
                         "line per input line, in the input's order")
-    p.add_argument("--out", type=Path, default=None, metavar="PATH")
+    p.add_argument("--out", default=None, metavar="PATH|URL",
+                   help="a file or folder, or an s3:// or gs:// URL (jsonl and parquet)")
     p.add_argument("--errors", type=Path, default=None, metavar="PATH",
                    help="with --format openai-batch: the error file (default: --out with .errors.jsonl)")
     p.add_argument("--partial", action="store_true",
@@ -311,7 +313,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from batchline.export import export_dataset, export_jsonl, export_parquet
+    from batchline.export import export_dataset, export_jsonl, export_parquet, export_to
 
     store = _store(args)
     if args.format == "openai-batch":
@@ -319,16 +321,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.errors is not None or args.partial:
         raise BatchlineError("--errors and --partial go with --format openai-batch")
     if store.job(args.target) is None and args.format == "parquet":
-        version, folder = export_dataset(store, args.target, args.out or Path("exports"))
-        print(f"exported {version} to {folder}; {folder.parent / 'CURRENT'} names it", file=sys.stderr)
+        version, folder = export_dataset(store, args.target, args.out or "exports")
+        print(f"exported {version} to {folder}; {folder.rsplit('/', 1)[0]}/CURRENT names it", file=sys.stderr)
         return 0
     version = _version(store, args.target)
+    out: str | None = args.out
     if args.format == "parquet":
-        out = args.out or Path(f"{version.replace('@', '-')}.parquet")
-        n = export_parquet(store, version, out)
+        out = out or f"{version.replace('@', '-')}.parquet"
+        n = export_to(out, lambda path: export_parquet(store, version, path))
+    elif out is None:
+        n = export_jsonl(store, version, None)
     else:
-        out = args.out
-        n = export_jsonl(store, version, out)
+        n = export_to(out, lambda path: export_jsonl(store, version, path))
     print(f"exported {n:,} results of {version}" + (f" to {out}" if out else ""), file=sys.stderr)
     return 0
 
@@ -338,11 +342,15 @@ def _export_openai_batch(store: Store, args: argparse.Namespace) -> int:
 
     if args.out is None:
         raise BatchlineError("--format openai-batch needs --out FILE (the error file goes beside it)")
-    errors = args.errors or openai_errors_path(args.out)
-    if errors.resolve() == args.out.resolve():
+    if args.out.startswith(("s3://", "gs://")):
+        raise BatchlineError("--format openai-batch writes two files side by side on local disk; --out must "
+                             "be a local file (copy them to object storage afterwards)")
+    out = Path(args.out)
+    errors = args.errors or openai_errors_path(out)
+    if errors.resolve() == out.resolve():
         raise BatchlineError(f"--errors {errors} is the output file itself; name another file")
     version = _version(store, args.target)
-    done = export_openai_batch(store, version, args.out, errors, partial=args.partial)
+    done = export_openai_batch(store, version, out, errors, partial=args.partial)
     print(f"exported {version}: responses {done.responses:,} in {args.out}, errors {done.errors:,} in {errors}"
           + (f"; {done.pending:,} records have no outcome yet" if done.pending else ""), file=sys.stderr)
     return 0

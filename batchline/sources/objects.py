@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from fnmatch import fnmatchcase
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, TypeVar, cast
 
 from batchline.errors import InputError, SourceUnavailable
@@ -130,7 +130,7 @@ def retrying(what: str, settings: LakeSettings, op: Callable[[], T], pin: Pin | 
     while True:
         try:
             return op()
-        except (InputError, SourceUnavailable):
+        except (InputError, SourceUnavailable, ConditionFailed):
             raise
         except Exception as exc:
             if not transient(exc):
@@ -392,3 +392,82 @@ def read_object(url: str, settings: LakeSettings) -> bytes:
     scheme, bucket, key = split_url(url)
     store = object_store(scheme, bucket, settings)
     return retrying(url, settings, lambda: bytes(obs.get(store, key).bytes()))
+
+
+# --- writing (exports) --------------------------------------------------------------------
+
+
+class ConditionFailed(Exception):
+    """A conditional put found the object other than expected."""
+
+
+def _at(url: str, settings: LakeSettings) -> tuple[ObjectStore, str]:
+    scheme, bucket, key = split_url(url)
+    return object_store(scheme, bucket, settings), key
+
+
+def object_exists(url: str, settings: LakeSettings) -> bool:
+    obs = _obstore()
+    store, key = _at(url, settings)
+
+    def head() -> bool:
+        try:
+            obs.head(store, key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    return retrying(url, settings, head)
+
+
+def read_versioned(url: str, settings: LakeSettings) -> tuple[bytes, dict[str, Any]] | None:
+    """A small object and its ETag and version (what a conditional put of it names), or None."""
+    obs = _obstore()
+    store, key = _at(url, settings)
+
+    def get() -> tuple[bytes, dict[str, Any]] | None:
+        try:
+            result = obs.get(store, key)
+        except FileNotFoundError:
+            return None
+        meta = result.meta
+        return bytes(result.bytes()), {"e_tag": meta["e_tag"], "version": meta["version"]}
+
+    return retrying(url, settings, get)
+
+
+def upload(path: Path, url: str, settings: LakeSettings) -> None:
+    """A local file to an object, whole: multipart for a large one, visible only once complete."""
+    obs = _obstore()
+    store, key = _at(url, settings)
+    retrying(url, settings, lambda: obs.put(store, key, path))
+
+
+def put_if(url: str, data: bytes, settings: LakeSettings, expected: dict[str, Any] | None) -> None:
+    """Writes `data` only if the object is still what `expected` (from `read_versioned`)
+    describes, or is still absent when `expected` is None: If-Match or If-None-Match."""
+    obs = _obstore()
+    from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+    store, key = _at(url, settings)
+    mode: Any = "create" if expected is None else {k: v for k, v in expected.items() if v is not None}
+
+    def put() -> None:
+        try:
+            obs.put(store, key, data, mode=mode)
+        except (AlreadyExistsError, PreconditionError):
+            raise ConditionFailed(url) from None
+
+    retrying(url, settings, put)
+
+
+def delete_prefix(url: str, settings: LakeSettings) -> None:
+    obs = _obstore()
+    store, prefix = _at(url, settings)
+
+    def delete() -> None:
+        keys = [meta["path"] for page in obs.list(store, prefix.rstrip("/"), chunk_size=LIST_PAGE) for meta in page]
+        if keys:
+            obs.delete(store, keys)
+
+    retrying(url, settings, delete)
