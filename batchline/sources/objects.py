@@ -386,6 +386,19 @@ def expand_glob(url: str, settings: LakeSettings) -> list[str]:
     return [f"{scheme}://{bucket}/{key}" for key in sorted(set(keys))]
 
 
+def list_prefix(url: str, settings: LakeSettings) -> list[str]:
+    """Every object under a prefix URL (ending in `/`), sorted."""
+    obs = _obstore()
+    scheme, bucket, prefix = split_url(url)
+    store = object_store(scheme, bucket, settings)
+
+    def listing() -> list[str]:
+        return sorted(meta["path"] for page in obs.list(store, prefix.rstrip("/") or None, chunk_size=LIST_PAGE)
+                      for meta in page if not meta["path"].endswith("/"))
+
+    return [f"{scheme}://{bucket}/{key}" for key in retrying(url, settings, listing)]
+
+
 def read_object(url: str, settings: LakeSettings) -> bytes:
     """A small object whole (a manifest)."""
     obs = _obstore()
@@ -463,11 +476,7 @@ def put_if(url: str, data: bytes, settings: LakeSettings, expected: dict[str, An
 
 def delete_prefix(url: str, settings: LakeSettings) -> None:
     obs = _obstore()
-    store, prefix = _at(url, settings)
-
-    def delete() -> None:
-        keys = [meta["path"] for page in obs.list(store, prefix.rstrip("/"), chunk_size=LIST_PAGE) for meta in page]
-        if keys:
-            obs.delete(store, keys)
-
-    retrying(url, settings, delete)
+    keys = [split_url(k)[2] for k in list_prefix(url, settings)]
+    if keys:
+        store, _prefix = _at(url, settings)
+        retrying(url, settings, lambda: obs.delete(store, keys))

@@ -13,6 +13,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from batchline.errors import EngineFatal, InputError, SourceUnavailable
 from batchline.outputs import OutputChecker
@@ -75,7 +76,12 @@ class Worker:
         while True:
             if self.stop.is_set():
                 return EXIT_PREEMPTED if self.store.has_open_shards(self.version, self.routes) else EXIT_DONE
-            lease = self._claim()
+            try:
+                lease = self._claim()
+            except SourceUnavailable as exc:
+                # The weights' store cannot be read now; no shard is held.
+                self.log(f"stopping: {exc}")
+                return EXIT_PREEMPTED
             if lease is None:
                 if self.stop.is_set():
                     continue
@@ -218,10 +224,20 @@ class Worker:
             return self._engine
         if self._engine is not None:
             self._engine.close()
-        self._engine = EngineProcess(job.init, LOAD_TIMEOUT_SECONDS)
+        self._engine = EngineProcess(self._engine_init(job), LOAD_TIMEOUT_SECONDS)
         self._engine_version = version
         self._engine.start(self.stop)
         return self._engine
+
+    @staticmethod
+    def _engine_init(job: JobContext) -> dict[str, Any]:
+        """The engine child's init, with weights in object storage replaced by this node's
+        verified copy of them (fetched once per node, before any shard is claimed)."""
+        from batchline.engines.models import local_weights
+
+        model = job.init["model"]
+        path = local_weights(model["path"], model["digest"], job.spec.input.storage)
+        return job.init if path == model["path"] else {**job.init, "model": {**model, "path": path}}
 
     def restart_engine(self) -> EngineProcess:
         assert self._engine is not None

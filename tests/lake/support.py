@@ -16,7 +16,7 @@ test machines.
 
 Fixtures: `s3_standin` and `gcs_standin` (one server per test session),
 `lake_env` (the environment for the S3 stand-in, set for the test and inherited
-by the processes it starts).
+by the processes it starts), `s3_proxy` (the same through a `FaultProxy`).
 """
 
 from __future__ import annotations
@@ -373,6 +373,16 @@ def lake_env(s3_standin: S3StandIn, monkeypatch: pytest.MonkeyPatch) -> S3StandI
     for key, value in s3_standin.env().items():
         monkeypatch.setenv(key, value)
     return s3_standin
+
+
+@pytest.fixture
+def s3_proxy(lake_env: S3StandIn, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
+    """Every request of the test (and of the workers it starts) goes through a fault proxy in
+    front of the S3 stand-in."""
+    fake = FaultProxy(lake_env.url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", fake.url)
+    yield fake
+    fake.close()
 
 
 @contextlib.contextmanager

@@ -65,37 +65,28 @@ def planned_object(store: Store, tmp_path: Path, bucket: Any, key: str, data: by
     return url, spec, slices(store, plan(spec, store).version)
 
 
-@pytest.fixture
-def proxy(lake_env: S3StandIn, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Every request of this test goes through a fault proxy in front of the S3 stand-in."""
-    fake = FaultProxy(lake_env.url)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", fake.url)
-    yield fake
-    fake.close()
-
-
 # --- pins and conditional reads ----------------------------------------------------------
 
 
 @pytest.mark.parametrize("versioned", [False, True], ids=["plain", "versioned"])
 def test_planning_pins_each_object_with_one_head_and_reads_it_once(
-        proxy: FaultProxy, lake_env: S3StandIn, store: Store, tmp_path: Path, versioned: bool) -> None:
+        s3_proxy: FaultProxy, lake_env: S3StandIn, store: Store, tmp_path: Path, versioned: bool) -> None:
     bucket = lake_env.bucket(versioned=versioned)
     url = bucket.put("in/tickets.jsonl", jsonl(make_records(250)))
     spec = object_spec(tmp_path, {"path": url})
-    proxy.clear()
+    s3_proxy.clear()
     version = plan(spec, store).version
-    assert [(s.method, s.range) for s in proxy.requests()] == [("HEAD", None), ("GET", None)]
+    assert [(s.method, s.range) for s in s3_proxy.requests()] == [("HEAD", None), ("GET", None)]
     pin = open_source(url).pin()
     assert (pin.size, pin.etag is not None, pin.version is not None) == (len(bucket.get("in/tickets.jsonl")),
                                                                           True, versioned)
     planned = slices(store, version)
     assert [s.pin for s in planned] == [pin, pin, pin]
     # A worker reads its slice in one ranged GET of exactly its bytes.
-    proxy.clear()
+    s3_proxy.clear()
     records = read_slice(planned[1], spec.input)
     assert [r.id for r in records] == [f"r{i:06d}" for i in range(100, 200)]
-    [get] = proxy.requests()
+    [get] = s3_proxy.requests()
     assert (get.method, get.range, get.body_bytes) == ("GET", f"bytes={planned[1].start}-{planned[1].end - 1}",
                                                        planned[1].end - planned[1].start)
 
@@ -141,29 +132,29 @@ def test_identical_bytes_uploaded_again_are_a_new_version_of_the_job_on_a_versio
 
 
 def test_a_glob_is_one_prefix_listing_filtered_segment_by_segment(
-        proxy: FaultProxy, lake_env: S3StandIn, tmp_path: Path) -> None:
+        s3_proxy: FaultProxy, lake_env: S3StandIn, tmp_path: Path) -> None:
     bucket = lake_env.bucket()
     for key in ("day=1/a.jsonl", "day=1/b.jsonl", "day=1/sub/c.jsonl", "day=2/a.jsonl", "day=1/a.csv",
                 "day=10/a.jsonl"):
         bucket.put(key, jsonl(make_records(1, key)))
-    proxy.clear()
+    s3_proxy.clear()
     spec = object_spec(tmp_path, {"path": bucket.url("day=1/*.jsonl")})
     assert spec.input.locations == (bucket.url("day=1/a.jsonl"), bucket.url("day=1/b.jsonl"))
-    [listing] = proxy.requests()
+    [listing] = s3_proxy.requests()
     assert (listing.method, "prefix=day%3D1%2F" in listing.path) == ("GET", True)
     deep = object_spec(tmp_path, {"path": [bucket.url("day=1*/**/a.jsonl"), bucket.url("day=2/a.jsonl")]})
     assert deep.input.locations == (bucket.url("day=1/a.jsonl"), bucket.url("day=10/a.jsonl"),
                                      bucket.url("day=2/a.jsonl"))
 
 
-def test_a_glob_lists_a_page_per_thousand_keys(proxy: FaultProxy, lake_env: S3StandIn, tmp_path: Path) -> None:
+def test_a_glob_lists_a_page_per_thousand_keys(s3_proxy: FaultProxy, lake_env: S3StandIn, tmp_path: Path) -> None:
     bucket = lake_env.bucket()
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: bucket.put(f"many/k{i:05d}.jsonl", b""), range(2001)))
-    proxy.clear()
+    s3_proxy.clear()
     spec = object_spec(tmp_path, {"path": bucket.url("many/k0*.jsonl")})
     assert len(spec.input.locations) == 2001
-    assert len(proxy.requests("GET")) == 3
+    assert len(s3_proxy.requests("GET")) == 3
 
 
 def test_a_glob_that_matches_no_object_is_refused(lake_env: S3StandIn, tmp_path: Path) -> None:
@@ -226,19 +217,19 @@ def test_storage_options_are_stored_with_the_job_but_are_not_part_of_its_version
 
 
 def test_a_csv_object_is_read_in_byte_ranges_with_its_header_from_the_same_stream(
-        proxy: FaultProxy, lake_env: S3StandIn, store: Store, tmp_path: Path) -> None:
+        s3_proxy: FaultProxy, lake_env: S3StandIn, store: Store, tmp_path: Path) -> None:
     bucket = lake_env.bucket()
     rows = "".join(f'c{i},"line one\nline two of {i}",g\n' for i in range(120))
     url = bucket.put("in/a.csv", ("id,text,acl\n" + rows).encode())
     spec = object_spec(tmp_path, {"path": url}, size=50)
-    proxy.clear()
+    s3_proxy.clear()
     version = plan(spec, store).version
-    assert [s.method for s in proxy.requests()] == ["HEAD", "GET"]
-    proxy.clear()
+    assert [s.method for s in s3_proxy.requests()] == ["HEAD", "GET"]
+    s3_proxy.clear()
     records = [r for sl in slices(store, version) for r in read_slice(sl, spec.input)]
     assert [r.id for r in records] == [f"c{i}" for i in range(120)]
     assert records[7].text == "line one\nline two of 7"
-    assert len(proxy.requests("GET")) == 3
+    assert len(s3_proxy.requests("GET")) == 3
 
 
 def byte_spans(gets: list[Any]) -> list[tuple[int, int]]:
@@ -250,25 +241,25 @@ def byte_spans(gets: list[Any]) -> list[tuple[int, int]]:
 
 
 def test_a_parquet_object_is_read_a_row_group_at_a_time_and_no_byte_twice(
-        proxy: FaultProxy, lake_env: S3StandIn, store: Store, tmp_path: Path) -> None:
+        s3_proxy: FaultProxy, lake_env: S3StandIn, store: Store, tmp_path: Path) -> None:
     bucket = lake_env.bucket()
     # Row groups far larger than the footer read, so each is a request of its own.
     data = parquet_bytes(4000, 500)
     url = bucket.put("in/a.parquet", data)
     spec = object_spec(tmp_path, {"path": url}, size=1000)
-    proxy.clear()
+    s3_proxy.clear()
     version = plan(spec, store).version
-    head, footer, *groups = proxy.requests()
+    head, footer, *groups = s3_proxy.requests()
     assert head.method == "HEAD" and footer.range is not None and footer.range.endswith(f"-{len(data) - 1}")
     # A GET per row group, except where the footer's 64 KiB already held the group's columns.
     assert 7 <= len(groups) <= 8
     byte_spans([footer, *groups])
     planned = slices(store, version)
     assert [(s.start, s.end) for s in planned] == [(0, 1000), (1000, 2000), (2000, 3000), (3000, 4000)]
-    proxy.clear()
+    s3_proxy.clear()
     records = read_slice(planned[1], spec.input)
     assert [r.id for r in records] == [f"p{i:05d}" for i in range(1000, 2000)]
-    gets = proxy.requests("GET")
+    gets = s3_proxy.requests("GET")
     assert len(gets) == 3  # the footer and the slice's two row groups
     byte_spans(gets)
     # Only the columns the job reads: the unread column's bytes are not fetched.
@@ -312,33 +303,33 @@ def test_the_openai_batch_export_and_auto_shard_sizes_read_objects(
 
 
 def test_throttling_a_reset_mid_range_and_a_stall_are_retried(
-        proxy: FaultProxy, lake_env: S3StandIn, store: Store, tmp_path: Path) -> None:
+        s3_proxy: FaultProxy, lake_env: S3StandIn, store: Store, tmp_path: Path) -> None:
     _url, spec, [sl] = planned_object(store, tmp_path, lake_env.bucket(), "in/a.jsonl", jsonl(make_records(100)),
                                       storage={"timeout_seconds": 0.5})
-    proxy.clear()
-    proxy.throttle(3)
+    s3_proxy.clear()
+    s3_proxy.throttle(3)
     assert len(read_slice(sl, spec.input)) == 100
-    assert [s.status for s in proxy.requests()] == [503, 503, 503, 206]
-    proxy.clear()
-    proxy.reset_mid_body(1)
+    assert [s.status for s in s3_proxy.requests()] == [503, 503, 503, 206]
+    s3_proxy.clear()
+    s3_proxy.reset_mid_body(1)
     assert len(read_slice(sl, spec.input)) == 100
-    assert [s.body_bytes for s in proxy.requests()] == [(sl.end - sl.start) // 2, sl.end - sl.start]
-    proxy.clear()
-    proxy.stall(1, 2.0)
+    assert [s.body_bytes for s in s3_proxy.requests()] == [(sl.end - sl.start) // 2, sl.end - sl.start]
+    s3_proxy.clear()
+    s3_proxy.stall(1, 2.0)
     assert len(read_slice(sl, spec.input)) == 100
 
 
 def test_a_reset_in_the_middle_of_planning_resumes_where_the_stream_stopped(
-        proxy: FaultProxy, lake_env: S3StandIn, store: Store, tmp_path: Path) -> None:
+        s3_proxy: FaultProxy, lake_env: S3StandIn, store: Store, tmp_path: Path) -> None:
     bucket = lake_env.bucket()
     data = jsonl(make_records(40_000))
     assert len(data) > 3 * STREAM_CHUNK
     url = bucket.put("in/a.jsonl", data)
     spec = object_spec(tmp_path, {"path": url}, size=5000)
-    proxy.clear()
-    proxy.reset_mid_body(1)
+    s3_proxy.clear()
+    s3_proxy.reset_mid_body(1)
     assert plan(spec, store).records == 40_000
-    first, again = proxy.requests("GET")
+    first, again = s3_proxy.requests("GET")
     # The stream had handed on chunks of at least 1 MiB before the reset; the second GET
     # starts after the last of them instead of at byte 0.
     assert first.range is None and first.body_bytes == len(data) // 2
@@ -349,13 +340,13 @@ def test_a_reset_in_the_middle_of_planning_resumes_where_the_stream_stopped(
 
 
 def test_a_store_that_stays_unreachable_past_the_bound_raises_source_unavailable(
-        proxy: FaultProxy, lake_env: S3StandIn, store: Store, tmp_path: Path) -> None:
+        s3_proxy: FaultProxy, lake_env: S3StandIn, store: Store, tmp_path: Path) -> None:
     url, spec, [sl] = planned_object(store, tmp_path, lake_env.bucket(), "in/a.jsonl", jsonl(make_records(100)),
                                      storage={"unavailable_seconds": 1.5})
-    proxy.throttle(10_000)
+    s3_proxy.throttle(10_000)
     with pytest.raises(SourceUnavailable, match=rf"{url}: the object store did not answer for 1.5s"):
         read_slice(sl, spec.input)
-    assert len(proxy.requests()) > 2
+    assert len(s3_proxy.requests()) > 2
 
 
 # --- GCS ------------------------------------------------------------------------------------
