@@ -233,7 +233,7 @@ class Worker:
     def _engine_init(job: JobContext) -> dict[str, Any]:
         """The engine child's init, with weights in object storage replaced by this node's
         verified copy of them (fetched once per node, before any shard is claimed)."""
-        from batchline.engines.models import local_weights
+        from batchline.weights import local_weights
 
         model = job.init["model"]
         path = local_weights(model["path"], model["digest"], job.spec.input.storage)

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from batchline import weights
 from batchline.digests import sha256_tree
-from batchline.engines import models
-from batchline.engines.models import fetch_weights, local_weights
 from batchline.errors import EngineFatal, SpecError
 from batchline.spec import parse_spec
+from batchline.weights import fetch_weights, local_weights
 from tests.lake.support import FaultProxy, S3StandIn
 
 WEIGHTS = bytes(range(256)) * 5000  # 1.28 MB: more than one streamed chunk
@@ -69,12 +69,12 @@ def test_an_interrupted_download_is_never_loaded_and_the_next_fetch_starts_again
         dst.write(src.read(len(WEIGHTS) // 2))
         raise KeyboardInterrupt  # the worker is killed mid-download
 
-    monkeypatch.setattr(models.shutil, "copyfileobj", dies_half_way)
+    monkeypatch.setattr(weights.shutil, "copyfileobj", dies_half_way)
     with pytest.raises(KeyboardInterrupt):
         fetch_weights(url, digest_of(WEIGHTS))
     folder = cache / "weights" / digest_of(WEIGHTS).removeprefix("sha256:")
     assert not (folder / "tiny.gguf").exists()
-    monkeypatch.setattr(models.shutil, "copyfileobj", real)
+    monkeypatch.setattr(weights.shutil, "copyfileobj", real)
     assert fetch_weights(url, digest_of(WEIGHTS)).read_bytes() == WEIGHTS
 
 
