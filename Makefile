@@ -5,7 +5,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS := dev,postgres,fleet,sizing,metrics,llamacpp,transformers,embedding,openai,iceberg
+EXTRAS := dev,postgres,fleet,sizing,metrics,llamacpp,transformers,embedding,openai,iceberg,lake
 # llama.cpp must be built portably: a native build dies with "Illegal instruction"
 # on machines whose CPU differs from the builder's.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON

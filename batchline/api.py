@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from batchline.planner import PlanResult
     from batchline.publish import PublishResult
     from batchline.report import ReportData
+    from batchline.spec import JobSpec
     from batchline.store import JobStatus, Store, StoredDeadLetter
     from batchline.store.model import Publication
     from batchline.validate import ValidationReport
@@ -89,11 +90,11 @@ class JobListing:
 class ExportResult:
     version: str
     count: int  # results written (openai-batch: lines of the output file)
-    path: Path | None  # None: jsonl to stdout
+    path: Path | str | None  # an object URL as a string; None: jsonl to stdout
     errors: int = 0  # openai-batch: lines of the error file
     errors_path: Path | None = None
     pending: int = 0  # openai-batch with partial: records without an outcome yet
-    current: Path | None = None  # a published name's Parquet dataset: the CURRENT file naming the version
+    current: Path | str | None = None  # a published name's Parquet dataset: the CURRENT file naming the version
 
 
 class Jobs:
@@ -143,14 +144,18 @@ class Jobs:
             return plan_spec(job, s, log=log)
 
     def run(self, spec: str | Path, *, workers: int = 1, log_dir: str | Path | None = None, publish: bool = False,
-            progress: IO[str] | None = sys.stderr, log: Callable[[str], None] = _stderr) -> RunResult:
+            plan_key: str | None = None, progress: IO[str] | None = sys.stderr,
+            log: Callable[[str], None] = _stderr) -> RunResult:
         """Plans the job if it is new and keeps `workers` local worker processes running until
         every shard is done; `publish`: then validates the version and publishes it if it
-        passes (`BatchlineError` if it does not). `progress` gets the live progress line
-        (None: nowhere); `log_dir`: the workers' logs (default: a folder of this run's own).
-        Stopped early (SIGINT or SIGTERM, when run from the main thread), it returns with
-        `exit_code` 75 and the work left in the store for the next run."""
-        from batchline.planner import plan as plan_spec
+        passes (`BatchlineError` if it does not), unless its name shows it already.
+        `plan_key` (a scheduled run's key, such as its scheduled minute): the first run with
+        this key plans and keys the version; every later run with it (a restarted worker
+        slot, another slot) runs that version, whatever the input looks like by then.
+        `progress` gets the live progress line (None: nowhere); `log_dir`: the workers' logs
+        (default: a folder of this run's own). Stopped early (SIGINT or SIGTERM, when run
+        from the main thread), it returns with `exit_code` 75 and the work left in the
+        store for the next run."""
         from batchline.runner import LocalRunner, default_log_dir
         from batchline.spec import load_spec
 
@@ -158,8 +163,7 @@ class Jobs:
             raise BatchlineError(f"workers must be at least 1, not {workers}")
         job = load_spec(spec)
         with self._opened(create=True) as s, contextlib.ExitStack() as closing:
-            planned = plan_spec(job, s, log=log)
-            version = planned.version
+            version, created = _plan_once(s, job, plan_key, log)
             log(f"version {version}")
             _refuse_cancelled(s, version)
             out = progress if progress is not None else closing.enter_context(open(os.devnull, "w"))
@@ -168,7 +172,7 @@ class Jobs:
                                  deadline=job.deadline.timestamp() if job.deadline else None)
             summary = runner.run()
             _refuse_cancelled(s, version)
-            result = RunResult(version, planned.created, summary.status, summary.seconds, workers,
+            result = RunResult(version, created, summary.status, summary.seconds, workers,
                                summary.worker_starts, summary.restarts, summary.log_dir, summary.exit_code,
                                summary.answered)
             if publish and summary.exit_code == 0:
@@ -224,9 +228,15 @@ class Jobs:
         with self._opened() as s:
             return publish(s, version, force=force, reason=reason, log=log)
 
-    def validate_and_publish(self, version: str, *,
-                             log: Callable[[str], None] = _stderr) -> tuple[ValidationReport, PublishResult]:
-        """Validates and, if it passes, publishes; `log` gets the validation table first."""
+    def validate_and_publish(self, version: str, *, log: Callable[[str], None] = _stderr
+                             ) -> tuple[ValidationReport | None, PublishResult | None]:
+        """Validates and, if it passes, publishes; `log` gets the validation table first.
+        A version its name shows already is left as it is: (None, None)."""
+        with self._opened() as s:
+            info = s.job(version)
+            if info is not None and s.resolve_name(info.name) == version:
+                log(f"{version} is published as {info.name} already")
+                return None, None
         report = self.validate(version)
         log(report.table())
         if not report.passed:
@@ -265,17 +275,21 @@ class Jobs:
                errors: str | Path | None = None, partial: bool = False) -> ExportResult:
         """Writes a version's results with each record's ACL: `jsonl` (to `out`, or stdout),
         `parquet` (one file; for a published NAME, a folder per version under `out` with
-        NAME/CURRENT naming the published one), or `openai-batch` (OpenAI's output file at
+        NAME/CURRENT naming the published one; `out` may be an s3:// or gs:// URL), or `openai-batch` (OpenAI's output file at
         `out` and error file at `errors`, one line per input line, in the input's order).
         A version that is not sealed yet is refused unless `partial` asks for the outcomes
         there are (a reader of a file cannot tell it is half)."""
         from batchline import export as files
+        from batchline.sources import is_object_url
 
         out_path = Path(out) if out is not None else None
         with self._opened() as s:
             if format == "openai-batch":
                 if out_path is None:
                     raise BatchlineError("--format openai-batch needs --out FILE (the error file goes beside it)")
+                if is_object_url(str(out)):
+                    raise BatchlineError("--format openai-batch writes two files side by side on local disk; "
+                                         "--out must be a local file (copy them to object storage afterwards)")
                 errors_path = Path(errors) if errors is not None else files.openai_errors_path(out_path)
                 if errors_path.resolve() == out_path.resolve():
                     raise BatchlineError(f"--errors {errors_path} is the output file itself; name another file")
@@ -285,16 +299,21 @@ class Jobs:
             if errors is not None:
                 raise BatchlineError("--errors goes with --format openai-batch")
             if format == "parquet" and s.job(target) is None:
-                version, folder = files.export_dataset(s, target, out_path or Path("exports"))
-                return ExportResult(version, s.status(version).results, folder, current=folder.parent / "CURRENT")
+                version, folder = files.export_dataset(s, target, out if out is not None else "exports")
+                return ExportResult(version, s.status(version).results, _local(folder),
+                                    current=_local(folder.rsplit("/", 1)[0] + "/CURRENT"))
             version = self._resolve(s, target)
             files.finished(s, version, partial)
             if format == "parquet":
-                path = out_path or Path(f"{version.replace('@', '-')}.parquet")
-                return ExportResult(version, files.export_parquet(s, version, path), path)
+                dest = str(out) if out is not None else f"{version.replace('@', '-')}.parquet"
+                return ExportResult(version, files.export_to(dest, lambda p: files.export_parquet(s, version, p)),
+                                    _local(dest))
             if format != "jsonl":
                 raise BatchlineError(f"unknown export format {format!r}: jsonl, parquet or openai-batch")
-            return ExportResult(version, files.export_jsonl(s, version, out_path), out_path)
+            if out is None:
+                return ExportResult(version, files.export_jsonl(s, version, None), None)
+            return ExportResult(version, files.export_to(str(out), lambda p: files.export_jsonl(s, version, p)),
+                                _local(str(out)))
 
     def report(self, target: str, html: str | Path, *, gpu_hour_price: float | None = None) -> ReportData:
         """Writes one self-contained HTML page about a version (or a published name)."""
@@ -305,7 +324,41 @@ class Jobs:
                                 price=DEFAULT_GPU_HOUR_PRICE if gpu_hour_price is None else gpu_hour_price)
 
 
+def _local(location: str) -> Path | str:
+    """A local path as a Path; an object URL as itself."""
+    from batchline.sources import is_object_url
+
+    return location if is_object_url(location) else Path(location)
+
+
 def _refuse_cancelled(s: Store, version: str) -> None:
     info = s.job(version)
-    if info is not None and info.state == "cancelled":
-        raise BatchlineError(f"{version} was cancelled in {s.url}; nothing of it runs again")
+    if info is not None and info.state in ("cancelled", "removed"):
+        raise BatchlineError(f"{version} was {'cancelled' if info.state == 'cancelled' else 'deleted'} in {s.url}; "
+                             "nothing of it runs again")
+
+
+def _plan_once(s: Store, job: JobSpec, plan_key: str | None, log: Callable[[str], None]) -> tuple[str, bool]:
+    """The version to run and whether this call planned it: without a key, the job's
+    version now; with one, the version the key names, planned and keyed here if none is."""
+    from batchline.planner import plan as plan_spec
+
+    if plan_key is not None:
+        keyed = s.keyed_version(job.name, plan_key)
+        if keyed is not None:
+            log(f"run {plan_key!r} of {job.name} was planned as {keyed}; running it")
+            return keyed, False
+    planned = plan_spec(job, s, log=log)
+    if plan_key is None:
+        return planned.version, planned.created
+    keyed = s.key_plan(job.name, plan_key, planned.version)
+    if keyed != planned.version:
+        # Another slot of the same run planned first, from an older snapshot: its version is the run's.
+        log(f"run {plan_key!r} of {job.name} was planned as {keyed} meanwhile; running it instead of "
+            f"{planned.version}")
+        if planned.created:
+            from batchline.publish import who
+
+            s.cancel(planned.version, who(), f"run {plan_key!r} was keyed to {keyed} first")
+        return keyed, False
+    return keyed, planned.created

@@ -37,3 +37,11 @@ class EngineFatal(BatchlineError):
     """
 
     exit_code = 5
+
+
+class SourceUnavailable(BatchlineError):
+    """The input's store cannot be read now (throttled, unreachable, timing out) for
+    longer than its bound. Nothing is wrong with the input: a worker gives its shard
+    back and exits 75 so that another worker (or this one, later) tries again."""
+
+    exit_code = 75

@@ -12,7 +12,7 @@ import os
 import sqlite3
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,19 +88,36 @@ def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
     return atomic_write(out, write)
 
 
-def export_dataset(store: ReaderStore, name: str, root: Path) -> tuple[str, Path]:
-    """The published version of `name` as a Parquet dataset under `root`, with CURRENT
-    naming it (see `batchline.targets.parquet`)."""
-    from batchline.targets.parquet import ParquetDataset
+def export_dataset(store: ReaderStore, name: str, root: Path | str) -> tuple[str, str]:
+    """The published version of `name` as a Parquet dataset under `root` (a folder, or an
+    s3:// or gs:// prefix), with CURRENT naming it (see `batchline.targets.parquet`)."""
+    from batchline.targets.parquet import dataset_at
 
     version = store.resolve_name(name)
     if version is None:
         raise BatchlineError(f"nothing is published under {name!r} in {store.url}")
-    dataset = ParquetDataset(root)
+    dataset = dataset_at(root)
     dataset.stage(store, version)
     # An export on demand, not a publication: CURRENT follows the store's pointer, whatever it named before.
     dataset.show(name, version, None)
-    return version, dataset.folder(name, version)
+    return version, str(dataset.folder(name, version))
+
+
+def export_to(out: str, write: Callable[[Path], int]) -> int:
+    """`write(path)` to a local file, or, for an s3:// or gs:// URL, to a scratch file that is
+    then uploaded whole (readers of the object see the old one or the complete new one)."""
+    from batchline.sources import is_object_url
+
+    if not is_object_url(out):
+        return write(Path(out))
+    from batchline.lake import lake_settings
+    from batchline.sources.objects import upload
+
+    with tempfile.TemporaryDirectory(prefix="batchline-export-") as scratch:
+        local = Path(scratch) / Path(out).name
+        n = write(local)
+        upload(local, out, lake_settings())
+    return n
 
 
 @dataclass(frozen=True)
@@ -126,20 +143,23 @@ def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Pat
     record's id. The input is streamed and results are fetched a page of ids at a time."""
     from batchline.openai_format import error_line, response_line
     from batchline.planner import snapshot_records
-    from batchline.snapshot import file_digest
+    from batchline.snapshot import pinned_sources
+    from batchline.sources import snapshot_digest
     from batchline.spec import stored_spec
 
     info = finished(store, version, partial)
     spec = stored_spec(info)
-    # The files follow the input's order, so the input must still be the planned snapshot.
-    if spec.version(file_digest(spec.input, store.url), spec.base_version) != version:
+    # The files follow the input's order, so the input must still be the planned snapshot;
+    # the scan below reads each object conditional on the pin checked here.
+    sources, pins = pinned_sources(spec.input, store.url)
+    if spec.version(snapshot_digest(pins), spec.base_version) != version:
         raise InputError(f"{spec.input.describe()}: the input changed since {version} "
                          "was planned; the export reads it for the order of the lines")
     local_model = _local_model_name(spec.model.engine, spec.model.path, spec.model.options)
     counts = {"responses": 0, "errors": 0, "pending": 0}
 
     def ids() -> Iterator[str]:
-        for record in snapshot_records(spec, store.url):
+        for record in snapshot_records(spec, store.url, sources):
             yield record.id
 
     def write(out_tmp: Path, errors_tmp: Path, dead: _DeadLetterIndex) -> int:

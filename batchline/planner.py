@@ -17,13 +17,14 @@ from batchline.snapshot import (
     Record,
     ScannedRecord,
     Slice,
-    csv_header,
     input_pins,
     input_sources,
+    parquet_row_groups,
     parquet_slice_digest,
     read_bytes,
     read_slice,
     scan,
+    scan_with_header,
 )
 from batchline.sources import Pin, Source, open_source, snapshot_digest
 from batchline.spec import LOCAL_ROUTE, JobSpec, stored_spec
@@ -62,7 +63,7 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
         if base is not None:
             carried = writer.carry_from(base)
             log(f"carried {carried} unchanged records from {base} without inference")
-        if input_pins(spec.input, store.url) != before:
+        if not _unchanged(spec, store.url, sources, before):
             raise InputError("input changed while it was being planned; plan again once it is stable")
         writer.commit(result.records, result.shards)
     except BaseException:
@@ -85,7 +86,15 @@ def _pinned_input(spec: JobSpec, store_url: str) -> tuple[JobSpec, list[Source],
 
     snapshot = read_snapshot(spec.input, store_url)
     spec = replace(spec, input=replace(spec.input, table=snapshot.ref))
-    return spec, [open_source(f.path) for f in snapshot.data_files], [snapshot.pin]
+    return spec, [open_source(f.path, spec.input.storage) for f in snapshot.data_files], [snapshot.pin]
+
+
+def _unchanged(spec: JobSpec, store_url: str, sources: list[Source], before: list[Pin]) -> bool:
+    """Whether the input is still what its pins say, now that planning read it: a table's
+    snapshot is pinned whole; each file or object by its own pin."""
+    if spec.input.table is not None:
+        return input_pins(spec.input, store_url) == before
+    return all(s.still(p) for s, p in zip(sources, before, strict=True))
 
 
 def routes_summary(spec: JobSpec, per_route: dict[str, int]) -> str:
@@ -137,13 +146,22 @@ def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, sources: lis
     return replace(spec, shards=replace(sh, size=size, size_auto=False))
 
 
-def estimate_records(source: Source, fmt: str) -> int:
-    """A cheap count for sizing: Parquet metadata, or lines of a text file."""
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
+ESTIMATE_SAMPLE_BYTES = 1 << 20
 
-        with source.random_access() as f:
-            return int(pq.ParquetFile(f).metadata.num_rows)
+
+def estimate_records(source: Source, fmt: str) -> int:
+    """A cheap count for sizing: Parquet metadata; lines of a local text file; for an
+    object, the lines of its first MiB scaled to its size (one ranged read, not two
+    whole reads of every object)."""
+    if fmt == "parquet":
+        return sum(parquet_row_groups(source))
+    pin = source.slice_pin()  # an object's pin, taken once at planning
+    if pin is not None:
+        size = pin.size
+        sample = source.read(0, min(size, ESTIMATE_SAMPLE_BYTES))
+        if not sample:
+            return 0
+        return round(sample.count(b"\n") * size / len(sample)) or 1
     lines = 0
     with source.stream() as f:
         while chunk := f.read(1 << 22):
@@ -157,21 +175,23 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
     shard_no = records = dead_total = 0
     slices: dict[int, Slice] = {}
     per_route: dict[str, int] = {}
+    parquet = spec.input.format == "parquet"
 
     pieces = 0
     occurrences = _Occurrences() if spec.input.ids == "content" else None
     for source in sources:
-        header = csv_header(source) if spec.input.format == "csv" else None
-        for route, chunk in _route_chunks(scan(source, spec.input), spec):
+        groups = parquet_row_groups(source) if parquet else None
+        header, scanned = scan_with_header(source, spec.input)
+        for route, chunk in _route_chunks(scanned, spec, groups):
             if occurrences is not None:
                 chunk = occurrences.number(chunk)
             first, last = chunk[0], chunk[-1]
             batch = [s.record for s in chunk]
             over = {r.id for r in batch if byte_bound is not None and len(r.text.encode()) > byte_bound}
-            digest, shard_pieces = _digests(source, chunk, spec.input.format, pieces, over)
+            digest, shard_pieces = _digests(source, chunk, spec, pieces, over)
             sl = Slice(path=source.location, format=spec.input.format, start=first.start, end=last.end,
                        first_line=first.record.line, digest=digest, header=header,
-                       route=route if spec.routing else None, pieces=shard_pieces)
+                       route=route if spec.routing else None, pieces=shard_pieces, pin=source.slice_pin())
             slices[shard_no] = sl
             per_route[route] = per_route.get(route, 0) + len(batch)
             writer.add_shards([PlannedShard(shard_no, sl.to_json(), len(batch), route,
@@ -202,38 +222,52 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
 PIECES_PER_SHARD = 16
 
 
-def _digests(source: Source, chunk: list[ScannedRecord], fmt: str, first_no: int,
+def _digests(source: Source, chunk: list[ScannedRecord], spec: JobSpec, first_no: int,
              over: set[str]) -> tuple[str, tuple[Piece, ...]]:
     """The shard's digest and its pieces, each with its own digest: for text formats the
-    bytes (read once for the whole shard), for Parquet the ids and content hashes."""
+    bytes, for Parquet the ids and content hashes."""
     size = -(-len(chunk) // PIECES_PER_SHARD)
     groups = [chunk[i:i + size] for i in range(0, len(chunk), size)]
-    if fmt == "parquet":
+    digest_of: Callable[[list[ScannedRecord]], str]
+    if spec.input.format == "parquet":
         def digest_of(items: list[ScannedRecord]) -> str:
             return parquet_slice_digest([s.record for s in items])
-        whole = digest_of(chunk)
+    elif spec.routing is None:
+        digest_of = _streamed_digest
     else:
+        # A route's range holds other routes' records too, so it is read again (once a shard).
         data = read_bytes(source, chunk[0].start, chunk[-1].end)
         base = chunk[0].start
 
         def digest_of(items: list[ScannedRecord]) -> str:
             return "sha256:" + hashlib.sha256(data[items[0].start - base:items[-1].end - base]).hexdigest()
-        whole = digest_of(chunk)
-    return whole, tuple(Piece(first_no + i, g[0].start, g[-1].end, g[0].record.line, digest_of(g), len(g),
-                              sum(1 for s in g if s.record.id in over),
-                              {str(s.record.line): s.record.id for s in g if _RENUMBERED in s.record.id})
-                        for i, g in enumerate(groups))
+    return digest_of(chunk), tuple(
+        Piece(first_no + i, g[0].start, g[-1].end, g[0].record.line, digest_of(g), len(g),
+              sum(1 for s in g if s.record.id in over),
+              {str(s.record.line): s.record.id for s in g if _RENUMBERED in s.record.id})
+        for i, g in enumerate(groups))
+
+
+def _streamed_digest(chunk: list[ScannedRecord]) -> str:
+    """The digest of the bytes from the chunk's first record to its last, from the bytes
+    the scan streamed by (what reading the range again would give)."""
+    first = chunk[0]
+    h = hashlib.sha256(first.raw[len(first.raw) - (first.end - first.start):])
+    for item in chunk[1:]:
+        h.update(item.raw)
+    return "sha256:" + h.hexdigest()
 
 
 _RENUMBERED = "~"  # content id ~ occurrence: a row identical to an earlier one
 
 
-def snapshot_records(spec: JobSpec, store_url: str | None = None) -> Iterator[Record]:
+def snapshot_records(spec: JobSpec, store_url: str | None = None,
+                     sources: list[Source] | None = None) -> Iterator[Record]:
     """Every record of the snapshot in input order, with the ids the planner gives them
     (ids from content numbered as planning numbers them): what an export in input order
     and a check of coverage read."""
     occurrences = _Occurrences() if spec.input.ids == "content" else None
-    for source in input_sources(spec.input, store_url):
+    for source in input_sources(spec.input, store_url) if sources is None else sources:
         pending: list[ScannedRecord] = []
         for scanned in scan(source, spec.input):
             pending.append(scanned)
@@ -276,22 +310,37 @@ class _Occurrences:
         return out
 
 
-def _route_chunks(items: Iterator[ScannedRecord], spec: JobSpec) -> Iterator[tuple[str, list[ScannedRecord]]]:
+def _route_chunks(items: Iterator[ScannedRecord], spec: JobSpec,
+                  groups: list[int] | None = None) -> Iterator[tuple[str, list[ScannedRecord]]]:
     """Shards of one route each: records go to their route's open chunk, which is cut
     at that route's shard size. A route's shard spans the bytes from its first record
-    to its last, so a rare route's shard is long in bytes but never mixes routes."""
+    to its last, so a rare route's shard is long in bytes but never mixes routes.
+
+    Parquet (`groups`: rows per row group) is cut only where a row group ends, so a
+    worker reads whole row groups of its own: a chunk takes the next group while that
+    keeps it within the shard size, and always takes at least one."""
     routing = spec.routing
     sizes = {LOCAL_ROUTE: spec.shards.size}
     if routing is not None:
         sizes.update({p.route: p.shard_size or spec.shards.size for p in routing.providers})
+    next_rows: dict[int, int] = {}  # row where a group ends -> rows of the group after it
+    row = 0
+    for i, n in enumerate(groups or ()):
+        row += n
+        next_rows[row] = groups[i + 1] if groups is not None and i + 1 < len(groups) else 0
     open_chunks: dict[str, list[ScannedRecord]] = {}
     for item in items:
         route = routing.route_of(item.record.data_class) if routing else LOCAL_ROUTE
         chunk = open_chunks.setdefault(route, [])
         chunk.append(item)
-        if len(chunk) == sizes[route]:
-            yield route, chunk
-            del open_chunks[route]
+        if groups is None:
+            if len(chunk) == sizes[route]:
+                yield route, chunk
+                del open_chunks[route]
+        elif item.end in next_rows:
+            for name in sorted(open_chunks, key=lambda r: open_chunks[r][0].start):
+                if len(open_chunks[name]) + next_rows[item.end] > sizes[name]:
+                    yield name, open_chunks.pop(name)
     # What is left of each route, in the order of its first record.
     for route, chunk in sorted(open_chunks.items(), key=lambda kv: kv[1][0].start):
         yield route, chunk

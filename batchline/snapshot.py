@@ -1,14 +1,16 @@
 """Input snapshots: streaming readers for JSONL, CSV and Parquet, slices and digests.
 
-A slice is what one shard reads: a byte range of a JSONL or CSV file, or a
-range of rows of a Parquet file. Each slice carries a digest taken at planning
-time, and the worker that reads the slice checks it, so a changed input is
-refused per shard without rehashing the whole snapshot. Nothing here loads a
-whole file.
+A slice is what one shard reads: a byte range of a JSONL or CSV file or
+object, or whole row groups of a Parquet one. Each slice carries a digest
+taken at planning time, and the worker that reads the slice checks it, so a
+changed input is refused per shard without rehashing the whole snapshot; an
+object's slice also carries the object's pin, and every read of it is
+conditional on that. Nothing here loads a whole file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -17,11 +19,11 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
-from batchline.errors import InputError
+from batchline.errors import InputError, SourceUnavailable
 from batchline.openai_format import messages_hash_text, parse_request
 from batchline.sources import Pin, Source, open_source, snapshot_digest
 from batchline.spec import OPENAI_BATCH, InputSpec, RoutingSpec
@@ -88,6 +90,7 @@ class Slice:
     # Planned with pieces: each is checked against its own digest (the slice's digest
     # then covers the shard as planned, before any split).
     pieces: tuple[Piece, ...] = ()
+    pin: Pin | None = None  # an object's size, ETag and version: the worker reads exactly that
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -99,15 +102,19 @@ class Slice:
             out["route"] = self.route
         if self.pieces:
             out["pieces"] = [p.to_json() for p in self.pieces]
+        if self.pin is not None:
+            out["pin"] = self.pin.to_json()
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Slice:
         header = data.get("header")
+        pin = data.get("pin")
         return cls(path=data["path"], format=data["format"], start=int(data["start"]),
                    end=int(data["end"]), first_line=int(data["first_line"]),
                    digest=data["digest"], header=tuple(header) if header is not None else None,
-                   route=data.get("route"), pieces=tuple(Piece.from_json(p) for p in data.get("pieces", ())))
+                   route=data.get("route"), pieces=tuple(Piece.from_json(p) for p in data.get("pieces", ())),
+                   pin=Pin.from_json(pin) if pin is not None else None)
 
     def describe(self) -> str:
         unit = "rows" if self.format == "parquet" else "bytes"
@@ -128,22 +135,29 @@ def content_hash(text: str, acl: Any, data_class: str | None = None) -> str:
 
 
 def input_sources(spec: InputSpec, store_url: str | None = None) -> list[Source]:
-    """The input's files in order; for an Iceberg table, the data files of the snapshot
-    the spec names (the planner pins it into the spec first)."""
+    """The input's files or objects in order; for an Iceberg table, the data files of the
+    snapshot the spec names (the planner pins it into the spec first)."""
+    if spec.table is not None:
+        return pinned_sources(spec, store_url)[0]
+    return [open_source(location, spec.storage) for location in spec.locations]
+
+
+def pinned_sources(spec: InputSpec, store_url: str | None = None) -> tuple[list[Source], list[Pin]]:
+    """The input's sources, and what the snapshot's digest is taken over: each file's or
+    object's pin (an object's later reads through these sources are conditional on it),
+    or a table's UUID and snapshot id."""
     if spec.table is not None:
         from batchline.sources.iceberg import read_snapshot
 
-        return [open_source(f.path) for f in read_snapshot(spec, store_url).data_files]
-    return [open_source(location) for location in spec.locations]
+        snapshot = read_snapshot(spec, store_url)
+        return [open_source(f.path, spec.storage) for f in snapshot.data_files], [snapshot.pin]
+    sources = input_sources(spec)
+    return sources, [s.pin() for s in sources]
 
 
 def input_pins(spec: InputSpec, store_url: str | None = None) -> list[Pin]:
     """What the input guarantees about itself: each file's pin, or a table's UUID and snapshot id."""
-    if spec.table is not None:
-        from batchline.sources.iceberg import read_snapshot
-
-        return [read_snapshot(spec, store_url).pin]
-    return [s.pin() for s in input_sources(spec)]
+    return pinned_sources(spec, store_url)[1]
 
 
 def file_digest(spec: InputSpec, store_url: str | None = None) -> str:
@@ -160,6 +174,9 @@ class ScannedRecord:
     record: Record
     start: int  # byte offset or row index where the record begins
     end: int  # where it ends (exclusive)
+    # Text formats: the bytes from where the record before ended to where this one ends
+    # (blank lines included), so a run of records' bytes is hashed as it streams by.
+    raw: bytes = b""
 
 
 _COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2",
@@ -177,7 +194,7 @@ def refuse_compressed(source: Source, head: bytes) -> None:
 
 def scan(source: Source | str, spec: InputSpec) -> Iterator[ScannedRecord]:
     """Every record of one input source in order, with its position, validated."""
-    source = open_source(source) if isinstance(source, str) else source
+    source = open_source(source, spec.storage) if isinstance(source, str) else source
     if spec.format in ("jsonl", OPENAI_BATCH):
         yield from _scan_jsonl(source, spec)
     elif spec.format == "csv":
@@ -186,10 +203,23 @@ def scan(source: Source | str, spec: InputSpec) -> Iterator[ScannedRecord]:
         yield from _scan_parquet(source, spec)
 
 
-def csv_header(source: Source) -> tuple[str, ...]:
-    with source.stream() as f:
+def scan_with_header(source: Source, spec: InputSpec) -> tuple[tuple[str, ...] | None, Iterator[ScannedRecord]]:
+    """`scan`, and for CSV the header, read from the same stream (an object is read once)."""
+    if spec.format != "csv":
+        return None, scan(source, spec)
+    f = source.stream()
+    try:
         first = f.readline()
-    return _parse_header(source, first)
+        header = _csv_columns(source, first, spec)
+    except BaseException:
+        f.close()
+        raise
+
+    def records() -> Iterator[ScannedRecord]:
+        with f:
+            yield from _csv_records(f, source.location, len(first), 2, header, spec)
+
+    return header, records()
 
 
 def _parse_header(source: Source, first: bytes) -> tuple[str, ...]:
@@ -212,14 +242,18 @@ def read_bytes(source: Source, start: int, end: int) -> bytes:
 def _scan_jsonl(source: Source, spec: InputSpec) -> Iterator[ScannedRecord]:
     offset = 0
     path = source.location
+    since: list[bytes] = []  # blank lines since the last record
     with source.stream() as f:
         for line_no, raw in enumerate(f, start=1):
             if line_no == 1:
                 refuse_compressed(source, raw[:8])
             start, offset = offset, offset + len(raw)
             record = parse_jsonl_line(raw, path, line_no, spec)
-            if record is not None:
-                yield ScannedRecord(record, start, offset)
+            if record is None:
+                since.append(raw)
+                continue
+            yield ScannedRecord(record, start, offset, b"".join([*since, raw]) if since else raw)
+            since.clear()
 
 
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -340,14 +374,17 @@ def class_key(spec: InputSpec, data_class: Any) -> str | None:
 
 
 def _scan_csv(source: Source, spec: InputSpec) -> Iterator[ScannedRecord]:
-    with source.stream() as f:
-        first = f.readline()
-        header = _parse_header(source, first)
-        for name in (spec.text_field,) if spec.ids == "content" else (spec.id_field, spec.text_field):
-            if name not in header:
-                raise InputError(f"{source.location}:1: CSV header has no column {name!r} "
-                                 f"(columns: {', '.join(header)})")
-        yield from _csv_records(f, source.location, len(first), 2, header, spec)
+    _header, records = scan_with_header(source, spec)
+    yield from records
+
+
+def _csv_columns(source: Source, first: bytes, spec: InputSpec) -> tuple[str, ...]:
+    header = _parse_header(source, first)
+    for name in (spec.text_field,) if spec.ids == "content" else (spec.id_field, spec.text_field):
+        if name not in header:
+            raise InputError(f"{source.location}:1: CSV header has no column {name!r} "
+                             f"(columns: {', '.join(header)})")
+    return header
 
 
 def _csv_records(stream: io.BufferedIOBase | io.BytesIO | Any, path: Path | str, offset: int,
@@ -359,12 +396,14 @@ def _csv_records(stream: io.BufferedIOBase | io.BytesIO | Any, path: Path | str,
     """
     consumed = offset
     line_no = first_line - 1
+    taken: list[bytes] = []  # the physical lines since the last record
 
     def lines() -> Iterator[str]:
         nonlocal consumed, line_no
         for raw in stream:
             line_no += 1
             consumed += len(raw)
+            taken.append(raw)
             try:
                 yield raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -385,21 +424,55 @@ def _csv_records(stream: io.BufferedIOBase | io.BytesIO | Any, path: Path | str,
         if len(row) != len(header):
             raise InputError(f"{path}:{start_line}: row has {len(row)} fields, header has {len(header)}")
         record = _record(dict(zip(header, row, strict=True)), path, start_line, spec)
-        yield ScannedRecord(record, row_start, consumed)
+        yield ScannedRecord(record, row_start, consumed, b"".join(taken))
+        taken.clear()
         row_start, start_line = consumed, line_no + 1
 
 
-def _parquet_file(source: Source) -> Any:
+@contextlib.contextmanager
+def _parquet(source: Source) -> Iterator[tuple[Any, BinaryIO]]:
+    """The Parquet reader over a source, and the file object under it."""
     import pyarrow.parquet as pq
 
     f = source.random_access()
     try:
-        # Without pre-buffering: pyarrow would otherwise keep every column chunk it read
-        # for the life of the file, and planning would grow with the input.
-        return pq.ParquetFile(f, pre_buffer=False)
-    except Exception as exc:  # pyarrow raises several types for unreadable files
+        try:
+            # Without pre-buffering: pyarrow would otherwise keep every column chunk it read
+            # for the life of the file, and planning would grow with the input.
+            pf = pq.ParquetFile(f, pre_buffer=False)
+        except (InputError, SourceUnavailable):
+            raise
+        except Exception as exc:  # pyarrow raises several types for unreadable files
+            raise InputError(f"{source.location}: not a readable Parquet file: {exc}") from None
+        with pf:
+            yield pf, f
+    finally:
         f.close()
-        raise InputError(f"{source.location}: not a readable Parquet file: {exc}") from None
+
+
+def parquet_row_groups(source: Source) -> list[int]:
+    """Rows in each row group, from the footer (an object's footer is fetched once per source)."""
+    with _parquet(source) as (pf, _f):
+        return [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+
+
+def _prefetch_group(f: BinaryIO, pf: Any, group: int, columns: Sequence[str]) -> None:
+    """One request for the column chunks of `group` that are read, where the file is an
+    object (a local file is read in place)."""
+    prefetch = getattr(f, "prefetch", None)
+    if prefetch is None:
+        return
+    rg = pf.metadata.row_group(group)
+    spans = []
+    for i in range(rg.num_columns):
+        col = rg.column(i)
+        if col.path_in_schema.split(".")[0] not in columns:
+            continue
+        start = col.dictionary_page_offset if col.has_dictionary_page and col.dictionary_page_offset else (
+            col.data_page_offset)
+        spans.append((start, start + col.total_compressed_size))
+    if spans:
+        prefetch(min(s for s, _ in spans), max(e for _, e in spans))
 
 
 def _parquet_columns(pf: Any, path: str, spec: InputSpec) -> list[str]:
@@ -418,15 +491,16 @@ def _parquet_columns(pf: Any, path: str, spec: InputSpec) -> list[str]:
 
 
 def _scan_parquet(source: Source, spec: InputSpec) -> Iterator[ScannedRecord]:
-    pf = _parquet_file(source)
     path = source.location
-    with pf:
+    with _parquet(source) as (pf, f):
         columns = _parquet_columns(pf, path, spec)
         row = 0
-        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
-            for obj in batch.to_pylist():
-                row += 1
-                yield ScannedRecord(_record(obj, path, row, spec), row - 1, row)
+        for group in range(pf.metadata.num_row_groups):
+            _prefetch_group(f, pf, group, columns)
+            for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[group], columns=columns):
+                for obj in batch.to_pylist():
+                    row += 1
+                    yield ScannedRecord(_record(obj, path, row, spec), row - 1, row)
 
 
 def parquet_slice_digest(records: Sequence[Record]) -> str:
@@ -457,7 +531,7 @@ def read_slice(sl: Slice, spec: InputSpec, routing: RoutingSpec | None = None) -
 
 def _read_pieces(sl: Slice, spec: InputSpec, routing: RoutingSpec | None) -> list[Record]:
     """One read of the pieces' whole range; each piece's records checked against its digest."""
-    source = open_source(sl.path)
+    source = open_source(sl.path, spec.storage, sl.pin)
     start, end = sl.pieces[0].start, sl.pieces[-1].end
     parquet = sl.format == "parquet"
     rows = _read_parquet_rows(source, start, end, spec) if parquet else None
@@ -498,7 +572,7 @@ def _parse_text(data: bytes, sl: Slice, offset: int, first_line: int, spec: Inpu
 
 
 def _read_slice(sl: Slice, spec: InputSpec) -> list[Record]:
-    source = open_source(sl.path)
+    source = open_source(sl.path, spec.storage, sl.pin)
     changed = f"input changed since planning: {sl.describe()}"
     if sl.format == "parquet":
         records = _read_parquet_rows(source, sl.start, sl.end, spec)
@@ -515,7 +589,7 @@ def _read_parquet_rows(source: Source, start: int, end: int, spec: InputSpec) ->
     path = source.location
     # Only the row groups that overlap the slice are read.
     out: list[Record] = []
-    with _parquet_file(source) as pf:
+    with _parquet(source) as (pf, f):
         columns = _parquet_columns(pf, path, spec)
         first_row = 0
         for g in range(pf.metadata.num_row_groups):
@@ -524,6 +598,7 @@ def _read_parquet_rows(source: Source, start: int, end: int, spec: InputSpec) ->
             first_row = group_end
             if group_end <= start or group_start >= end:
                 continue
+            _prefetch_group(f, pf, g, columns)
             table = pf.read_row_group(g, columns=columns)
             lo, hi = max(start, group_start) - group_start, min(end, group_end) - group_start
             for i, obj in enumerate(table.slice(lo, hi - lo).to_pylist()):

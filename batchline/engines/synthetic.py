@@ -20,6 +20,10 @@ run over it exercises validation like a real model would. Options:
 - ``load_seconds``: how long loading takes (a large model).
 - ``stderr_message``: written to file descriptor 2 while loading, as a native
   library prints (tests that the worker's logs carry the child's stderr).
+
+With a ``model.path``, loading checks the weights there against ``model.digest``
+as a real engine's load does (the fleet tests give it weights in object storage);
+the outputs do not depend on them.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ SLOWDOWN_ENV = "BATCHLINE_SYNTHETIC_SLOWDOWN"
 class SyntheticEngine:
     def __init__(self, config: EngineConfig) -> None:
         opts = dict(config.model.options)
+        self.model = config.model
         self.schema = config.output_schema
         slowdown = float(os.environ.get(SLOWDOWN_ENV, "1"))
         self.seconds_per_record = float(opts.get("seconds_per_record", 0.0)) * slowdown
@@ -58,6 +63,11 @@ class SyntheticEngine:
         self._log_fd: int | None = None
 
     def load(self) -> None:
+        if self.model.path is not None:
+            from batchline.digests import verify_weights
+            from batchline.engines.models import resolve_model_path
+
+            verify_weights(resolve_model_path(self.model.path, None), self.model.digest)
         if self.stderr_message:
             os.write(2, str(self.stderr_message).encode() + b"\n")
         time.sleep(self.load_seconds)

@@ -49,16 +49,37 @@ Which objects, and why:
   links. The input snapshot and the weights are read from where they live
   (object storage, or a read-only volume of the worker's own added by the
   operator), with the access `batchline grants` prints.
+- **Object-store credentials from a Secret or the workload's identity.**
+  `--lake-secret NAME` puts every key of a Secret into the worker's
+  environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, or
+  `GOOGLE_APPLICATION_CREDENTIALS` naming a file of it); with workload
+  identity (EKS IRSA, GKE Workload Identity) there is no Secret: the
+  ServiceAccount carries the annotation that binds it to a cloud role
+  (`--service-account-annotation`), and the SDK finds the credentials.
+- **A nightly schedule as one CronJob per worker slot** (`--schedule CRON
+  --spec JOB.yaml`). The spec (and the prompt, schema and evaluation files it
+  names, from a ConfigMap) is planned afresh at each scheduled time, so a glob
+  over an object prefix or an Iceberg table without a snapshot id takes the
+  newest snapshot. Each slot's pod runs `batchline run` with one worker and
+  the run's key, the scheduled minute (the suffix of the Job name the CronJob
+  controller gives): the first slot to plan keys the version, and every other
+  slot, or a slot's replacement after a preemption, runs that version even if
+  the input moved on meanwhile. Slot 0 alone validates and publishes
+  (`--publish`). `concurrencyPolicy: Forbid` keeps a run that overran its
+  night from meeting the next one. One CronJob per slot, not one of N pods,
+  for the reason above: Kueue admits and preempts each slot on its own.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 
-from batchline.errors import BatchlineError
+from batchline.errors import BatchlineError, SpecError
 from batchline.launch import FATAL_EXITS, slug
 from batchline.liveness import POD_ENV
 
@@ -93,6 +114,29 @@ class K8sOptions:
     preemption_notice: str = "none"  # aws | gcp | none: a cloud notice besides SIGTERM
     take_back: bool = True  # may ask the API server whether a lease owner's pod is gone
     extra_labels: dict[str, str] = field(default_factory=dict)
+    lake_secret: str | None = None  # a Secret whose keys become the worker's environment
+    service_account_annotations: dict[str, str] = field(default_factory=dict)  # workload identity
+    schedule: Schedule | None = None  # a CronJob per slot instead of a Job per worker
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A job planned afresh at each scheduled time from its spec and the files it names."""
+
+    cron: str  # five fields, or @daily, @hourly ...
+    job_name: str  # the spec's name
+    files: dict[str, str]  # path relative to the spec's folder -> text; the spec first
+    time_zone: str | None = None
+    publish: bool = False
+    starting_deadline_seconds: int = 3600
+    grace_seconds: float = 30.0  # the spec's shards.grace_seconds
+
+
+SPEC_DIR = "/etc/batchline/job"
+# The Job name the CronJob controller gives ends in the scheduled minute, the same for
+# every slot of one scheduled run: the run's key.
+RUN_KEY = '"${BATCHLINE_K8S_JOB##*-}"'
+CRON_MACROS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
 
 
 def _labels(o: K8sOptions, index: int | None = None) -> dict[str, str]:
@@ -114,8 +158,10 @@ def priority_class(o: K8sOptions) -> dict[str, Any]:
 
 def service_account(o: K8sOptions) -> dict[str, Any]:
     # No rights on the API but the Role below (with take-back), so no token without it.
-    return {"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": o.service_account, "namespace": o.namespace, "labels": _labels(o)},
+    meta: dict[str, Any] = {"name": o.service_account, "namespace": o.namespace, "labels": _labels(o)}
+    if o.service_account_annotations:
+        meta["annotations"] = dict(o.service_account_annotations)
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
             "automountServiceAccountToken": o.take_back}
 
 
@@ -136,19 +182,17 @@ def _downward(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def worker_job(o: K8sOptions, index: int) -> dict[str, Any]:
+def _job_spec(o: K8sOptions, index: int, command: list[str], args: list[str],
+              env: list[dict[str, Any]], mounts: list[dict[str, Any]], volumes: list[dict[str, Any]]) -> dict[str, Any]:
     resources: dict[str, Any] = {"requests": {"cpu": o.cpu, "memory": o.memory}, "limits": {"memory": o.memory}}
     if o.gpus_per_worker:
         # Quantities are strings in the API's schema.
         resources["requests"][o.gpu_resource] = str(o.gpus_per_worker)
         resources["limits"][o.gpu_resource] = str(o.gpus_per_worker)
-    args = ["worker", "--job", o.version]
-    if o.preemption_notice != "none":
-        args += ["--preemption-notice", o.preemption_notice]
-    container = {
+    container: dict[str, Any] = {
         "name": "worker",
         "image": o.image,
-        "command": ["batchline"],
+        "command": command,
         "args": args,
         "env": [{"name": "BATCHLINE_STORE",
                  "valueFrom": {"secretKeyRef": {"name": o.store_secret, "key": o.store_secret_key}}},
@@ -156,14 +200,16 @@ def worker_job(o: K8sOptions, index: int) -> dict[str, Any]:
                 {"name": "HOME", "value": "/tmp"},
                 # Who this worker is, for a take-back of its lease should its pod be gone.
                 _downward(POD_ENV["pod"], "metadata.name"), _downward(POD_ENV["namespace"], "metadata.namespace"),
-                _downward(POD_ENV["pod_uid"], "metadata.uid")],
+                _downward(POD_ENV["pod_uid"], "metadata.uid"), *env],
         "resources": resources,
         "securityContext": {
             "allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
         },
-        "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}, *mounts],
     }
+    if o.lake_secret:
+        container["envFrom"] = [{"secretRef": {"name": o.lake_secret}}]
     pod_spec = {
         "restartPolicy": "Never",  # the Job replaces pods; required by a pod failure policy
         "priorityClassName": o.priority_class,
@@ -175,29 +221,89 @@ def worker_job(o: K8sOptions, index: int) -> dict[str, Any]:
         "securityContext": {"runAsNonRoot": True, "runAsUser": NON_ROOT_UID, "runAsGroup": NON_ROOT_UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
-        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}],
+        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}, *volumes],
     }
+    return {
+        # Created suspended: Kueue unsuspends it when it admits the workload.
+        "suspend": True,
+        "parallelism": 1,
+        "completions": 1,
+        "backoffLimit": o.backoff_limit,
+        "podReplacementPolicy": "Failed",
+        "podFailurePolicy": {"rules": [
+            {"action": "FailJob",
+             "onExitCodes": {"containerName": "worker", "operator": "In", "values": sorted(FATAL_EXITS)}},
+            {"action": "Ignore",
+             "onExitCodes": {"containerName": "worker", "operator": "In", "values": [EXIT_PREEMPTED]}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]},
+        "template": {"metadata": {"labels": _labels(o, index)}, "spec": pod_spec},
+    }
+
+
+def _notice_args(o: K8sOptions) -> list[str]:
+    return ["--preemption-notice", o.preemption_notice] if o.preemption_notice != "none" else []
+
+
+def worker_job(o: K8sOptions, index: int) -> dict[str, Any]:
+    args = ["worker", "--job", o.version, *_notice_args(o)]
     name = f"batchline-{slug(o.version, 40)}-{index}"
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": name, "namespace": o.namespace,
                      "labels": {**_labels(o, index), QUEUE_LABEL: o.queue}},
-        "spec": {
-            # Created suspended: Kueue unsuspends it when it admits the workload.
-            "suspend": True,
-            "parallelism": 1,
-            "completions": 1,
-            "backoffLimit": o.backoff_limit,
-            "podReplacementPolicy": "Failed",
-            "podFailurePolicy": {"rules": [
-                {"action": "FailJob",
-                 "onExitCodes": {"containerName": "worker", "operator": "In", "values": sorted(FATAL_EXITS)}},
-                {"action": "Ignore",
-                 "onExitCodes": {"containerName": "worker", "operator": "In", "values": [EXIT_PREEMPTED]}},
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            ]},
-            "template": {"metadata": {"labels": _labels(o, index)}, "spec": pod_spec},
-        },
+        "spec": _job_spec(o, index, ["batchline"], args, [], [], []),
+    }
+
+
+def _config_key(path: str) -> str:
+    return re.sub(r"[^-._a-zA-Z0-9]", "_", path)
+
+
+def spec_config_map(o: K8sOptions) -> dict[str, Any]:
+    assert o.schedule is not None
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"batchline-{slug(o.schedule.job_name, 40)}-spec", "namespace": o.namespace,
+                         "labels": _labels(o)},
+            "data": {_config_key(path): text for path, text in o.schedule.files.items()}}
+
+
+def scheduled_job(o: K8sOptions, index: int) -> dict[str, Any]:
+    """Slot `index` of a scheduled run: at each scheduled time, plan the spec (or find the
+    version another slot planned for this time) and work on it until it is done."""
+    sched = o.schedule
+    assert sched is not None
+    spec_file = next(iter(sched.files))
+    run = ["batchline", "run", f"{SPEC_DIR}/{spec_file}", "--workers", "1", "--log-dir", "/tmp/batchline-logs",
+           "--plan-key", RUN_KEY]
+    if sched.publish and index == 0:
+        run.append("--publish")
+    # `run` passes the notice option on through BATCHLINE_PREEMPTION_NOTICE.
+    env = [_downward("BATCHLINE_K8S_JOB", "metadata.labels['batch.kubernetes.io/job-name']")]
+    if o.preemption_notice != "none":
+        env.append({"name": "BATCHLINE_PREEMPTION_NOTICE", "value": o.preemption_notice})
+    config = spec_config_map(o)["metadata"]["name"]
+    volume = {"name": "job-spec", "configMap": {
+        "name": config, "items": [{"key": _config_key(path), "path": path} for path in sched.files]}}
+    mount = {"name": "job-spec", "mountPath": SPEC_DIR, "readOnly": True}
+    job_spec = _job_spec(o, index, ["sh", "-c"], ["exec " + " ".join(run)], env, [mount], [volume])
+    cron: dict[str, Any] = {
+        "schedule": sched.cron,
+        # A run that overran its night is not met by the next one; the next starts once it ends.
+        "concurrencyPolicy": "Forbid",
+        "startingDeadlineSeconds": sched.starting_deadline_seconds,
+        "successfulJobsHistoryLimit": 3,
+        "failedJobsHistoryLimit": 3,
+        "jobTemplate": {"metadata": {"labels": {**_labels(o, index), QUEUE_LABEL: o.queue}}, "spec": job_spec},
+    }
+    if sched.time_zone:
+        cron["timeZone"] = sched.time_zone
+    return {
+        "apiVersion": "batch/v1", "kind": "CronJob",
+        # The controller appends 11 characters to name each Job, within 63.
+        "metadata": {"name": f"batchline-{slug(sched.job_name, 36)}-{index}", "namespace": o.namespace,
+                     "labels": _labels(o, index)},
+        "spec": cron,
     }
 
 
@@ -206,9 +312,93 @@ def render(o: K8sOptions) -> list[dict[str, Any]]:
         raise BatchlineError("--workers must be at least 1")
     if o.preemption_notice not in ("none", "aws", "gcp"):
         raise BatchlineError(f"--preemption-notice must be aws, gcp or none, not {o.preemption_notice!r}")
-    return [priority_class(o), service_account(o), *(pod_reader_role(o) if o.take_back else []),
-            *(worker_job(o, i) for i in range(o.workers))]
+    common = [priority_class(o), service_account(o), *(pod_reader_role(o) if o.take_back else [])]
+    if o.schedule is None:
+        return [*common, *(worker_job(o, i) for i in range(o.workers))]
+    check_cron(o.schedule.cron)
+    return [*common, spec_config_map(o), *(scheduled_job(o, i) for i in range(o.workers))]
+
+
+def check_cron(cron: str) -> None:
+    fields = cron.split()
+    if cron.strip() in CRON_MACROS or (len(fields) == 5 and all(re.fullmatch(r"[-*/,0-9A-Za-z?]+", f)
+                                                                 for f in fields)):
+        return
+    raise BatchlineError(f"--schedule {cron!r} is not a cron schedule: five fields (minute hour day month "
+                         f"weekday, such as '0 2 * * *') or one of {', '.join(sorted(CRON_MACROS))}")
 
 
 def to_yaml(objects: list[dict[str, Any]]) -> str:
     return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
+
+
+# A ConfigMap holds at most 1 MiB; what is shipped in it stays well below.
+CONFIG_MAP_LIMIT = 1_000_000
+
+
+def scheduled_spec(path: Path) -> Schedule:
+    """The spec of a scheduled job and the files it names, checked for what a pod can
+    reach: the input in object storage or an Iceberg table, weights by object URL, a
+    `pkg:` model or a path inside the image, catalogs over the network. Nothing here
+    reads the lake: globs and the newest snapshot are resolved by each scheduled plan."""
+    from batchline.spec import OBJECT_SCHEMES, STORE_CATALOG, parse_spec
+
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw = yaml.safe_load(text)
+    except FileNotFoundError:
+        raise SpecError(f"{path}: job spec not found") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: a job spec is a mapping")
+
+    def refuse(field_name: str, why: str) -> SpecError:
+        return SpecError(f"{path}: {field_name}: {why}")
+
+    inp = raw.get("input") or {}
+    paths = inp.get("path")
+    for location in [paths] if isinstance(paths, str) else (paths or []):
+        if not str(location).startswith(OBJECT_SCHEMES):
+            raise refuse("input.path", f"{location} is on this machine; a scheduled job's pods read the lake: give "
+                                       "an s3:// or gs:// object, prefix or glob, or an Iceberg table")
+    manifest = inp.get("manifest")
+    if manifest is not None and not str(manifest).startswith(OBJECT_SCHEMES):
+        raise refuse("input.manifest", f"{manifest} is on this machine; give a manifest in object storage")
+    for where, table in (("input.table", inp.get("table")), ("output.table", (raw.get("output") or {}).get("table"))):
+        if isinstance(table, dict) and table.get("catalog", STORE_CATALOG) != STORE_CATALOG \
+                and str(table.get("uri", "")).startswith("sqlite:"):
+            raise refuse(f"{where}.uri", "a SQLite catalog on this machine cannot be reached from the pods; use "
+                                         "catalog: store, or a catalog on PostgreSQL or REST")
+        if isinstance(table, dict) and table.get("warehouse") and "://" not in str(table["warehouse"]):
+            raise refuse(f"{where}.warehouse", f"{table['warehouse']} is a folder on this machine; give an s3:// "
+                                               "or gs:// warehouse")
+    model = raw.get("model") or {}
+    model_path = model.get("path")
+    if model_path and model.get("engine") != "openai" and not str(model_path).startswith(("pkg:", "/",
+                                                                                          *OBJECT_SCHEMES)):
+        raise refuse("model.path", f"{model_path} is a file on this machine; give an object URL with "
+                                   "model.digest, a pkg: model, or an absolute path inside the image")
+
+    named = [("prompt.file", (raw.get("prompt") or {}).get("file")),
+             ("output.schema", (raw.get("output") or {}).get("schema")),
+             ("validate.eval.labels", ((raw.get("validate") or {}).get("eval") or {}).get("labels"))]
+    files = {path.name: text}
+    for where, name in named:
+        if not isinstance(name, str):
+            continue  # absent, or written inline
+        relative = PurePosixPath(name)
+        if relative.is_absolute() or ".." in relative.parts:
+            raise refuse(where, f"{name} must lie in the spec's folder (it is shipped beside the spec)")
+        try:
+            files[str(relative)] = (path.parent / relative).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise refuse(where, f"cannot read {path.parent / relative} as UTF-8 text: {exc}") from None
+    size = sum(len(t.encode()) for t in files.values())
+    if size > CONFIG_MAP_LIMIT:
+        raise SpecError(f"{path}: the spec and the files it names come to {size:,} bytes; a ConfigMap holds "
+                        f"{CONFIG_MAP_LIMIT:,} (sample the evaluation labels, or put them in the image)")
+    # Checks every field as planning will, without listing a glob (the pods do that; a
+    # manifest in object storage is read once here).
+    spec = parse_spec(raw, base_dir=path.parent, source=path, resolved=True)
+    return Schedule(cron="", job_name=spec.name, files=files, grace_seconds=spec.shards.grace_seconds)

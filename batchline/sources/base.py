@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,14 @@ class Pin:
     etag: str | None = None  # an object: its ETag
     version: str | None = None  # an object: its version id or generation
     changed_at: int | None = None  # a local file: its modification time (a cheap check, not in the digest)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in (("name", self.name), ("size", self.size), ("etag", self.etag),
+                                  ("version", self.version)) if v is not None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Pin:
+        return cls(str(data["name"]), int(data["size"]), etag=data.get("etag"), version=data.get("version"))
 
     def material(self) -> str:
         if self.digest is not None:
@@ -43,5 +51,15 @@ class Source(Protocol):
         ...
 
     def random_access(self) -> BinaryIO:
-        """A seekable file object (Parquet reads its footer, then row groups)."""
+        """A seekable file object (Parquet reads its footer, then row groups). An object's
+        also has `prefetch(start, end)`, which fetches a span in one request."""
+        ...
+
+    def still(self, pin: Pin) -> bool:
+        """Whether what was read since `pin` was taken is what `pin` describes."""
+        ...
+
+    def slice_pin(self) -> Pin | None:
+        """The pin a shard's slice carries, so a worker's reads are conditional on it
+        (None for a local file: its slices' digests are checked instead)."""
         ...

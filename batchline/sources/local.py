@@ -53,3 +53,9 @@ class LocalFile:
 
     def random_access(self) -> BinaryIO:
         return self.stream()
+
+    def still(self, pin: Pin) -> bool:
+        return self.pin() == pin
+
+    def slice_pin(self) -> Pin | None:
+        return None

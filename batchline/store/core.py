@@ -899,6 +899,24 @@ class StoreCore(ABC):
                 raise StoreError(f"cannot {verb} {version}: a rollback of {job.name!r} would return to it")
         return job
 
+    def keyed_version(self, name: str, key: str) -> str | None:
+        row = self._read(lambda tx: tx.one(self.q.KEYED_VERSION, {"name": name, "key": key}))
+        return None if row is None else str(row[0])
+
+    def key_plan(self, name: str, key: str, version: str) -> str:
+        job = self.job(version)
+        if job is None or job.name != name or job.state == "planning":
+            raise StoreError(f"cannot key {version} as {name!r} run {key!r}: it is not a planned version of {name!r}")
+
+        def body(tx: Tx) -> str:
+            # First planner wins; a second, racing one is told the winner's version.
+            tx.run(self.q.KEY_PLAN, {"name": name, "key": key, "v": version})
+            row = tx.one(self.q.KEYED_VERSION, {"name": name, "key": key})
+            assert row is not None
+            return str(row[0])
+
+        return self._write(body)
+
     def cancel(self, version: str, who: str, reason: str | None) -> bool:
         op = uuid.uuid4()
 

@@ -178,6 +178,15 @@ class PlannerStore(StoreHandle, Protocol):
         each completed shard over the time from its claim to its completion (0 if none)."""
         ...
 
+    def keyed_version(self, name: str, key: str) -> str | None:
+        """The version a run of `name` keyed `key` (a scheduled run) planned, if one did."""
+        ...
+
+    def key_plan(self, name: str, key: str, version: str) -> str:
+        """Keys a planned version of `name` as the run `key`, unless another version was
+        keyed so first; returns the version the key names from now on."""
+        ...
+
 
 class ReaderStore(StoreHandle, Protocol):
     """Progress, outcomes and history, for status, reports and exports."""

@@ -226,6 +226,18 @@ ALTER TABLE jobs DROP CONSTRAINT jobs_state_check;
 ALTER TABLE jobs ADD CONSTRAINT jobs_state_check
     CHECK (state IN ('planning', 'ready', 'sealed', 'cancelled', 'removed'));
 """),
+    # A scheduled run's key (its scheduled minute) names the one version it plans, so a
+    # worker slot restarted later, or a second slot that saw a newer snapshot, runs that
+    # version instead of planning another.
+    (8, "plan keys of scheduled runs", """
+CREATE TABLE plan_keys (
+    name text NOT NULL,
+    key text NOT NULL,
+    version text NOT NULL,
+    created_at float8 NOT NULL,
+    PRIMARY KEY (name, key)
+);
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -684,6 +696,9 @@ IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = %(v)s AND state =
 PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts, targets FROM publications "
                 "WHERE name = %(name)s ORDER BY id")
 IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = %(v)s)"
+KEY_PLAN = ("INSERT INTO plan_keys (name, key, version, created_at) VALUES (%(name)s, %(key)s, %(v)s, batchline_now()) "
+            "ON CONFLICT (name, key) DO NOTHING")
+KEYED_VERSION = "SELECT version FROM plan_keys WHERE name = %(name)s AND key = %(key)s"
 CANCEL_JOB = "UPDATE jobs SET state = 'cancelled' WHERE version = %(v)s AND state IN ('ready', 'sealed')"
 # The epoch moves on, so the owner's next renewal or write is refused and it leaves the shard.
 END_LEASES = ("UPDATE shards SET state = 'ready', owner = NULL, epoch = epoch + 1, lease_expires = NULL "

@@ -180,6 +180,18 @@ DROP TABLE jobs;
 ALTER TABLE jobs_rebuilt RENAME TO jobs;
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, created_at);
 """),
+    # A scheduled run's key (its scheduled minute) names the one version it plans, so a
+    # worker slot restarted later, or a second slot that saw a newer snapshot, runs that
+    # version instead of planning another.
+    (6, "plan keys of scheduled runs", """
+CREATE TABLE IF NOT EXISTS plan_keys (
+    name TEXT NOT NULL,
+    key TEXT NOT NULL,
+    version TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (name, key)
+);
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -443,6 +455,9 @@ IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = :v AND state = 's
 PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts, targets FROM publications "
                 "WHERE name = :name ORDER BY id")
 IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = :v)"
+KEY_PLAN = (f"INSERT INTO plan_keys (name, key, version, created_at) VALUES (:name, :key, :v, {NOW_EXPR}) "
+            "ON CONFLICT (name, key) DO NOTHING")
+KEYED_VERSION = "SELECT version FROM plan_keys WHERE name = :name AND key = :key"
 CANCEL_JOB = "UPDATE jobs SET state = 'cancelled' WHERE version = :v AND state IN ('ready', 'sealed')"
 # The epoch moves on, so the owner's next renewal or write is refused and it leaves the shard.
 END_LEASES = ("UPDATE shards SET state = 'ready', owner = NULL, epoch = epoch + 1, lease_expires = NULL "

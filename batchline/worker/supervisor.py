@@ -13,8 +13,9 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from batchline.errors import EngineFatal, InputError
+from batchline.errors import EngineFatal, InputError, SourceUnavailable
 from batchline.liveness import kubernetes_pod_lookup, process_identity, take_back_dead
 from batchline.outputs import OutputChecker
 from batchline.prompt import split_template
@@ -28,7 +29,9 @@ from batchline.worker.local import LocalShardRun
 from batchline.worker.shard import JobContext, ShardContext, WorkerHandle
 
 EXIT_DONE = 0
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped early with work left; start another
+# EX_TEMPFAIL: stopped early with work left (a signal, a preemption notice, an input store
+# that cannot be read now); start another.
+EXIT_PREEMPTED = 75
 EXIT_INPUT = 3
 EXIT_ENGINE = 5
 
@@ -76,7 +79,12 @@ class Worker:
         while True:
             if self.stop.is_set():
                 return EXIT_PREEMPTED if self.store.has_open_shards(self.version, self.routes) else EXIT_DONE
-            lease = self._claim()
+            try:
+                lease = self._claim()
+            except SourceUnavailable as exc:
+                # The weights' store cannot be read now; no shard is held.
+                self.log(f"stopping: {exc}")
+                return EXIT_PREEMPTED
             if lease is None:
                 if self.stop.is_set():
                     continue
@@ -90,6 +98,12 @@ class Worker:
                      + (f", route {lease.route}" if lease.route != LOCAL_ROUTE else ""))
             try:
                 outcome = self._run_shard(lease)
+            except SourceUnavailable as exc:
+                # Nothing is wrong with the shard or the input: another worker (or this
+                # one, restarted later) reads it once the store answers again.
+                self._give_back(lease, "input_unavailable", str(exc))
+                self.log(f"shard {lease.shard_no}: given back, its input cannot be read now: {exc}")
+                return EXIT_PREEMPTED
             except InputError as exc:
                 self._give_back(lease, "input_changed", str(exc))
                 raise
@@ -232,10 +246,20 @@ class Worker:
             return self._engine
         if self._engine is not None:
             self._engine.close()
-        self._engine = EngineProcess(job.init, LOAD_TIMEOUT_SECONDS)
+        self._engine = EngineProcess(self._engine_init(job), LOAD_TIMEOUT_SECONDS)
         self._engine_version = version
         self._engine.start(self.stop)
         return self._engine
+
+    @staticmethod
+    def _engine_init(job: JobContext) -> dict[str, Any]:
+        """The engine child's init, with weights in object storage replaced by this node's
+        verified copy of them (fetched once per node, before any shard is claimed)."""
+        from batchline.weights import local_weights
+
+        model = job.init["model"]
+        path = local_weights(model["path"], model["digest"], job.spec.input.storage)
+        return job.init if path == model["path"] else {**job.init, "model": {**model, "path": path}}
 
     def restart_engine(self) -> EngineProcess:
         assert self._engine is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from batchline.errors import InputError
 from batchline.planner import plan
 from batchline.snapshot import Slice, read_slice
+from batchline.sources import open_source
 from batchline.spec import load_spec
 from batchline.store import Store
 from tests.helpers import check_invariants, make_records, planned, run_to_seal, write_jsonl
@@ -69,16 +71,53 @@ def test_csv_slices_survive_quoted_newlines(job_factory: Any, store: Store, tmp_
     assert recs[7].line == 2 + 2 * 7  # each row spans two physical lines
 
 
-def test_parquet_slices_read_only_their_row_groups(job_factory: Any, store: Store, tmp_path: Path) -> None:
+@pytest.mark.parametrize("group_rows,cuts", [
+    # Groups of 40 under a shard size of 50: one group a shard, and the short last group
+    # joins the one before it (40 + 10 is within 50).
+    (40, [(0, 40), (40, 80), (80, 130)]),
+    # Small groups are packed up to the shard size.
+    (12, [(0, 48), (48, 96), (96, 130)]),
+    # A group over the shard size is a shard of its own, never split.
+    (70, [(0, 70), (70, 130)]),
+])
+def test_parquet_shards_are_whole_row_groups(job_factory: Any, store: Store, tmp_path: Path,
+                                            group_rows: int, cuts: list[tuple[int, int]]) -> None:
     path = tmp_path / "in.parquet"
     table = pa.table({"id": [f"p{i}" for i in range(130)], "text": [f"t{i}" for i in range(130)],
                       "acl": ["g"] * 130})
-    pq.write_table(table, path, row_group_size=40)
+    pq.write_table(table, path, row_group_size=group_rows)
     spec = load_spec(job_factory(input_path=path))
     version = plan(spec, store).version
     slices = _slices(store, version)
-    assert [(s.start, s.end) for s in slices] == [(0, 50), (50, 100), (100, 130)]
+    assert [(s.start, s.end) for s in slices] == cuts
     assert [r.id for s in slices for r in read_slice(s, spec.input)] == [f"p{i}" for i in range(130)]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_slice_digests_taken_while_streaming_match_the_bytes_a_worker_reads(
+        job_factory: Any, store: Store, tmp_path: Path, fmt: str) -> None:
+    # Blank lines between records (and between shards) belong to the byte ranges they
+    # fall in; a digest that missed them would refuse every worker's read.
+    path = tmp_path / f"in.{fmt}"
+    with path.open("w", newline="", encoding="utf-8") as f:
+        if fmt == "csv":
+            f.write("id,text,acl\n")
+        for i in range(120):
+            f.write(f"c{i},text {i},g\n" if fmt == "csv" else json.dumps({"id": f"c{i}", "text": f"t {i}"}) + "\n")
+            if i % 7 == 3 or i % 50 == 49:
+                f.write("\n\n")
+    spec = load_spec(job_factory(input_path=path))
+    slices = _slices(store, plan(spec, store).version)
+    assert len(slices) == 3
+    source = open_source(str(path))
+    def bytes_digest(start: int, end: int) -> str:
+        return "sha256:" + hashlib.sha256(source.read(start, end)).hexdigest()
+
+    for sl in slices:
+        # Taken from the bytes the scan streamed by; they must be what a worker reads.
+        assert sl.digest == bytes_digest(sl.start, sl.end)
+        assert sl.pieces and all(p.digest == bytes_digest(p.start, p.end) for p in sl.pieces)
+    assert [r.id for s in slices for r in read_slice(s, spec.input)] == [f"c{i}" for i in range(120)]
 
 
 def test_a_changed_slice_is_refused(job_factory: Any, store: Store) -> None:
@@ -146,7 +185,7 @@ def test_a_crash_mid_plan_leaves_no_partial_job(job_factory: Any, store: Store, 
 
     spec = load_spec(job_factory(n=300))
     calls = {"n": 0}
-    real = planner.read_bytes
+    real = planner._streamed_digest
 
     def dies_on_the_fourth_shard(*args: Any) -> bytes:
         calls["n"] += 1
@@ -154,7 +193,7 @@ def test_a_crash_mid_plan_leaves_no_partial_job(job_factory: Any, store: Store, 
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(planner, "read_bytes", dies_on_the_fourth_shard)
+    monkeypatch.setattr(planner, "_streamed_digest", dies_on_the_fourth_shard)
     with pytest.raises(KeyboardInterrupt):
         plan(spec, store)
     assert store.jobs() == [] and store.claim("w") is None
