@@ -27,6 +27,8 @@ ENVIRONMENT = {
     "BATCHLINE_POD_NAME": "set by launch k8s manifests: the worker's pod, so its death can be proven",
     "BATCHLINE_POD_NAMESPACE": "set by launch k8s manifests: the pod's namespace",
     "BATCHLINE_POD_UID": "set by launch k8s manifests: the pod's uid",
+    "BATCHLINE_SCHEDULED_JOB": "set by launch k8s --schedule manifests: the Job the CronJob made, whose name ends in the "
+                         "scheduled minute, the run's --plan-key",
     "BATCHLINE_RAY_ACTOR": "set by launch ray: the worker's actor, so its death can be proven",
     "BATCHLINE_SYNTHETIC_SLOWDOWN": "the synthetic engine's time per record times this factor (drills)",
 }

@@ -135,7 +135,7 @@ class Schedule:
 SPEC_DIR = "/etc/batchline/job"
 # The Job name the CronJob controller gives ends in the scheduled minute, the same for
 # every slot of one scheduled run: the run's key.
-RUN_KEY = '"${BATCHLINE_K8S_JOB##*-}"'
+RUN_KEY = '"${BATCHLINE_SCHEDULED_JOB##*-}"'
 CRON_MACROS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
 
 
@@ -279,7 +279,7 @@ def scheduled_job(o: K8sOptions, index: int) -> dict[str, Any]:
     if sched.publish and index == 0:
         run.append("--publish")
     # `run` passes the notice option on through BATCHLINE_PREEMPTION_NOTICE.
-    env = [_downward("BATCHLINE_K8S_JOB", "metadata.labels['batch.kubernetes.io/job-name']")]
+    env = [_downward("BATCHLINE_SCHEDULED_JOB", "metadata.labels['batch.kubernetes.io/job-name']")]
     if o.preemption_notice != "none":
         env.append({"name": "BATCHLINE_PREEMPTION_NOTICE", "value": o.preemption_notice})
     config = spec_config_map(o)["metadata"]["name"]

@@ -88,7 +88,7 @@ def test_each_slot_is_a_cronjob_of_its_own_at_the_lowest_priority_queued_through
         [container] = pod.containers
         env = {e.name: e.value_from.field_ref.field_path for e in container.env
                if e.value_from is not None and e.value_from.field_ref is not None}
-        assert env["BATCHLINE_K8S_JOB"] == "metadata.labels['batch.kubernetes.io/job-name']"
+        assert env["BATCHLINE_SCHEDULED_JOB"] == "metadata.labels['batch.kubernetes.io/job-name']"
         assert "postgresql://" not in to_yaml(objects)
     commands = [c.spec.job_template.spec.template.spec.containers[0].args[0] for c in crons]
     assert "--publish" in commands[0] and "--publish" not in commands[1]
@@ -149,7 +149,7 @@ def be_the_pod(objects: list[dict[str, Any]], slot: int, job_name: str, folder: 
     script = container["args"][0].replace(SPEC_DIR, str(folder)).replace("/tmp/batchline-logs",
                                                                           str(folder / "logs"))
     values = {e["name"]: e.get("value", "") for e in container["env"]}
-    values.update({"BATCHLINE_STORE": store_url, "BATCHLINE_K8S_JOB": job_name,
+    values.update({"BATCHLINE_STORE": store_url, "BATCHLINE_SCHEDULED_JOB": job_name,
                    "PYTHONPATH": str(ROOT), **env,
                    # The image's batchline: this interpreter's.
                    "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])})

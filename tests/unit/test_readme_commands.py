@@ -18,7 +18,7 @@ def test_the_readmes_command_table_is_the_one_rendered_from_the_parser() -> None
 
 def test_the_readme_names_the_options_its_hand_kept_table_had_missed() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for usage_part in ("batchline run [--store URL] [--workers N] [--log-dir DIR] [--publish] JOB.yaml",
+    for usage_part in ("batchline run [--store URL] [--workers N] [--log-dir DIR] [--publish]",
                        "batchline rollback [--store URL] [--reason REASON] NAME", "[--watch] [--interval SECONDS]",
                        "[--poll-seconds SECONDS] [--store-wait SECONDS]", "[--metrics-addr ADDR]",
                        "`BATCHLINE_LOG_DIR`"):
