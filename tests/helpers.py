@@ -228,3 +228,32 @@ def run_to_seal(store: Store, version: str) -> None:
     assert Worker(store, version=version, poll_seconds=0.1).run() == 0
     job = store.job(version)
     assert job is not None and job.state == "sealed"
+
+
+def rescue_stalled_shard(store: Store, store_url: str, version: str, shard_no: int,
+                         procs: list[subprocess.Popen[bytes]], log: Path, *, lease_seconds: float = 60,
+                         timeout: float = 120) -> None:
+    """With the shard's owner stalled: the store's clock past its lease, and a new worker
+    (added to `procs`) that takes the shard over and finishes it."""
+    store.shift_clock(lease_seconds + 1)
+    procs.append(start_worker(store_url, version, log))
+    wait_for(lambda: store.shard_rows(version)[shard_no].state == "done", timeout=timeout,
+             what="the rescuer to finish the stalled worker's shard")
+
+
+def sealed_and_gone(store: Store, version: str, stalled: subprocess.Popen[bytes], timeout: float = 180) -> None:
+    """The job sealed, and the stalled worker, woken, gone."""
+    wait_for(lambda: (job := store.job(version)) is not None and job.state == "sealed", timeout=timeout,
+             what="the job to seal")
+    wait_for(lambda: stalled.poll() is not None, timeout=60, what="the stalled worker to exit")
+
+
+def workers_until_done(store_url: str, version: str, log_dir: Path, n: int = 2, timeout: float = 180) -> None:
+    """`n` workers on the version, each of which must exit 0 (no work left)."""
+    procs = [start_worker(store_url, version, log_dir / f"w{i}.log") for i in range(n)]
+    try:
+        for p in procs:
+            assert p.wait(timeout=timeout) == 0
+    finally:
+        stop_all(procs)
+

@@ -28,10 +28,13 @@ from tests.helpers import (
     check_invariants,
     kill_9,
     make_records,
+    rescue_stalled_shard,
+    sealed_and_gone,
     start_worker,
     stop_all,
     stopped,
     wait_for,
+    workers_until_done,
 )
 from tests.lake.support import FaultProxy, GCSStandIn, S3StandIn
 
@@ -111,12 +114,8 @@ def test_workers_killed_and_stalled_over_s3_objects_leave_one_outcome_per_record
                                what="the other worker's shard partly done")
         stalled = next(p for p in procs if p.pid == owner_pid(stalled_row.owner))
         with stopped(stalled.pid):
-            store.shift_clock(61)
-            procs.append(start_worker(store_url, version, tmp_path / "rescuer.log"))
-            wait_for(lambda: store.shard_rows(version)[stalled_row.shard_no].state == "done", timeout=120,
-                     what="the rescuer to finish the stalled shard")
-        wait_for(lambda: sealed(store, version), timeout=180, what="the job to seal")
-        wait_for(lambda: stalled.poll() is not None, timeout=60, what="the stalled worker to exit")
+            rescue_stalled_shard(store, store_url, version, stalled_row.shard_no, procs, tmp_path / "rescuer.log")
+        sealed_and_gone(store, version, stalled)
     finally:
         stop_all(procs)
     _results, dead = check_invariants(store, version, spec)
@@ -179,12 +178,7 @@ def test_a_job_over_gcs_objects_named_by_a_manifest(gcs_standin: GCSStandIn, mon
     path.write_text(yaml.safe_dump(text))
     spec, version = planned_spec(path, store)
     assert spec.input.locations == (bucket.url("in/a.jsonl"), bucket.url("in/b.jsonl"))
-    procs = [start_worker(store_url, version, tmp_path / f"w{i}.log") for i in range(2)]
-    try:
-        for p in procs:
-            assert p.wait(timeout=120) == 0
-    finally:
-        stop_all(procs)
+    workers_until_done(store_url, version, tmp_path, timeout=120)
     assert sealed(store, version)
     check_invariants(store, version, spec)
 

@@ -21,7 +21,17 @@ import pytest
 
 from batchline.drill import children, gone
 from batchline.store import Store
-from tests.helpers import call_counts, check_invariants, planned, start_worker, stop_all, wait_for
+from tests.helpers import (
+    call_counts,
+    check_invariants,
+    planned,
+    rescue_stalled_shard,
+    sealed_and_gone,
+    start_worker,
+    stop_all,
+    wait_for,
+    workers_until_done,
+)
 
 pytestmark = pytest.mark.acceptance
 
@@ -104,14 +114,10 @@ def test_sigstop_past_the_lease_then_sigcont_is_fenced_off(
             os.kill(pid, signal.SIGSTOP)
         stored_at_stop = stored_ids(store, version)
         asked_at_stop = set(call_counts(call_log))
-        store.shift_clock(61)
-        procs.append(start_worker(store_url, version, tmp_path / "rescuer.log"))
-        wait_for(lambda: store.shard_rows(version)[row.shard_no].state == "done", timeout=60,
-                 what="the rescuer to finish the stalled worker's shard")
+        rescue_stalled_shard(store, store_url, version, row.shard_no, procs, tmp_path / "rescuer.log")
         for pid in group:
             os.kill(pid, signal.SIGCONT)
-        wait_for(lambda: sealed(store, version), timeout=120, what="the job to seal")
-        wait_for(lambda: stalled.poll() is not None, timeout=60, what="the stalled worker to exit")
+        sealed_and_gone(store, version, stalled)
     finally:
         stop_all(procs)
     _results, dead = check_invariants(store, version, spec)
@@ -207,12 +213,7 @@ def test_poison_records_cost_only_themselves(job_factory: Any, store: Store, sto
     spec_path = job_factory(n=400, options={**POISON, "call_log": str(call_log)},
                             shards={"size": 100, "record_timeout_seconds": 0.5, "batch_timeout_seconds": 0.5})
     spec, version = planned(spec_path, store)
-    procs = [start_worker(store_url, version, tmp_path / f"w{i}.log") for i in range(2)]
-    try:
-        for p in procs:
-            assert p.wait(timeout=180) == 0
-    finally:
-        stop_all(procs)
+    workers_until_done(store_url, version, tmp_path, timeout=180)
     results, _dead = check_invariants(store, version, spec)
     expected = {rid: KIND[k] for k, ids in POISON.items() for rid in ids}
     letters = {d.record_id: d for d in store.iter_dead_letters(version)}
