@@ -37,7 +37,7 @@ demo: setup
 # Iceberg table (a SQL catalog in the demo's SQLite store, a warehouse in demo/iceberg/warehouse)
 # and read back by DuckDB's own Iceberg reader.
 demo-iceberg: setup
-	$(BIN)/python examples/iceberg_demo.py --out demo/iceberg
+	$(BIN)/python -m examples.iceberg_demo --out demo/iceberg
 
 # The README's table of commands, rendered from the parser (a test fails when they differ).
 readme: setup
