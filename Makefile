@@ -1,4 +1,6 @@
 # make demo: set up everything and run the ticket-triage example end to end.
+# make demo-iceberg, make demo-lake: the example published into an Iceberg table (on local disk;
+# with input and table in an S3 stand-in), read back by DuckDB.
 # make test: set up everything and run lint, type checks and the whole test suite.
 # make vllm-check: the vLLM engine's tests against the real vLLM (not part of make test).
 
@@ -11,7 +13,7 @@ EXTRAS := dev,postgres,fleet,sizing,metrics,llamacpp,transformers,embedding,open
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 DEMO_STORE ?= sqlite:///demo/batchline.db
 
-.PHONY: setup demo demo-iceberg test lint typecheck services browser bench drill clean vllm-check readme
+.PHONY: setup demo demo-iceberg demo-lake test lint typecheck services browser bench drill clean vllm-check readme
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +40,12 @@ demo: setup
 # and read back by DuckDB's own Iceberg reader.
 demo-iceberg: setup
 	$(BIN)/python -m examples.iceberg_demo --out demo/iceberg
+
+# make demo-lake: the same over the lake: the input an object in the S3 stand-in (moto_server, run
+# as a child process), the table's warehouse in the same bucket, and DuckDB reading it back from S3;
+# what DuckDB reads is checked against the store.
+demo-lake: setup
+	$(BIN)/python -m examples.lake_demo --out demo/lake
 
 # The README's table of commands, rendered from the parser (a test fails when they differ).
 readme: setup
