@@ -9,8 +9,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS := dev,postgres,fleet,sizing,metrics,llamacpp,transformers,embedding,openai,iceberg,lake
 # llama.cpp must be built portably: a native build dies with "Illegal instruction"
-# on machines whose CPU differs from the builder's.
-export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+# on machines whose CPU differs from the builder's. The flags are the worker image's
+# (PORTABLE_CMAKE_ARGS in container/install.sh), so both builds make the same wheel.
+export CMAKE_ARGS ?= $(shell sed -n 's/^PORTABLE_CMAKE_ARGS="\(.*\)"$$/\1/p' container/install.sh)
 DEMO_STORE ?= sqlite:///demo/batchline.db
 
 .PHONY: setup demo demo-iceberg demo-lake test lint typecheck services browser bench drill clean vllm-check readme
