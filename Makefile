@@ -89,8 +89,9 @@ test: setup services browser lint typecheck
 	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q
 
 # vLLM with its CUDA build of torch (several GB) in a virtual environment of its own: vLLM pins
-# torch, transformers and llguidance to versions the main environment does not take.
-VLLM_VERSION ?= 0.33.0
+# torch, transformers and llguidance to versions the main environment does not take. Its version
+# is the vLLM worker image's (container/requirements-vllm-cuda.txt).
+VLLM_VERSION ?= $(shell sed -n 's/^vllm==//p' container/requirements-vllm-cuda.txt)
 VLLM_VENV := .venv-vllm
 VLLM_RESULT := bench/results/vllm_conformance.txt
 

@@ -12,8 +12,12 @@
 #                  PostgreSQL stores (postgres); inputs, exports and weights in S3/GCS (lake); Iceberg
 #                  inputs and tables (iceberg); the worker's Prometheus endpoint (metrics). No torch:
 #                  none of these needs it (transformers and embedding, which do, are left out).
+#   vllm-cuda      vLLM with its CUDA build of torch, from container/requirements-vllm-cuda.txt, and
+#                  the same extras but llamacpp. It cannot share the cpu environment: vLLM pins torch
+#                  and llguidance to versions the project's llamacpp and transformers extras refuse.
+#                  container/Containerfile.vllm-cuda; not tested here (no GPU, several GB).
 #
-# pip takes its options from the environment, as it always does: the Containerfile sets
+# pip takes its options from the environment, as it always does: the Containerfiles set
 # PIP_NO_CACHE_DIR=1; a mirror is PIP_INDEX_URL. The test keeps pip's cache, which holds the
 # llama.cpp wheel `make setup` built (from source, about 8 minutes).
 set -eu
@@ -25,14 +29,18 @@ PORTABLE_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=O
 PYTHON=${1:?usage: container/install.sh PYTHON [SOURCE]}
 SOURCE=${2:-$(cd "$(dirname "$0")/.." && pwd)}
 
-"$PYTHON" -m pip install --quiet --upgrade pip
+# What to install, as pip's arguments; an unknown image is refused before anything is installed.
 case "${BATCHLINE_IMAGE:-cpu}" in
   cpu)
-    CMAKE_ARGS=${CMAKE_ARGS:-$PORTABLE_CMAKE_ARGS} \
-      "$PYTHON" -m pip install --quiet "$SOURCE[llamacpp,postgres,lake,iceberg,metrics]" ;;
+    export CMAKE_ARGS="${CMAKE_ARGS:-$PORTABLE_CMAKE_ARGS}"
+    set -- "$SOURCE[llamacpp,postgres,lake,iceberg,metrics]" ;;
+  vllm-cuda)
+    set -- -r "$SOURCE/container/requirements-vllm-cuda.txt" "$SOURCE[vllm,postgres,lake,iceberg,metrics]" ;;
   *)
-    echo "container/install.sh: BATCHLINE_IMAGE=$BATCHLINE_IMAGE is not cpu" >&2
+    echo "container/install.sh: BATCHLINE_IMAGE=$BATCHLINE_IMAGE is neither cpu nor vllm-cuda" >&2
     exit 2 ;;
 esac
+"$PYTHON" -m pip install --quiet --upgrade pip
+"$PYTHON" -m pip install --quiet "$@"
 # The installed command answers, or the image is refused here rather than on a node.
 "$PYTHON" -m batchline --help >/dev/null
