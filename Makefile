@@ -1,4 +1,6 @@
 # make demo: set up everything and run the ticket-triage example end to end.
+# make demo-iceberg, make demo-lake: the example published into an Iceberg table (on local disk;
+# with input and table in an S3 stand-in), read back by DuckDB.
 # make test: set up everything and run lint, type checks and the whole test suite.
 # make vllm-check: the vLLM engine's tests against the real vLLM (not part of make test).
 
@@ -7,11 +9,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS := dev,postgres,fleet,sizing,metrics,llamacpp,transformers,embedding,openai,iceberg,lake
 # llama.cpp must be built portably: a native build dies with "Illegal instruction"
-# on machines whose CPU differs from the builder's.
-export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+# on machines whose CPU differs from the builder's. The flags are the worker image's
+# (PORTABLE_CMAKE_ARGS in container/install.sh), so both builds make the same wheel.
+export CMAKE_ARGS ?= $(shell sed -n 's/^PORTABLE_CMAKE_ARGS="\(.*\)"$$/\1/p' container/install.sh)
 DEMO_STORE ?= sqlite:///demo/batchline.db
 
-.PHONY: setup demo demo-iceberg test lint typecheck services browser bench drill clean vllm-check readme
+.PHONY: setup demo demo-iceberg demo-lake test lint typecheck services browser bench drill clean vllm-check readme
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,7 +40,13 @@ demo: setup
 # Iceberg table (a SQL catalog in the demo's SQLite store, a warehouse in demo/iceberg/warehouse)
 # and read back by DuckDB's own Iceberg reader.
 demo-iceberg: setup
-	$(BIN)/python examples/iceberg_demo.py --out demo/iceberg
+	$(BIN)/python -m examples.iceberg_demo --out demo/iceberg
+
+# make demo-lake: the same over the lake: the input an object in the S3 stand-in (moto_server, run
+# as a child process), the table's warehouse in the same bucket, and DuckDB reading it back from S3;
+# what DuckDB reads is checked against the store.
+demo-lake: setup
+	$(BIN)/python -m examples.lake_demo --out demo/lake
 
 # The README's table of commands, rendered from the parser (a test fails when they differ).
 readme: setup
@@ -80,8 +89,9 @@ test: setup services browser lint typecheck
 	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q
 
 # vLLM with its CUDA build of torch (several GB) in a virtual environment of its own: vLLM pins
-# torch, transformers and llguidance to versions the main environment does not take.
-VLLM_VERSION ?= 0.33.0
+# torch, transformers and llguidance to versions the main environment does not take. Its version
+# is the vLLM worker image's (container/requirements-vllm-cuda.txt).
+VLLM_VERSION ?= $(shell sed -n 's/^vllm==//p' container/requirements-vllm-cuda.txt)
 VLLM_VENV := .venv-vllm
 VLLM_RESULT := bench/results/vllm_conformance.txt
 

@@ -15,11 +15,11 @@ without a table never needs it.
 from __future__ import annotations
 
 import contextlib
-import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from batchline.errors import BatchlineError
+from batchline.lake import lake_settings
 from batchline.spec import STORE_CATALOG, TableRef
 
 # The name batchline's own SQL catalog has in the catalog tables of the store's database.
@@ -42,8 +42,15 @@ def sqlalchemy_uri(url: str) -> str:
     return url
 
 
-def catalog_properties(ref: TableRef, store_url: str | None) -> tuple[str, dict[str, str]]:
-    """The catalog's name and the properties batchline gives it (pyiceberg adds its own configuration)."""
+def catalog_properties(ref: TableRef, store_url: str | None,
+                       storage: Mapping[str, Any] | None = None) -> tuple[str, dict[str, str]]:
+    """The catalog's name and the properties batchline gives it (pyiceberg adds its own configuration).
+
+    The lake settings (the job's `input.storage` over the environment, `batchline.lake`)
+    go in as pyiceberg's file IO properties, since its S3 client does not read
+    `AWS_ENDPOINT_URL` itself: a warehouse or data files in an S3-compatible store
+    (MinIO, R2, a stand-in) are reached as obstore and DuckDB reach them. Keys come
+    from the environment or the machine's role, never from here."""
     props: dict[str, str] = {}
     if ref.catalog == STORE_CATALOG:
         if store_url is None:
@@ -58,32 +65,18 @@ def catalog_properties(ref: TableRef, store_url: str | None) -> tuple[str, dict[
             props = {"type": "sql" if sql else "rest", "uri": sqlalchemy_uri(ref.uri) if sql else ref.uri}
     if ref.warehouse is not None:
         props["warehouse"] = ref.warehouse
-    return name, {**s3_properties(), **props}
-
-
-def s3_properties() -> dict[str, str]:
-    """The S3 endpoint and region from the usual environment variables, as pyiceberg's file
-    IO names them (pyarrow's S3 client does not read AWS_ENDPOINT_URL itself), so an S3
-    compatible store (MinIO, R2, a stand-in) is reached as obstore and DuckDB reach it.
-    Keys come from the environment or the machine's role, never from here."""
-    env = os.environ
-    out = {}
-    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        out["s3.endpoint"] = endpoint
-    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-    if region:
-        out["s3.region"] = region
-    return out
+    return name, {**lake_settings(storage).pyiceberg_properties(), **props}
 
 
 @contextlib.contextmanager
-def open_catalog(ref: TableRef, store_url: str | None = None) -> Iterator[Any]:
-    """The table's catalog, closed afterwards (a SQL catalog holds a connection pool)."""
+def open_catalog(ref: TableRef, store_url: str | None = None,
+                 storage: Mapping[str, Any] | None = None) -> Iterator[Any]:
+    """The table's catalog, closed afterwards (a SQL catalog holds a connection pool);
+    `storage` is the job's `input.storage`, where its object store is."""
     catalogs = _pyiceberg()
     from pyiceberg.utils.config import Config
 
-    name, props = catalog_properties(ref, store_url)
+    name, props = catalog_properties(ref, store_url, storage)
     if ref.catalog != STORE_CATALOG:
         # Read now, not as pyiceberg read it when first imported, and what the spec says wins.
         configured: dict[str, Any] = Config().get_catalog_config(name) or {}

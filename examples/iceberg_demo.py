@@ -1,68 +1,108 @@
 """The ticket example published into an Iceberg table on local disk, read back by DuckDB.
 
-    python examples/iceberg_demo.py [--out demo/iceberg]      (make demo-iceberg)
+    python -m examples.iceberg_demo [--out demo/iceberg]      (make demo-iceberg)
 
 Runs examples/tickets/synthetic.yaml with `output.table` added (a SQL catalog in
 the job's own SQLite store, a warehouse folder beside it) through `batchline run
 --publish`, then reads the table the way a downstream reader would: its current
 metadata file found with plain SQL in the catalog's table, scanned by DuckDB's own
-Iceberg reader. Run it twice and the second run finds the version done and
-published already.
+Iceberg reader (examples/iceberg_reader.py). What DuckDB reads is checked against the
+store: the published version's results and dead letters, each once, with the same
+category. Run it twice and the second run finds the version done and published
+already. examples/lake_demo.py does the same with input and table in S3.
 """
 
 from __future__ import annotations
 
 import argparse
-import sqlite3
+import json
+import os
 import subprocess
 import sys
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-EXAMPLE = Path(__file__).resolve().parent / "tickets" / "synthetic.yaml"
+from batchline.lake import LakeSettings
+from batchline.store import open_store
+from examples.iceberg_reader import connect, metadata_location
+
+EXAMPLES = Path(__file__).resolve().parent / "tickets"
+EXAMPLE = EXAMPLES / "synthetic.yaml"
 TABLE = "tickets.triage"
 
 
-def write_spec(out: Path) -> Path:
-    spec = yaml.safe_load(EXAMPLE.read_text())
+def example_spec(example: Path) -> dict[str, Any]:
+    """The example's spec with the files it names made absolute, so it runs from anywhere."""
+    spec = yaml.safe_load(example.read_text())
     for section, key in (("input", "path"), ("prompt", "file"), ("output", "schema")):
-        spec[section][key] = str(EXAMPLE.parent / spec[section][key])
-    spec["output"]["table"] = {"catalog": "store", "name": TABLE, "warehouse": str(out / "warehouse")}
+        spec[section][key] = str(example.parent / spec[section][key])
+    return dict(spec)
+
+
+def write_spec(out: Path, spec: dict[str, Any], warehouse: str) -> Path:
+    """The spec with `output.table` (the store's own SQL catalog, the warehouse given), in `out`."""
+    spec["output"]["table"] = {"catalog": "store", "name": TABLE, "warehouse": warehouse}
     path = out / "job.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
 
-def metadata_location(store: Path) -> str:
-    namespace, name = TABLE.rsplit(".", 1)
-    with sqlite3.connect(store) as db:
-        row = db.execute("SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? AND table_name = ?",
-                         (namespace, name)).fetchone()
-    if row is None:
-        raise SystemExit(f"no table {TABLE} in the catalog of {store}")
-    return str(row[0])
+def run(spec: Path, store_url: str, env: Mapping[str, str] | None = None) -> int:
+    """`batchline run SPEC --publish`, as a user runs it."""
+    command = [sys.executable, "-m", "batchline", "run", str(spec), "--store", store_url, "--workers", "2", "--publish"]
+    return subprocess.run(command, env={**os.environ, **(env or {})}).returncode
 
 
-def read_back(store: Path) -> None:
-    import duckdb
-    import duckdb_extension_avro
-    import duckdb_extension_iceberg
+def read_back(store_url: str, name: str, lake: LakeSettings | None = None,
+              env: Mapping[str, str] | None = None) -> list[str]:
+    """Reads the table's main with DuckDB, prints what it holds, and returns how it differs
+    from what the store holds for the version published under `name` (nothing: it matches)."""
+    con = connect(lake, env)
+    try:
+        scan = f"iceberg_scan('{metadata_location(store_url, TABLE)}')"
+        print(f"DuckDB reads {TABLE} (main) through {scan}:")
+        rows = con.execute(f"SELECT id, outcome, output.category, version FROM {scan}").fetchall()
+        for (version, outcome), n in sorted(Counter((r[3], r[1]) for r in rows).items()):
+            print(f"  {version}  {outcome:<11} {n:>6,} rows")
+        categories = Counter(r[2] for r in rows if r[1] == "result")
+        print("  categories: " + ", ".join(f"{c} {n}" for c, n in categories.most_common()))
+        for row in con.execute(f"SELECT id, output.category, output.summary, acl FROM {scan} ORDER BY id LIMIT 3")\
+                .fetchall():
+            print(f"  {row[0]}  {row[1]:<14} {row[2][:48]!r:<52} acl={row[3]}")
+    finally:
+        con.close()
+    return differences(store_url, name, rows)
 
-    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
-    for module, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
-        [ext] = Path(str(module.__file__)).parent.glob(f"extensions/*/{name}.duckdb_extension")
-        con.execute(f"LOAD '{ext}'")
-    scan = f"iceberg_scan('{metadata_location(store)}')"
-    print(f"DuckDB reads {TABLE} (main) through {scan}:")
-    for version, outcome, n in con.execute(f"SELECT version, outcome, count(*) FROM {scan} GROUP BY ALL ORDER BY ALL")\
-            .fetchall():
-        print(f"  {version}  {outcome:<11} {n:>6,} rows")
-    print("  categories: " + ", ".join(f"{c} {n}" for c, n in con.execute(
-        f"SELECT output.category, count(*) FROM {scan} WHERE outcome = 'result' GROUP BY 1 ORDER BY 2 DESC")
-        .fetchall()))
-    for row in con.execute(f"SELECT id, output.category, output.summary, acl FROM {scan} ORDER BY id LIMIT 3").fetchall():
-        print(f"  {row[0]}  {row[1]:<14} {row[2][:48]!r:<52} acl={row[3]}")
+
+def differences(store_url: str, name: str, rows: list[tuple[str, str, str | None, str]]) -> list[str]:
+    """How the table's rows (id, outcome, category, version) differ from the store's
+    results and dead letters of the version published under `name`."""
+    store = open_store(store_url, create=False)
+    try:
+        version = store.resolve_name(name)
+        if version is None:
+            return [f"nothing is published as {name} in {store_url}"]
+        expected = {(r.record_id, "result", json.loads(r.output).get("category")) for r in store.iter_results(version)}
+        expected |= {(d.record_id, "dead_letter", None) for d in store.iter_dead_letters(version)}
+    finally:
+        store.close()
+    problems = []
+    if {r[3] for r in rows} != {version}:
+        problems.append(f"the table shows versions {sorted({r[3] for r in rows})}, not {version}")
+    if len({r[0] for r in rows}) != len(rows):
+        problems.append(f"{len(rows) - len({r[0] for r in rows})} ids appear more than once in the table")
+    got = {r[:3] for r in rows}
+    if got != expected:
+        problems.append(f"{len(expected - got)} of the store's outcomes are missing from the table or differ, "
+                        f"{len(got - expected)} rows of the table are not the store's")
+    if not problems:
+        print(f"checked: the table's {len(rows):,} rows are the store's results and dead letters of {version}, "
+              "each once, with the same category")
+    return problems
 
 
 def main() -> int:
@@ -71,14 +111,15 @@ def main() -> int:
     args = parser.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    store = out / "batchline.db"
-    spec = write_spec(out)
-    run = subprocess.run([sys.executable, "-m", "batchline", "run", str(spec), "--store", f"sqlite:///{store}",
-                          "--workers", "2", "--publish"])
-    if run.returncode != 0:
-        return run.returncode
-    read_back(store)
-    return 0
+    store_url = f"sqlite:///{out / 'batchline.db'}"
+    spec = example_spec(EXAMPLE)
+    status = run(write_spec(out, spec, str(out / "warehouse")), store_url)
+    if status != 0:
+        return status
+    problems = read_back(store_url, str(spec["name"]))
+    for problem in problems:
+        print(f"demo-iceberg: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

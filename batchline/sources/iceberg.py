@@ -46,7 +46,7 @@ def read_snapshot(spec: InputSpec, store_url: str | None = None) -> TableSnapsho
     """The table's snapshot (the one the spec names, else the current one) and its data files."""
     ref = spec.table
     assert ref is not None
-    with open_catalog(ref, store_url) as catalog:
+    with open_catalog(ref, store_url, spec.storage) as catalog:
         table = load_table(catalog, ref)
         if table is None:
             raise InputError(f"{ref.describe()}: no such table")

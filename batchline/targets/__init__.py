@@ -49,9 +49,9 @@ class PublicationTarget(Protocol):
 
 def targets_for(spec: JobSpec, store_url: str | None) -> list[PublicationTarget]:
     """The targets a version's spec names (`output.table`); the catalog of `catalog: store`
-    is reached through `store_url`."""
+    is reached through `store_url`, a warehouse in object storage with the job's `input.storage`."""
     if spec.output_table is None:
         return []
     from batchline.targets.iceberg import IcebergTable
 
-    return [IcebergTable(spec.output_table, store_url)]
+    return [IcebergTable(spec.output_table, store_url, spec.input.storage)]

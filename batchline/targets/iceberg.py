@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -52,9 +52,13 @@ def _commit_failed() -> type[Exception]:
 
 
 class IcebergTable:
-    def __init__(self, ref: TableRef, store_url: str | None = None) -> None:
+    def __init__(self, ref: TableRef, store_url: str | None = None,
+                 storage: Mapping[str, Any] | None = None) -> None:
         self.ref = ref
         self.store_url = store_url
+        # The job's input.storage: where its object store is (a warehouse in S3 is reached
+        # with the same endpoint and region as the job's input).
+        self.storage = dict(storage or {})
 
     @property
     def key(self) -> str:
@@ -70,7 +74,7 @@ class IcebergTable:
         if info is None:
             raise BatchlineError(f"no job version {version!r} in {store.url}")
         spec = stored_spec(info)
-        with open_catalog(self.ref, self.store_url) as catalog:
+        with open_catalog(self.ref, self.store_url, self.storage) as catalog:
             for attempt in range(COMMIT_TRIES):
                 table = load_table(catalog, self.ref)
                 if table is not None and version in table.metadata.refs:
@@ -148,7 +152,7 @@ class IcebergTable:
                    what: str) -> dict[str, Any]:
         from pyiceberg.exceptions import CommitFailedException
 
-        with open_catalog(self.ref, self.store_url) as catalog:
+        with open_catalog(self.ref, self.store_url, self.storage) as catalog:
             for _attempt in range(COMMIT_TRIES):
                 table = load_table(catalog, self.ref)
                 if table is None:
@@ -197,7 +201,7 @@ class IcebergTable:
     def forget(self, name: str, version: str) -> None:
         from pyiceberg.table.snapshots import ancestors_of
 
-        with open_catalog(self.ref, self.store_url) as catalog:
+        with open_catalog(self.ref, self.store_url, self.storage) as catalog:
             table = load_table(catalog, self.ref)
             if table is None:
                 return
@@ -266,7 +270,7 @@ def check_table_schema(spec: JobSpec, store_url: str | None) -> None:
     columns is refused, with one line naming the column."""
     ref = spec.output_table
     assert ref is not None
-    with open_catalog(ref, store_url) as catalog:
+    with open_catalog(ref, store_url, spec.input.storage) as catalog:
         table = load_table(catalog, ref)
         if table is None:
             return

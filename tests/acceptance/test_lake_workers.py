@@ -1,7 +1,8 @@
 """Real `batchline worker` processes over inputs in object storage (the S3 and GCS stand-ins
 of tests/lake/support.py), hurt as in test_worker_faults.py: killed, stalled past their
 lease, refused a changed object, cut off from the store, and started on a machine that
-has nothing of the planning machine's files."""
+has nothing of the planning machine's files; and killed over an Iceberg snapshot whose
+data files are in S3."""
 
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ import yaml
 from batchline.planner import plan
 from batchline.spec import load_spec
 from batchline.store import Store
-from tests.acceptance.test_worker_faults import owner_pid, sealed
+from tests.acceptance.test_worker_faults import owner_pid, sealed, stored_ids
 from tests.helpers import (
     SIMPLE_SCHEMA,
+    call_counts,
     check_invariants,
     kill_9,
     make_records,
@@ -37,6 +39,7 @@ from tests.helpers import (
     workers_until_done,
 )
 from tests.lake.support import FaultProxy, GCSStandIn, S3StandIn
+from tests.unit.test_iceberg_input import SOURCE, make_source, store_slices
 
 pytestmark = pytest.mark.acceptance
 
@@ -123,6 +126,43 @@ def test_workers_killed_and_stalled_over_s3_objects_leave_one_outcome_per_record
     expired = {(e.shard_no, e.worker) for e in store.events(version, ["lease_expired"])}
     assert {(killed_row.shard_no, killed_row.owner), (stalled_row.shard_no, stalled_row.owner)} <= expired
     assert [e for e in store.events(version, ["stale_epoch"]) if e.worker == stalled_row.owner]
+
+
+def test_a_worker_killed_over_an_iceberg_snapshot_in_s3_leaves_one_outcome_per_record(
+        lake_env: S3StandIn, store: Store, store_url: str, tmp_path: Path) -> None:
+    bucket = lake_env.bucket()
+    records = make_records(N)
+    # The table's warehouse is in the stand-in: two data files of row groups of SHARD rows.
+    make_source(store_url, tmp_path, records[:N // 2], records[N // 2:], warehouse=bucket.url("wh"),
+                row_group_rows=SHARD)
+    call_log = tmp_path / "calls.log"
+    path = write_spec(tmp_path / "job", "unused", options={"seconds_per_record": 0.004, "call_log": str(call_log)})
+    text = yaml.safe_load(path.read_text())
+    text["input"] = {"table": {"catalog": "store", "name": SOURCE}, "id_field": "id", "acl_field": "acl"}
+    path.write_text(yaml.safe_dump(text))
+    spec, version = planned_spec(path, store)
+    slices = {s["path"] for s in store_slices(store, version)}
+    assert len(slices) == 2 and all(p.startswith(f"s3://{bucket.name}/wh/") for p in slices)
+    assert store.job(version).shard_count == N // SHARD  # type: ignore[union-attr]
+    procs = [start_worker(store_url, version, tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        victim_row = wait_for(lambda: partly_done(store, version), what="a shard partly done")
+        victim = owner_pid(victim_row.owner)
+        kill_9(victim)
+        in_flight = set(call_counts(call_log)) - stored_ids(store, version)
+        # The survivor (or this replacement) proves the victim dead and takes its lease back.
+        procs.append(start_worker(store_url, version, tmp_path / "w-replacement.log"))
+        wait_for(lambda: sealed(store, version), timeout=180, what="the job to seal")
+    finally:
+        stop_all(procs)
+    results, dead = check_invariants(store, version, spec)
+    assert dead == set() and len(results) == N
+    assert {r.acl[0] for r in store.iter_results(version)} == {"group-0", "group-1", "group-2"}
+    [taken] = store.events(version, ["take_back"])
+    assert (taken.shard_no, taken.worker, taken.detail["proof"]["pid"]) == (
+        victim_row.shard_no, victim_row.owner, victim)
+    asked_again = {rid for rid, n in call_counts(call_log).items() if n > 1}
+    assert asked_again <= in_flight, f"recomputed records that were already stored: {asked_again - in_flight}"
 
 
 def test_an_object_overwritten_after_planning_is_refused_by_key_and_nothing_is_written(

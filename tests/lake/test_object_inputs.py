@@ -36,8 +36,9 @@ def parquet_bytes(n: int, group_rows: int, prefix: str = "p") -> bytes:
     buf = io.BytesIO()
     # Text that does not compress, so row groups are much larger than the footer.
     noise = [hashlib.sha256(str(i).encode()).hexdigest() * 3 for i in range(n)]
+    # Every record has an ACL (the specs name acl_field); the same one, so its column is tiny.
     table = pa.table({"id": [f"{prefix}{i:05d}" for i in range(n)], "text": [f"text of {i}" for i in range(n)],
-                      "acl": [["team-a"]] * n, "unread": noise})
+                      "acl": ['["staff"]'] * n, "unread": noise})
     pq.write_table(table, buf, row_group_size=group_rows)
     return buf.getvalue()
 

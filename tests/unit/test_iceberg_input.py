@@ -22,20 +22,26 @@ from batchline.snapshot import Slice, file_digest
 from batchline.spec import TableRef, load_spec, parse_spec, stored_spec
 from batchline.store import Store
 from tests.helpers import make_records, run_to_seal
+from tests.lake.support import S3StandIn
 
 SOURCE = "src.tickets"
 ARROW = pa.schema([("id", pa.string()), ("text", pa.string()), ("acl", pa.list_(pa.string()))])
 
 
-def source_ref(tmp_path: Path) -> TableRef:
-    return TableRef("store", SOURCE, warehouse=f"file://{tmp_path / 'source-wh'}")
+def source_ref(tmp_path: Path, warehouse: str | None = None) -> TableRef:
+    return TableRef("store", SOURCE, warehouse=warehouse or f"file://{tmp_path / 'source-wh'}")
 
 
-def make_source(store_url: str, tmp_path: Path, *batches: list[dict[str, Any]]) -> Any:
-    """A table in the store's own catalog with one data file per batch."""
-    with open_catalog(source_ref(tmp_path), store_url) as catalog:
+def make_source(store_url: str, tmp_path: Path, *batches: list[dict[str, Any]], warehouse: str | None = None,
+                storage: dict[str, Any] | None = None, row_group_rows: int | None = None) -> Any:
+    """A table in the store's own catalog with one data file per batch, its files in
+    `warehouse` (a local folder by default), reached with the lake settings `storage`;
+    `row_group_rows` cuts data files into row groups of that many rows (a shard of a
+    Parquet object is whole row groups)."""
+    properties = {} if row_group_rows is None else {"write.parquet.row-group-limit": str(row_group_rows)}
+    with open_catalog(source_ref(tmp_path, warehouse), store_url, storage) as catalog:
         catalog.create_namespace_if_not_exists("src")
-        table = catalog.create_table(SOURCE, schema=ARROW)
+        table = catalog.create_table(SOURCE, schema=ARROW, properties=properties)
         for batch in batches:
             table.append(pa.Table.from_pylist(batch, schema=ARROW))
         return catalog.load_table(SOURCE)
@@ -48,10 +54,10 @@ def append(store_url: str, tmp_path: Path, batch: list[dict[str, Any]]) -> Any:
         return catalog.load_table(SOURCE)
 
 
-def table_job(job_factory: Any, table: dict[str, Any], **kw: Any) -> Path:
+def table_job(job_factory: Any, table: dict[str, Any], storage: dict[str, Any] | None = None, **kw: Any) -> Path:
     path = job_factory(n=1, **kw)
     spec = yaml.safe_load(path.read_text())
-    spec["input"] = {"table": table, "id_field": "id", "acl_field": "acl"}
+    spec["input"] = {"table": table, "id_field": "id", "acl_field": "acl", **({"storage": storage} if storage else {})}
     path.write_text(yaml.safe_dump(spec))
     return path
 
@@ -59,16 +65,16 @@ def table_job(job_factory: Any, table: dict[str, Any], **kw: Any) -> Path:
 def test_a_table_snapshot_is_planned_over_its_data_files_and_every_record_answered_once(
         job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
     records = make_records(210)
-    table = make_source(store_url, tmp_path, records[:70], records[70:140], records[140:])
+    # A shard is whole row groups: of 50 rows here.
+    table = make_source(store_url, tmp_path, records[:70], records[70:140], records[140:], row_group_rows=50)
     data_files = [t.file.file_path for t in table.scan().plan_files()]
     assert len(data_files) == 3
     path = table_job(job_factory, {"catalog": "store", "name": SOURCE}, options={"error_on": ["r000100"]})
     result = plan(load_spec(path), store)
-    # Each data file is one row group of 70 rows, and a shard never splits a row group.
-    assert (result.records, result.shards) == (210, 3)
+    assert (result.records, result.shards) == (210, 6)  # 50 + 20 rows of each data file
     slices = [Slice.from_json(s) for s in store_slices(store, result.version)]
     assert sorted({s.path for s in slices}) == sorted(data_files)
-    assert all(s.format == "parquet" and s.end - s.start == 70 for s in slices)
+    assert all(s.format == "parquet" and s.end - s.start in (50, 20) for s in slices)
 
     run_to_seal(store, result.version)
     results = {r.record_id: r for r in store.iter_results(result.version)}
@@ -259,3 +265,29 @@ def test_worker_processes_read_the_data_files_without_any_catalog_configured(
     info = store.job(version)
     assert info is not None and info.state == "sealed"
     assert sorted(r.record_id for r in store.iter_results(version)) == [r["id"] for r in records]
+
+
+def test_a_table_with_its_files_in_s3_is_planned_and_read_through_the_specs_storage_endpoint(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path, lake_env: S3StandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only the spec's input.storage names the S3 stand-in: pyiceberg (reading the manifests
+    # at planning) and obstore (a worker reading its range of a data file) both take the
+    # endpoint from there; the keys stay in the environment.
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    storage = {"endpoint": lake_env.url}
+    bucket = lake_env.bucket()
+    records = make_records(130)
+    make_source(store_url, tmp_path, records[:80], records[80:], warehouse=bucket.url("wh"), storage=storage,
+                row_group_rows=25)
+    path = table_job(job_factory, {"catalog": "store", "name": SOURCE}, storage=storage,
+                     options={"error_on": ["r000007"]})
+    result = plan(load_spec(path), store)
+    # Shards of whole row groups of 25: 50 + 30 rows of the first data file, 50 of the second.
+    assert (result.records, result.shards) == (130, 3)
+    slices = [Slice.from_json(s) for s in store_slices(store, result.version)]
+    assert len({s.path for s in slices}) == 2
+    assert all(s.path.startswith(f"s3://{bucket.name}/wh/") and s.path.endswith(".parquet") for s in slices)
+    run_to_seal(store, result.version)
+    assert [d.record_id for d in store.iter_dead_letters(result.version)] == ["r000007"]
+    assert sorted(r.record_id for r in store.iter_results(result.version)) == \
+        [r["id"] for r in records if r["id"] != "r000007"]

@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ from batchline.targets.iceberg_schema import node_of
 from batchline.validate import validate
 from tests.helpers import SIMPLE_SCHEMA, make_records, planned, run_to_seal
 from tests.iceberg_support import (
-    S3StandIn,
     duckdb_iceberg,
     main_rows,
     metadata_location,
@@ -33,6 +31,7 @@ from tests.iceberg_support import (
     set_schema,
     with_table,
 )
+from tests.lake.support import S3StandIn
 
 TABLE = "lake.results"
 
@@ -434,31 +433,21 @@ def test_a_whole_float_goes_into_a_long_column_and_a_fraction_is_refused_not_tru
     assert converter(node_of(SIMPLE_SCHEMA)) is None  # strings only: nothing to convert
 
 
-@pytest.fixture(scope="module")
-def s3_standin() -> Iterator[S3StandIn]:
-    server = S3StandIn()
-    yield server
-    server.close()
-
-
 def test_a_table_with_its_warehouse_in_the_s3_standin_publishes_rolls_back_and_prunes_its_objects(
-        job_factory: Any, store: Store, store_url: str, s3_standin: S3StandIn,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in s3_standin.env().items():
-        monkeypatch.setenv(key, value)
-    bucket = s3_standin.bucket()
+        job_factory: Any, store: Store, store_url: str, lake_env: S3StandIn) -> None:
+    bucket = lake_env.bucket()
     versions, written = [], []
     for night in range(4):
-        before = s3_standin.keys(bucket)
-        versions.append(sealed(job_factory, store, f"s3://{bucket}/wh", make_records(10 + night, f"n{night}-"),
+        before = set(bucket.keys())
+        versions.append(sealed(job_factory, store, bucket.url("wh"), make_records(10 + night, f"n{night}-"),
                                retention={"versions": 2}))
         publish(store, versions[-1])
-        written.append({k for k in s3_standin.keys(bucket) - before if k.endswith(".parquet")})
+        written.append({k for k in set(bucket.keys()) - before if k.endswith(".parquet")})
         assert written[-1], "each publish wrote its version's data files into the bucket"
-    rows = main_rows(store_url, TABLE, s3=s3_standin)
+    rows = main_rows(store_url, TABLE, s3=lake_env)
     assert {v for _i, _o, v in rows} == {versions[3]} and len(rows) == 13
-    left = s3_standin.keys(bucket)
+    left = set(bucket.keys())
     assert not (written[0] | written[1]) & left  # pruned versions' objects are deleted
     assert written[2] | written[3] <= left
     assert rollback(store, "test-job") == (versions[3], versions[2])
-    assert {v for _i, _o, v in main_rows(store_url, TABLE, s3=s3_standin)} == {versions[2]}
+    assert {v for _i, _o, v in main_rows(store_url, TABLE, s3=lake_env)} == {versions[2]}
