@@ -350,6 +350,33 @@ def test_coverage_is_an_anti_join_both_ways(backend: Store) -> None:
     assert set(cov.missing_sample) == set(ids[1])
 
 
+def test_coverage_is_not_fooled_by_as_many_outcomes_of_other_ids(backend: Store) -> None:
+    # PostgreSQL proves full coverage from counts and id fingerprints before it joins: equal
+    # counts with a ghost in place of a planned id must still be found by the join.
+    ids = plan_version(backend, shards=1, per_shard=4)
+    lease = backend.claim("w1")
+    assert lease is not None
+    backend.put_results(lease, [ResultRow(rid, OUT) for rid in ids[0][:3]] + [ResultRow("ghost", OUT)])
+    cov = backend.coverage("job@1")
+    assert (cov.records, cov.missing, cov.unexpected, cov.both) == (4, 1, 1, 0)
+    assert (cov.missing_sample, cov.unexpected_sample) == ((ids[0][3],), ("ghost",))
+    backend.put_results(lease, [ResultRow(ids[0][3], OUT)])
+    backend.dead_letter(lease, [DeadLetterRow(ids[0][0], "too_long", "x")])  # refused: it has a result
+    full = backend.coverage("job@1")
+    assert (full.records, full.missing, full.unexpected, full.both) == (4, 0, 1, 0)
+
+
+def test_full_coverage_with_results_and_dead_letters_is_proven(backend: Store) -> None:
+    ids = plan_version(backend, shards=2, per_shard=4)
+    while (lease := backend.claim("w1")) is not None:
+        backend.put_results(lease, [ResultRow(rid, OUT) for rid in ids[lease.shard_no][1:]])
+        backend.dead_letter(lease, [DeadLetterRow(ids[lease.shard_no][0], "too_long", "x")])
+        backend.complete(lease)
+    cov = backend.coverage("job@1")
+    assert (cov.records, cov.missing, cov.unexpected, cov.both, cov.missing_sample, cov.unexpected_sample) == (
+        8, 0, 0, 0, (), ())
+
+
 def test_the_result_histogram_counts_computed_results_by_attempt_and_time(backend: Store) -> None:
     ids = plan_version(backend, shards=1)
     lease = backend.claim("w1")
