@@ -273,6 +273,7 @@ class LlamaCppEngine:
         text = self._llm.detokenize(out).decode("utf-8", errors="replace")
         if session is None:
             text = _cut_at_stop(text, self.stop)
+        constrained = session is not None
         if not finished or (session is not None and not session.complete()):
             return EngineOutcome(
                 record_id=request.record_id,
@@ -281,12 +282,16 @@ class LlamaCppEngine:
                 error_kind="engine_error",
                 input_tokens=len(prompt),
                 output_tokens=len(out),
+                finish_reason="length",
+                constrained=constrained,
             )
         return EngineOutcome(
             record_id=request.record_id,
             output=text.strip(),
             input_tokens=len(prompt),
             output_tokens=len(out),
+            finish_reason="stop",
+            constrained=constrained,
         )
 
     # --- calibration of choices -----------------------------------------------

@@ -14,6 +14,9 @@ run over it exercises validation like a real model would. Options:
   the engine process die (SIGKILL, as a segfault or the OOM killer would),
   fail with a per-record error, return output that fails the schema, or never
   return.
+- ``truncate_on``: record ids whose output is cut off as at ``decoding.max_tokens``
+  (its first half, finish reason ``length``), as a model that repeats itself
+  until the limit is.
 - ``call_log``: a file to which every record id the engine is asked about is
   appended, one per line, so tests can count how often each was computed.
 - ``fail_load``: raise a fatal error when loading (a broken model).
@@ -56,6 +59,7 @@ class SyntheticEngine:
         self.error_on = {str(x) for x in opts.get("error_on", ())}
         self.invalid_on = {str(x) for x in opts.get("invalid_on", ())}
         self.hang_on = {str(x) for x in opts.get("hang_on", ())}
+        self.truncate_on = {str(x) for x in opts.get("truncate_on", ())}
         self.call_log = opts.get("call_log")
         self.fail_load = bool(opts.get("fail_load", False))
         self.load_seconds = float(opts.get("load_seconds", 0.0))
@@ -94,6 +98,9 @@ class SyntheticEngine:
         output = json.dumps(synthetic_instance(self.schema, text), separators=(",", ":"))
         if record_id in self.invalid_on:
             output = json.dumps({"synthetic_invalid_output": True})
+        finish = "stop"
+        if record_id in self.truncate_on:
+            output, finish = output[: len(output) // 2], "length"
         tokens = self.count_tokens(output)
         cost = self.seconds_per_record + self.seconds_per_token * tokens
         if cost > 0:
@@ -102,7 +109,7 @@ class SyntheticEngine:
             return EngineOutcome(record_id, error="synthetic engine error (error_on)",
                                  error_kind="engine_error", input_tokens=self.count_tokens(prompt))
         return EngineOutcome(record_id, output=output, input_tokens=self.count_tokens(prompt),
-                             output_tokens=tokens)
+                             output_tokens=tokens, finish_reason=finish)
 
     def close(self) -> None:
         if self._log_fd is not None:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchline.errors import EngineFatal
-from batchline.prompt import render
 from batchline.snapshot import Record, Slice, read_slice
 from batchline.store import DeadLetterRow, LeaseLost, ResultRow
 from batchline.worker.engine_process import EngineProcess, describe_exit
@@ -210,7 +209,7 @@ class LocalShardRun:
         if r.messages is not None:
             # Only the child has the model's chat template; it renders the prompt.
             return {"id": r.id, "prompt": "", "prefix": "", "text": r.text, "messages": list(r.messages)}
-        return {"id": r.id, "prompt": render(self.job.prefix, self.job.suffix, r.text),
+        return {"id": r.id, "prompt": self.job.prompt(r.id, r.text),
                 "prefix": self.job.prefix, "text": r.text}
 
     # -- receiving --
@@ -247,10 +246,12 @@ class LocalShardRun:
         if msg.get("kind") == "too_long":
             self._buffer_dead(DeadLetterRow(record.id, "too_long", msg["error"], record.acl,
                                             self.attempts.get(record.id, 0), record.piece))
-        elif msg.get("error"):
+        elif msg.get("error") and msg.get("finish") != "length":
             self._charge(record, msg.get("kind") or "engine_error", msg["error"])
         else:
-            canonical, problem = self.job.checker.check(msg["output"])
+            # An engine that knows its output was cut off says so with an error; another
+            # returns what it wrote, and the schema check finds it incomplete.
+            canonical, problem = (None, msg["error"]) if msg.get("error") else self.job.checker.check(msg["output"])
             if canonical is None and msg.get("finish") == "length" and self.job.retry_cannot_help_truncation:
                 # At temperature 0 a local engine writes the same tokens again and is cut off
                 # at the same place: a second attempt costs the same and fails the same.
@@ -259,7 +260,7 @@ class LocalShardRun:
                              f"schema ({problem or 'invalid output'}); retrying would write it again",
                              max_attempts=1)
             elif canonical is None:
-                self._charge(record, "invalid_output", problem or "invalid output")
+                self._charge(record, msg.get("kind") or "invalid_output", problem or "invalid output")
             else:
                 self._buffer(ResultRow(record.id, canonical, record.acl, self.attempts.get(record.id, 0) + 1,
                                        msg.get("in"), msg.get("outt"), self.job.label(canonical), self.job.model,

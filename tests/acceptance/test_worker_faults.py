@@ -284,3 +284,24 @@ def test_sigterm_while_the_model_loads_stops_at_once_without_taking_a_shard(
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 75
     assert not store.events(version, ["claim"])
+
+
+@pytest.mark.parametrize("temperature,calls", [(0.0, 1), (0.7, 3)])
+def test_an_output_cut_off_at_max_tokens_costs_one_engine_call_at_temperature_zero(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path, temperature: float, calls: int) -> None:
+    # Regression: a Gemma summary that repeated "0" until max_tokens was computed three
+    # times at temperature 0, and came out the same each time.
+    call_log = tmp_path / "calls.log"
+    spec_path = job_factory(n=20, options={"truncate_on": ["r000003"], "invalid_on": ["r000005"],
+                                           "call_log": str(call_log)},
+                            shards={"size": 20}, decoding={"temperature": temperature, "max_tokens": 50})
+    spec, version = planned(spec_path, store)
+    workers_until_done(store_url, version, tmp_path, timeout=120)
+    check_invariants(store, version, spec)
+    letters = {d.record_id: d for d in store.iter_dead_letters(version)}
+    assert {rid: (d.kind, d.attempts) for rid, d in letters.items()} == {
+        "r000003": ("truncated" if calls == 1 else "invalid_output", calls), "r000005": ("invalid_output", 3)}
+    counts = call_counts(call_log)
+    assert (counts["r000003"], counts["r000005"]) == (calls, 3)
+    if calls == 1:
+        assert "retrying would write it again" in letters["r000003"].error
