@@ -29,5 +29,7 @@ def neutralise(text: str) -> str:
     return _MARKER.sub(lambda m: m.group(0).replace("<", "\u2039").replace(">", "\u203a"), text)
 
 
-def render(prefix: str, suffix: str, text: str) -> str:
-    return f"{prefix}{OPEN}\n{neutralise(text)}\n{CLOSE}\n{suffix}"
+def render(prefix: str, suffix: str, text: str, examples: str = "") -> str:
+    """The record's prompt; `examples`, where the job retrieves some, come after the shared
+    prefix (which an engine caches) and just before the record."""
+    return f"{prefix}{examples}{OPEN}\n{neutralise(text)}\n{CLOSE}\n{suffix}"

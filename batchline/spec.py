@@ -19,6 +19,7 @@ import jsonschema
 import yaml
 
 from batchline.errors import SpecError
+from batchline.fewshot import Example, examples_digest
 from batchline.lake import check_storage_options, lake_settings
 from batchline.registry import ENGINES, PROVIDERS
 
@@ -110,10 +111,23 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class ExamplesSpec:
+    """Labelled examples; each record is shown the k nearest (batchline.fewshot)."""
+
+    items: tuple[Example, ...]
+    k: int
+    file: Path | None = None
+
+    def identity(self) -> dict[str, Any]:
+        return {"digest": examples_digest(self.items), "k": self.k}
+
+
+@dataclass(frozen=True)
 class PromptSpec:
     file: Path | None
     version: str
     text: str
+    examples: ExamplesSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -299,7 +313,8 @@ class JobSpec:
                 **({"ids": self.input.ids} if self.input.ids != "field" else {}),
             },
             "model": model,
-            "prompt": {"text": self.prompt.text, "version": self.prompt.version},
+            "prompt": {"text": self.prompt.text, "version": self.prompt.version,
+                       **({"examples": self.prompt.examples.identity()} if self.prompt.examples else {})},
             "decoding": {
                 "temperature": self.decoding.temperature,
                 "max_tokens": self.decoding.max_tokens,
@@ -337,7 +352,11 @@ class JobSpec:
             "model": {"engine": self.model.engine, "options": dict(self.model.options)},
             # An openai-batch job has no prompt section: its lines carry their conversations.
             **({} if self.input.format == OPENAI_BATCH
-               else {"prompt": {"text": self.prompt.text, "version": self.prompt.version}}),
+               else {"prompt": {"text": self.prompt.text, "version": self.prompt.version,
+                                **({"examples": {"k": self.prompt.examples.k,
+                                                 "items": [[e.id, e.text, e.label]
+                                                           for e in self.prompt.examples.items]}}
+                                   if self.prompt.examples else {})}}),
             "decoding": dict(self.decoding.__dict__),
             "output": {"schema": dict(self.output_schema)},
             "shards": dict(self.shards.__dict__),
@@ -429,6 +448,8 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     out = r.mapping(top["output"], "output", required={"schema"}, allowed={"schema", "label_field", "table"})
     schema, schema_path = _load_schema(r, out["schema"], base_dir)
     label_field = r.optional_string(out.get("label_field"), "output.label_field")
+    if prompt_spec.examples is not None and label_field is None:
+        r.fail("prompt.examples", "needs output.label_field: the output field an example's label answers")
     output_table = _parse_table(r, out["table"], "output.table", base_dir) if out.get("table") is not None else None
     shards = _parse_shards(r, top.get("shards", {}) or {})
     deadline = _parse_deadline(r, top.get("deadline"))
@@ -574,7 +595,7 @@ def _parse_model(r: _Reader, raw: Any, base_dir: Path) -> ModelSpec:
 
 def _parse_prompt(r: _Reader, top: Mapping[str, Any], base_dir: Path, chat: bool) -> PromptSpec:
     pr = {} if chat else r.mapping(top["prompt"], "prompt", required={"version"},
-                                   allowed={"file", "text", "version"})
+                                   allowed={"file", "text", "version", "examples"})
     if not chat and ("file" in pr) == ("text" in pr):
         r.fail("prompt", "give exactly one of 'file' or 'text'")
     prompt_file: Path | None = None
@@ -588,7 +609,53 @@ def _parse_prompt(r: _Reader, top: Mapping[str, Any], base_dir: Path, chat: bool
             r.fail("prompt.file", f"cannot read {prompt_file}: {_one_line(exc)}")
     else:
         prompt_text = r.string(pr["text"], "prompt.text")
-    return PromptSpec(file=prompt_file, version=OPENAI_BATCH if chat else str(pr["version"]), text=prompt_text)
+    examples = _parse_examples(r, pr["examples"], base_dir) if pr.get("examples") is not None else None
+    return PromptSpec(file=prompt_file, version=OPENAI_BATCH if chat else str(pr["version"]), text=prompt_text,
+                      examples=examples)
+
+
+def _parse_examples(r: _Reader, raw: Any, base_dir: Path) -> ExamplesSpec:
+    ex = r.mapping(raw, "prompt.examples", required={"k"},
+                   allowed={"file", "items", "k", "id_field", "text_field", "label_field"})
+    k = r.integer(ex["k"], "prompt.examples.k", 1)
+    if ("file" in ex) == ("items" in ex):
+        r.fail("prompt.examples", "give exactly one of 'file' or 'items'")
+    if "items" in ex:  # a planned job's stored form
+        rows = ex["items"]
+        if not isinstance(rows, list) or not all(
+                isinstance(row, list) and len(row) == 3 and all(isinstance(x, str) for x in row) for row in rows):
+            r.fail("prompt.examples.items", "must be a list of [id, text, label] string triples")
+        return ExamplesSpec(items=tuple(Example(*row) for row in rows), k=k)
+    path = (base_dir / r.string(ex["file"], "prompt.examples.file")).resolve()
+    fields = {name: r.string(ex.get(f"{name}_field", name), f"prompt.examples.{name}_field")
+              for name in ("id", "text", "label")}
+    items: list[Example] = []
+    seen: set[str] = set()
+    try:
+        with path.open(encoding="utf-8-sig") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}, line {line_no}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise SpecError(f"{where}: not valid JSON: {exc.msg} at column {exc.colno}") from None
+                values: list[str] = []
+                for name in ("id", "text", "label"):
+                    value = row.get(fields[name]) if isinstance(row, dict) else None
+                    if not isinstance(value, str) or not value:
+                        raise SpecError(f"{where}: example field {fields[name]!r} must be a non-empty string")
+                    values.append(value)
+                if values[0] in seen:
+                    raise SpecError(f"{where}: example id {values[0]!r} appears twice")
+                seen.add(values[0])
+                items.append(Example(*values))
+    except (OSError, UnicodeDecodeError) as exc:
+        r.fail("prompt.examples.file", f"cannot read {path}: {_one_line(exc)}")
+    if not items:
+        r.fail("prompt.examples.file", f"{path} holds no examples")
+    return ExamplesSpec(items=tuple(items), k=k, file=path)
 
 
 def _parse_decoding(r: _Reader, raw: Any) -> DecodingSpec:

@@ -2,11 +2,16 @@
 schema-valid outputs on the first attempt, and speed, constrained or not.
 
     python bench/triage_quality.py [--records 300] [--seed 1] [--mode calibrated|constrained|unconstrained]
+                                   [--examples K] [--strength S]
 
 Reads ../shared/data/it-service-tickets.csv.gz when it is there (a random
 sample of its 47,837 rows), else the project's own sample
 examples/tickets/tickets.jsonl; ticket texts are cut at 1,000 characters.
 The majority class (Hardware) is 28% of the tickets.
+
+--examples K shows each ticket the K nearest labelled tickets of the project's
+sample (examples/tickets/tickets.jsonl, as `prompt.examples` does), leaving out
+every ticket evaluated here, by id and by text.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from batchline.engines.base import EngineConfig, EngineRequest  # noqa: E402
 from batchline.engines.llamacpp import LlamaCppEngine  # noqa: E402
 from batchline.engines.models import GEMMA_PACKAGE, packaged_model_digest  # noqa: E402
+from batchline.fewshot import Example, ExampleIndex  # noqa: E402
 from batchline.prompt import render, split_template  # noqa: E402
 from batchline.spec import DecodingSpec, ModelSpec  # noqa: E402
 
@@ -55,6 +61,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--mode", choices=["calibrated", "constrained", "unconstrained"], default="calibrated")
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--examples", type=int, default=0, help="retrieved examples per ticket (0: none)")
+    parser.add_argument("--strength", type=float, help="calibration_strength (the engine's default if unset)")
     args = parser.parse_args()
     command = "python bench/triage_quality.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
@@ -65,6 +73,8 @@ def main() -> None:
     }
     if args.threads:
         options["n_threads"] = args.threads
+    if args.strength is not None:
+        options["calibration_strength"] = args.strength
     config = EngineConfig(
         model=ModelSpec(engine="llamacpp", digest=packaged_model_digest(GEMMA_PACKAGE), options=options),
         decoding=DecodingSpec(temperature=0.0, max_tokens=200, seed=0),
@@ -75,6 +85,13 @@ def main() -> None:
     prefix, suffix = split_template((EXAMPLES / "triage.prompt").read_text(encoding="utf-8"))
     rows, source = sample(args.records, args.seed)
     gold = {rid: label for rid, _, label in rows}
+    index = None
+    if args.examples:
+        evaluated_texts = {text for _, text, _ in rows}
+        with (EXAMPLES / "tickets.jsonl").open(encoding="utf-8") as f:
+            pool = [Example(r["id"], r["text"], r["label"]) for r in map(json.loads, f)
+                    if r["id"] not in gold and r["text"] not in evaluated_texts]
+        index = ExampleIndex(pool, args.examples)
 
     started = time.perf_counter()
     correct = valid = 0
@@ -82,7 +99,8 @@ def main() -> None:
     failures: list[str] = []
     for rid, text, _ in rows:
         text = text[:1000]
-        outcome = engine.run_one(EngineRequest(rid, render(prefix, suffix, text), prefix, text))
+        shown = index.render(rid, text, "category") if index else ""
+        outcome = engine.run_one(EngineRequest(rid, render(prefix, suffix, text, shown), prefix, text))
         try:
             if outcome.error:
                 raise ValueError(outcome.error)
@@ -97,7 +115,9 @@ def main() -> None:
     elapsed = time.perf_counter() - started
     s = engine.stats
     n = len(rows)
-    print(f"{n} tickets from {source} (seed {args.seed}), mode {args.mode}, {engine.n_threads} threads")
+    print(f"{n} tickets from {source} (seed {args.seed}), mode {args.mode}, {engine.n_threads} threads, "
+          f"calibration strength {engine.calibration_strength}, "
+          + (f"{args.examples} retrieved examples from {len(index.items)}" if index else "no retrieved examples"))
     print(f"accuracy: {correct / n:.1%} (majority class 28.5%); schema-valid on first attempt: {valid}/{n} "
           f"({valid / n:.1%})")
     print(f"speed: {n / elapsed:.2f} records/s; decoding {s['output_tokens'] / s['decode_seconds']:.1f} output "

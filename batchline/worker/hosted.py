@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 from batchline.errors import EngineFatal
-from batchline.prompt import render
 from batchline.providers.base import (
     BatchAnswer,
     BatchProvider,
@@ -116,7 +115,7 @@ class HostedShardRun:
         # On record before the provider is called: whoever finds this intent without a
         # batch id asks the provider before submitting again.
         self.lease = self.store.set_batch(self.lease, intent)
-        requests = [BatchRequest(to_custom[r.id], render(self.job.prefix, self.job.suffix, r.text))
+        requests = [BatchRequest(to_custom[r.id], self.job.prompt(r.id, r.text))
                     for r in pending]
         try:
             submitted = self.provider.submit(requests, tag)

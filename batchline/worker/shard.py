@@ -14,9 +14,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+from batchline.fewshot import ExampleIndex
 from batchline.outputs import OutputChecker
+from batchline.prompt import render
 from batchline.providers.base import BatchProvider
 from batchline.registry import ENGINES
 from batchline.snapshot import Record
@@ -36,6 +39,17 @@ class JobContext:
     init: dict[str, Any] = field(default_factory=dict)  # what the engine child is started with
     model: str = ""  # how results of the local engine name the model that answered
     providers: dict[str, BatchProvider] = field(default_factory=dict)
+
+    @cached_property
+    def _examples(self) -> ExampleIndex | None:
+        examples = self.spec.prompt.examples
+        return ExampleIndex(examples.items, examples.k) if examples else None
+
+    def prompt(self, record_id: str, text: str) -> str:
+        """A record's whole prompt: the shared prefix, its nearest examples where the job
+        retrieves some, the record."""
+        shown = self._examples.render(record_id, text, self.spec.label_field or "") if self._examples else ""
+        return render(self.prefix, self.suffix, text, shown)
 
     @property
     def retry_cannot_help_truncation(self) -> bool:

@@ -103,12 +103,14 @@ def test_choices_are_calibrated_once_per_prefix(engine: LlamaCppEngine) -> None:
     assert len(table[first_choice]) >= 8
 
 
-def test_max_tokens_too_small_is_a_per_record_error(gemma_digest: str) -> None:
+def test_max_tokens_too_small_is_a_per_record_error_that_says_it_was_cut_off(gemma_digest: str) -> None:
     engine = create_engine(_config(gemma_digest, max_tokens=4, n_ctx=2048, calibrate_choices=False))
     engine.load()
     prefix, suffix = triage_template()
     [outcome] = list(engine.generate(ListSource([make_request("r", prefix, TICKETS[0], suffix)])))
     assert outcome.error_kind == "engine_error" and "max_tokens=4" in (outcome.error or "")
+    # What lets the worker dead-letter it at once rather than compute it twice more.
+    assert (outcome.finish_reason, outcome.constrained) == ("length", True)
     engine.close()
 
 
