@@ -214,6 +214,9 @@ class OpenAIEngine:
             "top_p": decoding.top_p,
             "max_tokens": decoding.max_tokens,
             "seed": decoding.seed,
+            # frequency_penalty, presence_penalty and stop, where set (repetition_penalty,
+            # not in the API, is refused when the job is parsed).
+            **decoding.knobs(),
         }
         if self.api == "chat" and request.messages is not None:
             # A conversation goes as it came; the server applies its model's chat template.

@@ -124,3 +124,18 @@ def test_building_an_engine_refuses_a_knob_it_cannot_honour() -> None:
                           decoding=DecodingSpec(repetition_penalty=1.2), output_schema={"type": "object"})
     with pytest.raises(EngineFatal, match="decoding.repetition_penalty is set but the openai engine cannot"):
         create_engine(config)
+
+
+def test_the_synthetic_engine_cuts_its_output_at_a_stop_sequence() -> None:
+    from tests.engines.support import ListSource, make_request
+
+    schema = {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]}
+    outputs = []
+    for stop in ((), ("shipping",)):
+        engine = create_engine(EngineConfig(model=ModelSpec(engine="synthetic"), output_schema=schema,
+                                            decoding=DecodingSpec(stop=stop, repetition_penalty=1.2)))
+        engine.load()
+        outputs.append(next(iter(engine.generate(ListSource([make_request("r", "Say.\n", "late shipping")])))))
+        engine.close()
+    assert outputs[0].output == '{"summary":"late shipping"}'
+    assert outputs[1].output == '{"summary":"late '
