@@ -280,9 +280,11 @@ class LlamaCppEngine:
             self._eval(step)
         self.stats["output_tokens"] += len(out)
         self.stats["decode_seconds"] += time.perf_counter() - prompt_done
-        text, _ = cut_at_stop(self._llm.detokenize(out).decode("utf-8", errors="replace"), stops)
+        text, cut = cut_at_stop(self._llm.detokenize(out).decode("utf-8", errors="replace"), stops)
+        stopped = stopped or cut
         finish = "stop" if finished else "length"
-        if not finished or (session is not None and not session.complete()):
+        # Under the schema, a cut output is no longer the complete JSON the grammar held.
+        if not finished or (session is not None and (stopped or not session.complete())):
             why = (f"a stop sequence ({', '.join(map(repr, stops))}) ended the output" if stopped
                    else f"output reached max_tokens={decoding.max_tokens}")
             return EngineOutcome(

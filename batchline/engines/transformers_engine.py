@@ -412,11 +412,13 @@ class TransformersEngine:
 
     def _outcome(self, row: _Row) -> EngineOutcome:
         stops = self.config.decoding.stop
-        text, _ = cut_at_stop(self.tokenizer.decode(row.out, skip_special_tokens=True), stops)
+        text, cut = cut_at_stop(self.tokenizer.decode(row.out, skip_special_tokens=True), stops)
+        stopped = row.stopped or cut
         constrained = row.session is not None
         truncated = row.finish == "length" and not self.ignore_eos
-        if truncated or (row.session is not None and not row.session.complete()):
-            why = (f"a stop sequence ({', '.join(map(repr, stops))}) ended the output" if row.stopped
+        # Under the schema, a cut output is no longer the complete JSON the grammar held.
+        if truncated or (row.session is not None and (stopped or not row.session.complete())):
+            why = (f"a stop sequence ({', '.join(map(repr, stops))}) ended the output" if stopped
                    else f"output reached max_tokens={self.config.decoding.max_tokens}")
             return EngineOutcome(
                 record_id=row.request.record_id,
