@@ -138,8 +138,8 @@ def _content(raw: Any, here: str, refuse: _Refuse) -> str:
 
 def _check_decoding(body: Mapping[str, Any], rules: ChatRules, refuse: _Refuse) -> None:
     job = rules.decoding
-    asked = [(k, body[k], job.max_tokens) for k in ("max_tokens", "max_completion_tokens")
-             if body.get(k) is not None]
+    asked: list[tuple[str, Any, float]] = [(k, body[k], job.max_tokens) for k in ("max_tokens", "max_completion_tokens")
+                                           if body.get(k) is not None]
     asked += [(k, body[k], getattr(job, k)) for k in _DECODING if body.get(k) is not None]
     # An unset penalty is the neutral one, which a request may name.
     asked += [(k, body[k], _or(getattr(job, k), neutral)) for k, neutral in PENALTY_DEFAULTS.items()

@@ -76,7 +76,7 @@ def _most_repeated(tokens: list[int]) -> int:
 
 def test_a_repetition_penalty_breaks_a_degenerate_repetition(free: LlamaCppEngine) -> None:
     plain, plain_tokens = _run(free)
-    penalised, penalised_tokens = _run(free, repetition_penalty=1.5)
+    _, penalised_tokens = _run(free, repetition_penalty=1.5)
     # Unpenalised, one token repeats until max_tokens, as the degenerate outputs did.
     assert plain.finish_reason == "length" and _most_repeated(plain_tokens) >= 6, plain.error
     assert _most_repeated(penalised_tokens) < _most_repeated(plain_tokens)
@@ -89,7 +89,7 @@ def test_frequency_and_presence_penalties_break_it_too(free: LlamaCppEngine) -> 
 
 
 def test_a_stop_sequence_cuts_the_output_before_it_and_ends_it(free: LlamaCppEngine) -> None:
-    plain, plain_tokens = _run(free)
+    _, plain_tokens = _run(free)
     text = free._llm.detokenize(plain_tokens).decode("utf-8")
     assert "</language>" in text, text
     stopped, stopped_tokens = _run(free, stop=("</language>",))

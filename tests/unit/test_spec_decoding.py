@@ -122,7 +122,7 @@ def test_a_provider_that_cannot_honour_a_knob_is_refused_at_parsing(tmp_path: Pa
 def test_building_an_engine_refuses_a_knob_it_cannot_honour() -> None:
     config = EngineConfig(model=ModelSpec(engine="openai", path="http://127.0.0.1:1/v1"),
                           decoding=DecodingSpec(repetition_penalty=1.2), output_schema={"type": "object"})
-    with pytest.raises(EngineFatal, match="decoding.repetition_penalty is set but the openai engine cannot"):
+    with pytest.raises(EngineFatal, match=r"decoding\.repetition_penalty is set but the openai engine cannot"):
         create_engine(config)
 
 
