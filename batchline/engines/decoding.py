@@ -33,18 +33,22 @@ class TokenPenalties:
         self.active = self.repetition != 1.0 or bool(self.frequency) or bool(self.presence)
         self.seen: set[int] = set(prompt) if self.repetition != 1.0 else set()
         self.counts: Counter[int] = Counter()
+        self._repeated: list[int] | None = None  # sorted(seen), kept until a new token is seen
 
     def add(self, tokens: Iterable[int]) -> None:
         if not self.active:
             return
         tokens = list(tokens)
         self.counts.update(tokens)
-        if self.repetition != 1.0:
+        if self.repetition != 1.0 and not self.seen.issuperset(tokens):
             self.seen.update(tokens)
+            self._repeated = None
 
     def repeated(self) -> list[int]:
         """The tokens the repetition penalty applies to, when there is one."""
-        return sorted(self.seen)
+        if self._repeated is None:
+            self._repeated = sorted(self.seen)
+        return self._repeated
 
     def subtracted(self) -> tuple[list[int], list[float]]:
         """The output's tokens and what the frequency and presence penalties take from each."""

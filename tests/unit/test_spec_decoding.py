@@ -139,3 +139,20 @@ def test_the_synthetic_engine_cuts_its_output_at_a_stop_sequence() -> None:
         engine.close()
     assert outputs[0].output == '{"summary":"late shipping"}'
     assert outputs[1].output == '{"summary":"late '
+
+
+def test_penalties_follow_the_definitions_vllm_and_the_openai_api_use() -> None:
+    import numpy as np
+
+    from batchline.engines.decoding import TokenPenalties, cut_at_stop
+
+    penalties = TokenPenalties(DecodingSpec(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
+                               prompt=[1, 2])
+    penalties.add([2, 3, 3])
+    logits = np.array([1.0, 2.0, -2.0, 4.0, 5.0], dtype=np.float32)
+    # 1: in the prompt, 2 / 2; 2: in both, -2 * 2 - (0.5 + 0.25); 3: twice in the output,
+    # 4 / 2 - (2 * 0.5 + 0.25); 0 and 4: untouched.
+    assert penalties.apply(logits).tolist() == [1.0, 1.0, -4.75, 0.75, 5.0]
+    assert logits.tolist() == [1.0, 2.0, -2.0, 4.0, 5.0]
+    assert cut_at_stop("abcXdefY", ["Y", "X"]) == ("abc", True)
+    assert cut_at_stop("abc", ["Z"]) == ("abc", False)
