@@ -20,20 +20,20 @@ import hashlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from batchline.errors import InputError
-from batchline.spec import ChatRules, canonical_json
+from batchline.spec import PENALTY_DEFAULTS, ChatRules, canonical_json, stop_sequences
 
 ENDPOINT = "/v1/chat/completions"
 ROLES = ("system", "developer", "user", "assistant")
 _LINE_KEYS = ("custom_id", "method", "url", "body")
 _MESSAGE_KEYS = ("role", "content", "name")
 # Keys a request may carry; anything else would change the answer in a way one
-# job-wide engine setting cannot honour per request (stop, penalties, tools, logit_bias...).
+# job-wide engine setting cannot honour per request (tools, logit_bias...).
 _BODY_KEYS = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-              "response_format", "n", "stream", "user", "logprobs")
-_DECODING = (("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed"))
+              "response_format", "n", "stream", "user", "logprobs", "stop", *PENALTY_DEFAULTS)
+_DECODING = ("temperature", "top_p", "seed")
 _Refuse = Callable[[str], InputError]
 
 
@@ -138,17 +138,35 @@ def _content(raw: Any, here: str, refuse: _Refuse) -> str:
 
 def _check_decoding(body: Mapping[str, Any], rules: ChatRules, refuse: _Refuse) -> None:
     job = rules.decoding
-    asked = [(k, body[k], job.max_tokens) for k in ("max_tokens", "max_completion_tokens")
-             if body.get(k) is not None]
-    asked += [(k, body[k], getattr(job, attr)) for k, attr in _DECODING if body.get(k) is not None]
+    asked: list[tuple[str, Any, float]] = [(k, body[k], job.max_tokens) for k in ("max_tokens", "max_completion_tokens")
+                                           if body.get(k) is not None]
+    asked += [(k, body[k], getattr(job, k)) for k in _DECODING if body.get(k) is not None]
+    # An unset penalty is the neutral one, which a request may name.
+    asked += [(k, body[k], _or(getattr(job, k), neutral)) for k, neutral in PENALTY_DEFAULTS.items()
+              if body.get(k) is not None]
     for key, value, job_value in asked:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise refuse(f"body.{key} must be a number, not {value!r}")
         if not math.isclose(float(value), float(job_value), rel_tol=0.0, abs_tol=1e-9):
-            job_key = "max_tokens" if key.startswith("max_") else key
-            raise refuse(f"body.{key} is {value!r} but the job's decoding.{job_key} is {job_value!r}; "
-                         "an engine runs one decoding setting per job: set decoding in the job spec to "
-                         "match, or split the file by setting")
+            raise _disagrees(refuse, key, value, job_value)
+    if body.get("stop") is not None:
+        def bad_stop(message: str) -> NoReturn:
+            raise refuse(f"body.stop {message}")
+
+        stop = stop_sequences(body["stop"], bad_stop)
+        if stop != job.stop:
+            raise _disagrees(refuse, "stop", list(stop), list(job.stop))
+
+
+def _disagrees(refuse: _Refuse, key: str, value: Any, job_value: Any) -> InputError:
+    job_key = "max_tokens" if key.startswith("max_") else key
+    return refuse(f"body.{key} is {value!r} but the job's decoding.{job_key} is {job_value!r}; "
+                  "an engine runs one decoding setting per job: set decoding in the job spec to "
+                  "match, or split the file by setting")
+
+
+def _or(value: float | None, neutral: float) -> float:
+    return neutral if value is None else value
 
 
 def _check_response_format(fmt: Any, rules: ChatRules, refuse: _Refuse) -> None:

@@ -25,10 +25,18 @@ class Extension:
     # The same input and decoding at temperature 0 give the same output (a local engine),
     # so a generation cut off at max_tokens would be cut off again: it is not retried.
     deterministic: bool = True
+    # The optional decoding settings (decoding.repetition_penalty, frequency_penalty,
+    # presence_penalty, stop) it honours; a job that sets another is refused at parsing.
+    knobs: frozenset[str] = frozenset()
 
     def load(self) -> Any:
         module_name, attribute = self.target.split(":")
         return getattr(importlib.import_module(module_name), attribute)
+
+
+ALL_KNOBS = frozenset({"repetition_penalty", "frequency_penalty", "presence_penalty", "stop"})
+# The OpenAI API has frequency and presence penalties and stop sequences, not repetition_penalty.
+OPENAI_KNOBS = frozenset({"frequency_penalty", "presence_penalty", "stop"})
 
 
 def _table(*extensions: Extension) -> Mapping[str, Extension]:
@@ -36,16 +44,34 @@ def _table(*extensions: Extension) -> Mapping[str, Extension]:
 
 
 ENGINES = _table(
-    Extension("llamacpp", "batchline.engines.llamacpp:LlamaCppEngine", 1, "llamacpp"),
-    Extension("transformers", "batchline.engines.transformers_engine:TransformersEngine", 1, "transformers"),
-    Extension("vllm", "batchline.engines.vllm_engine:VllmEngine", 1, "vllm"),
+    Extension("llamacpp", "batchline.engines.llamacpp:LlamaCppEngine", 1, "llamacpp", knobs=ALL_KNOBS),
+    Extension("transformers", "batchline.engines.transformers_engine:TransformersEngine", 1, "transformers",
+              knobs=ALL_KNOBS),
+    Extension("vllm", "batchline.engines.vllm_engine:VllmEngine", 1, "vllm", knobs=ALL_KNOBS),
     # A server of any make, hosted or not: its answers at temperature 0 may differ per call.
-    Extension("openai", "batchline.engines.openai_engine:OpenAIEngine", 1, "openai", deterministic=False),
+    Extension("openai", "batchline.engines.openai_engine:OpenAIEngine", 1, "openai", deterministic=False,
+              knobs=OPENAI_KNOBS),
+    # It does not decode: no decoding setting can reach what it computes.
     Extension("embedding", "batchline.engines.embedding:EmbeddingEngine", 1, "embedding"),
-    Extension("synthetic", "batchline.engines.synthetic:SyntheticEngine", 1, "dev"),
+    # Its output does not depend on decoding; stop cuts it as a model's would be cut.
+    Extension("synthetic", "batchline.engines.synthetic:SyntheticEngine", 1, "dev", knobs=ALL_KNOBS),
 )
 
 PROVIDERS = _table(
-    Extension("openai", "batchline.providers.openai_batch:OpenAIBatchProvider", 1, "openai"),
+    Extension("openai", "batchline.providers.openai_batch:OpenAIBatchProvider", 1, "openai", knobs=OPENAI_KNOBS),
+    # The Messages API has no penalties, and its stop_sequences do not end a tool call's input,
+    # which is where the answer is written.
     Extension("anthropic", "batchline.providers.anthropic_batch:AnthropicBatchProvider", 1, "openai"),
 )
+
+
+def unhonoured_knob(extension: Extension, knobs: Mapping[str, Any], what: str) -> str | None:
+    """One line naming the first optional decoding setting `knobs` sets that `extension`
+    (`what`: "engine" or "provider") cannot honour; None when it honours all of them."""
+    for name in sorted(knobs):
+        if name not in extension.knobs:
+            honoured = ", ".join(sorted(extension.knobs)) or "none of them"
+            return (f"decoding.{name} is set but the {extension.name} {what} cannot honour it "
+                    f"(of repetition_penalty, frequency_penalty, presence_penalty and stop it honours "
+                    f"{honoured}): remove it or choose another {what}")
+    return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path, PurePosixPath
@@ -21,7 +21,7 @@ import yaml
 from batchline.errors import SpecError
 from batchline.fewshot import Example, examples_digest
 from batchline.lake import check_storage_options, lake_settings
-from batchline.registry import ENGINES, PROVIDERS
+from batchline.registry import ENGINES, PROVIDERS, unhonoured_knob
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 TEXT_FORMATS = ("jsonl", "csv")
@@ -136,6 +136,34 @@ class DecodingSpec:
     max_tokens: int = 256
     seed: int = 0
     top_p: float = 1.0
+    # Optional knobs against degenerate output (one character repeated until max_tokens):
+    # unset, they are not part of the version, so no existing version's hash moves.
+    repetition_penalty: float | None = None  # > 1 discourages every token already in prompt or output
+    frequency_penalty: float | None = None  # OpenAI's: minus this times a token's count in the output
+    presence_penalty: float | None = None  # OpenAI's: minus this once a token is in the output
+    stop: tuple[str, ...] = ()  # the output ends before the first of these
+
+    def __post_init__(self) -> None:
+        # A list from JSON (the engine child's init, a stored spec) is kept as a tuple.
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+    def knobs(self) -> dict[str, Any]:
+        """The optional settings that are set, as the version and the stored spec hold them."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in PENALTY_DEFAULTS
+                               if getattr(self, name) is not None}
+        if self.stop:
+            out["stop"] = list(self.stop)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "max_tokens": self.max_tokens, "seed": self.seed,
+                "top_p": self.top_p, **self.knobs()}
+
+
+# Each penalty's neutral value: what an unset penalty means to an engine or a request.
+PENALTY_DEFAULTS: Mapping[str, float] = {"repetition_penalty": 1.0, "frequency_penalty": 0.0,
+                                         "presence_penalty": 0.0}
+MAX_STOP_SEQUENCES = 4
 
 
 @dataclass(frozen=True)
@@ -320,6 +348,8 @@ class JobSpec:
                 "max_tokens": self.decoding.max_tokens,
                 "seed": self.decoding.seed,
                 "top_p": self.decoding.top_p,
+                # Only when set, so no existing version's hash moves.
+                **self.decoding.knobs(),
             },
             # As written, keys in order: a constrained engine writes an object's
             # properties in the schema's order, so the order changes results.
@@ -357,7 +387,7 @@ class JobSpec:
                                                  "items": [[e.id, e.text, e.label]
                                                            for e in self.prompt.examples.items]}}
                                    if self.prompt.examples else {})}}),
-            "decoding": dict(self.decoding.__dict__),
+            "decoding": self.decoding.to_dict(),
             "output": {"schema": dict(self.output_schema)},
             "shards": dict(self.shards.__dict__),
             "validate": _validate_dict(self.validate),
@@ -444,7 +474,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     chat = input_spec.format == OPENAI_BATCH
     model_spec = _parse_model(r, top["model"], base_dir)
     prompt_spec = _parse_prompt(r, top, base_dir, chat)
-    decoding = _parse_decoding(r, top.get("decoding", {}) or {})
+    decoding = _parse_decoding(r, top.get("decoding", {}) or {}, model_spec.engine)
     out = r.mapping(top["output"], "output", required={"schema"}, allowed={"schema", "label_field", "table"})
     schema, schema_path = _load_schema(r, out["schema"], base_dir)
     label_field = r.optional_string(out.get("label_field"), "output.label_field")
@@ -458,6 +488,10 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     ret = r.mapping(top.get("retention", {}) or {}, "retention", allowed={"versions"})
     retention = RetentionSpec(versions=r.integer(ret.get("versions", 5), "retention.versions", 2))
     routing = _parse_routing(r, top["routing"]) if top.get("routing") is not None else None
+    for provider in routing.providers if routing is not None else ():
+        refusal = unhonoured_knob(PROVIDERS[provider.api], decoding.knobs(), "provider")
+        if refusal:
+            raise SpecError(f"{r.where}: routing.providers.{provider.route}: {refusal}")
     if chat:
         input_spec = replace(input_spec, chat_rules=ChatRules(decoding=decoding, output_schema=schema))
     if routing is not None:
@@ -658,15 +692,46 @@ def _parse_examples(r: _Reader, raw: Any, base_dir: Path) -> ExamplesSpec:
     return ExamplesSpec(items=tuple(items), k=k, file=path)
 
 
-def _parse_decoding(r: _Reader, raw: Any) -> DecodingSpec:
+def _parse_decoding(r: _Reader, raw: Any, engine: str) -> DecodingSpec:
     dec = r.mapping(raw, "decoding",
-                    allowed={"temperature", "max_tokens", "seed", "top_p"})
-    return DecodingSpec(
+                    allowed={"temperature", "max_tokens", "seed", "top_p", "stop", *PENALTY_DEFAULTS})
+    repetition = dec.get("repetition_penalty")
+    if repetition is not None:
+        repetition = r.number(repetition, "decoding.repetition_penalty", float("-inf"))
+        if repetition <= 0:
+            r.fail("decoding.repetition_penalty", f"must be greater than 0 (1 is none), not {repetition:g}")
+    decoding = DecodingSpec(
         temperature=r.number(dec.get("temperature", 0.0), "decoding.temperature", 0.0),
         max_tokens=r.integer(dec.get("max_tokens", 256), "decoding.max_tokens", 1),
         seed=r.integer(dec.get("seed", 0), "decoding.seed", 0),
         top_p=r.number(dec.get("top_p", 1.0), "decoding.top_p", 0.0),
+        repetition_penalty=repetition,
+        frequency_penalty=_openai_penalty(r, dec, "frequency_penalty"),
+        presence_penalty=_openai_penalty(r, dec, "presence_penalty"),
+        stop=stop_sequences(dec.get("stop"), lambda message: r.fail("decoding.stop", message)),
     )
+    refusal = unhonoured_knob(ENGINES[engine], decoding.knobs(), "engine")
+    if refusal:
+        raise SpecError(f"{r.where}: {refusal}")
+    return decoding
+
+
+def _openai_penalty(r: _Reader, dec: Mapping[str, Any], name: str) -> float | None:
+    value = dec.get(name)
+    return None if value is None else r.number(value, f"decoding.{name}", -2.0, 2.0)
+
+
+def stop_sequences(value: Any, fail: Callable[[str], NoReturn]) -> tuple[str, ...]:
+    """A stop setting as the spec and OpenAI requests write it (a string, a list of them
+    or null), normalised to a tuple; `fail` is called with a one-line reason."""
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        fail(f"must be a non-empty string or a list of them, not {value!r}")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        fail(f"has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES} are allowed")
+    return tuple(stops)
 
 
 def _parse_shards(r: _Reader, raw: Any) -> ShardSpec:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from batchline.engines.base import Engine, EngineConfig
 from batchline.errors import EngineFatal
-from batchline.registry import ENGINES
+from batchline.registry import ENGINES, unhonoured_knob
 
 
 def create_engine(config: EngineConfig) -> Engine:
     entry = ENGINES.get(config.model.engine)
     if entry is None:
         raise EngineFatal(f"unknown engine {config.model.engine!r}")
+    # Parsing refuses such a spec already; this holds for an engine built from elsewhere.
+    refusal = unhonoured_knob(entry, config.decoding.knobs(), "engine")
+    if refusal:
+        raise EngineFatal(refusal)
     try:
         engine_class = entry.load()
     except ImportError as exc:

@@ -14,7 +14,8 @@ forces (keys, quotes, separators) in one batch, as cheap as prompt tokens.
 
 Model options (``model.options``), all part of the job version:
   n_ctx (4096), n_threads, n_threads_batch, n_batch (512), constrained (true),
-  stop (strings that end an unconstrained output; default a blank line),
+  stop (strings that end an unconstrained output; default a blank line; the
+  job's decoding.stop ends constrained and unconstrained outputs alike),
   calibrate_choices (true) and calibration_strength (0.8): see below,
   chat_template (a Jinja chat template used instead of the GGUF's own, for a
   file that has none, as base models' files often do).
@@ -29,6 +30,10 @@ the model's log-probabilities, and a real record whose output reaches the same
 step chooses by the difference to them (contextual calibration, Zhao et al.
 2021), scaled by calibration_strength. On the ticket sample this lifts
 accuracy from ~11% to ~34% (the majority class is 28%).
+
+The decoding knobs (decoding.repetition_penalty, frequency_penalty,
+presence_penalty) are applied to the logits in the loop before each choice
+(batchline.engines.decoding), so they hold under the schema's mask too.
 
 Conversations (openai-batch input) are rendered with the chat_template option,
 else the GGUF's own (``tokenizer.chat_template``), generation prompt included;
@@ -58,6 +63,7 @@ from batchline.engines.base import (
     one_at_a_time,
     plain_chat_prompt,
 )
+from batchline.engines.decoding import TokenPenalties, cut_at_stop, stop_window
 from batchline.engines.grammar import GrammarSession, json_schema_grammar, pick_token, record_rng
 from batchline.engines.models import GEMMA_PACKAGE, resolve_model_path
 from batchline.errors import EngineFatal
@@ -229,11 +235,14 @@ class LlamaCppEngine:
             else None
         )
         rng = record_rng(decoding.seed, request.record_id)
+        penalties = TokenPenalties(decoding, prompt)
+        stops = self._stops(session is not None)
         out: list[int] = []
         n_vocab = self._llm.n_vocab()
-        finished = False
+        finished = stopped = False
         while len(out) < budget:
-            logits = np.ctypeslib.as_array(self._llm._ctx.get_logits_ith(-1), shape=(n_vocab,))
+            logits = penalties.apply(
+                np.ctypeslib.as_array(self._llm._ctx.get_logits_ith(-1), shape=(n_vocab,)))
             prior = calibration.get(tuple(out))
             if prior is not None and session is not None:
                 token = _calibrated_choice(logits, session, prior, self.calibration_strength)
@@ -261,8 +270,9 @@ class LlamaCppEngine:
                     step += forced
                     self.stats["forced_tokens"] += len(forced)
             out += step
-            if session is None and self._hit_stop(out):
-                finished = True
+            penalties.add(step)
+            if self._hit_stop(out, stops):
+                finished = stopped = True
                 break
             if session is not None and session.done():
                 finished = True
@@ -270,19 +280,21 @@ class LlamaCppEngine:
             self._eval(step)
         self.stats["output_tokens"] += len(out)
         self.stats["decode_seconds"] += time.perf_counter() - prompt_done
-        text = self._llm.detokenize(out).decode("utf-8", errors="replace")
-        if session is None:
-            text = _cut_at_stop(text, self.stop)
+        text, cut = cut_at_stop(self._llm.detokenize(out).decode("utf-8", errors="replace"), stops)
+        stopped = stopped or cut
+        finish = "stop" if finished else "length"
         constrained = session is not None
-        if not finished or (session is not None and not session.complete()):
+        # Under the schema, a cut output is no longer the complete JSON the grammar held.
+        if not finished or (session is not None and (stopped or not session.complete())):
+            why = (f"a stop sequence ({', '.join(map(repr, stops))}) ended the output" if stopped
+                   else f"output reached max_tokens={decoding.max_tokens}")
             return EngineOutcome(
                 record_id=request.record_id,
-                error=f"output reached max_tokens={decoding.max_tokens} before it was complete: "
-                      f"{text[:80]!r}...",
+                error=f"{why} before it was complete: {text[:80]!r}...",
                 error_kind="engine_error",
                 input_tokens=len(prompt),
                 output_tokens=len(out),
-                finish_reason="length",
+                finish_reason=finish,
                 constrained=constrained,
             )
         return EngineOutcome(
@@ -290,9 +302,13 @@ class LlamaCppEngine:
             output=text.strip(),
             input_tokens=len(prompt),
             output_tokens=len(out),
-            finish_reason="stop",
+            finish_reason=finish,
             constrained=constrained,
         )
+
+    def _stops(self, constrained: bool) -> list[str]:
+        """The job's stop sequences, and for an unconstrained output the option's too."""
+        return [*([] if constrained else self.stop), *self.config.decoding.stop]
 
     # --- calibration of choices -----------------------------------------------
 
@@ -403,11 +419,11 @@ class LlamaCppEngine:
             self._llm.n_tokens = 0
             self._llm._ctx.kv_cache_clear()
 
-    def _hit_stop(self, out: list[int]) -> bool:
-        if not self.stop:
+    def _hit_stop(self, out: list[int], stops: list[str]) -> bool:
+        if not stops:
             return False
-        tail = self._llm.detokenize(out[-8:]).decode("utf-8", errors="replace")
-        return any(s in tail for s in self.stop)
+        tail = self._llm.detokenize(out[-stop_window(stops):]).decode("utf-8", errors="replace")
+        return any(s in tail for s in stops)
 
 
 def _common_choices(runs: list[dict[tuple[int, ...], dict[int, float]]]) -> dict[tuple[int, ...], dict[int, float]]:
@@ -433,11 +449,3 @@ def _calibrated_choice(
     base = np.array([max(prior.get(int(t), PRIOR_FLOOR), PRIOR_FLOOR) for t in allowed])
     return int(allowed[int(np.argmax(log_probs - strength * base))])
 
-
-def _cut_at_stop(text: str, stops: list[str]) -> str:
-    cut = len(text)
-    for s in stops:
-        i = text.find(s)
-        if i >= 0:
-            cut = min(cut, i)
-    return text[:cut]

@@ -25,6 +25,10 @@ not: the key is read from the environment variable named by ``api_key_env``):
   max_backoff_seconds (30), unreachable_seconds (300), api_key_env
   ("OPENAI_API_KEY"), extra_body (merged into every request body).
 
+The job's decoding.frequency_penalty, presence_penalty and stop go in every
+request body when set; decoding.repetition_penalty is not part of the OpenAI API
+and a job that sets it is refused (batchline.registry).
+
 Conversations (openai-batch input) are sent as their messages with api "chat";
 with api "completions" they go as the plain role-tagged prompt, since the
 server's chat template is out of reach there.
@@ -214,6 +218,9 @@ class OpenAIEngine:
             "top_p": decoding.top_p,
             "max_tokens": decoding.max_tokens,
             "seed": decoding.seed,
+            # frequency_penalty, presence_penalty and stop, where set (repetition_penalty,
+            # not in the API, is refused when the job is parsed).
+            **decoding.knobs(),
         }
         if self.api == "chat" and request.messages is not None:
             # A conversation goes as it came; the server applies its model's chat template.

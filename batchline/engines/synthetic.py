@@ -24,6 +24,10 @@ run over it exercises validation like a real model would. Options:
 - ``stderr_message``: written to file descriptor 2 while loading, as a native
   library prints (tests that the worker's logs carry the child's stderr).
 
+Decoding: ``decoding.stop`` cuts the output before the first stop sequence in
+it, as a model's output is cut; the penalties are accepted and change nothing,
+as temperature does not: the output is derived from the text, not sampled.
+
 With a ``model.path``, loading checks the weights there against ``model.digest``
 as a real engine's load does (the fleet tests give it weights in object storage);
 the outputs do not depend on them.
@@ -41,6 +45,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from batchline.engines.base import EngineConfig, EngineOutcome, RequestSource, one_at_a_time
+from batchline.engines.decoding import cut_at_stop
 from batchline.errors import EngineFatal
 
 SLOWDOWN_ENV = "BATCHLINE_SYNTHETIC_SLOWDOWN"
@@ -51,6 +56,7 @@ class SyntheticEngine:
         opts = dict(config.model.options)
         self.model = config.model
         self.schema = config.output_schema
+        self.stop = config.decoding.stop
         slowdown = float(os.environ.get(SLOWDOWN_ENV, "1"))
         self.seconds_per_record = float(opts.get("seconds_per_record", 0.0)) * slowdown
         self.seconds_per_token = float(opts.get("seconds_per_token", 0.0)) * slowdown
@@ -98,6 +104,7 @@ class SyntheticEngine:
         output = json.dumps(synthetic_instance(self.schema, text), separators=(",", ":"))
         if record_id in self.invalid_on:
             output = json.dumps({"synthetic_invalid_output": True})
+        output, _ = cut_at_stop(output, self.stop)
         finish = "stop"
         if record_id in self.truncate_on:
             output, finish = output[: len(output) // 2], "length"

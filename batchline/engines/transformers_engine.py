@@ -48,6 +48,13 @@ Model options (``model.options``), all part of the job version:
   (true: the shared prefix computed once), refill (true: continuous refill for
   greedy decoding; false: static batches).
 
+The decoding knobs: the penalties (decoding.repetition_penalty as
+transformers' RepetitionPenaltyLogitsProcessor computes it, frequency_penalty
+and presence_penalty as vLLM and the OpenAI API do; batchline.engines.decoding)
+are applied to each row's logits before its choice, under the schema's mask
+too; decoding.stop ends a row once its output holds a stop sequence, the text
+cut before it.
+
 Conversations (openai-batch input) are rendered with the chat template
 (``apply_chat_template``, generation prompt added), or in the plain
 role-tagged form when there is none.
@@ -74,6 +81,7 @@ from batchline.engines.base import (
     hf_chat_prompt,
     hf_templated,
 )
+from batchline.engines.decoding import TokenPenalties, cut_at_stop, stop_window
 from batchline.engines.grammar import GrammarSession, import_llguidance, json_schema_grammar
 from batchline.engines.models import resolve_model_path
 from batchline.errors import EngineFatal
@@ -121,8 +129,10 @@ class _Row:
     prompt: list[int]
     session: GrammarSession | None
     budget: int  # tokens this record may generate
+    penalties: TokenPenalties
     out: list[int] = field(default_factory=list)
     finish: str | None = None  # "stop" or "length" once the record is done
+    stopped: bool = False  # a stop sequence (decoding.stop) ended it
 
 
 @dataclass
@@ -378,15 +388,41 @@ class TransformersEngine:
             probs = probs / probs.sum(-1, keepdim=True)
         return probs
 
+    def _penalised(self, logits: Any, rows: list[_Row], live: list[bool]) -> Any:
+        """The logits with each live row's penalties applied (a copy), or as they are."""
+        if not any(row.penalties.active for row in rows):
+            return logits
+        torch = self._torch
+        with torch.inference_mode():
+            logits = logits.clone()
+            for j, row in enumerate(rows):
+                if not live[j]:
+                    continue
+                repeated = row.penalties.repeated()
+                if repeated:
+                    index = torch.tensor(repeated, dtype=torch.long, device=self.device)
+                    values = logits[j, index]
+                    penalty = row.penalties.repetition
+                    logits[j, index] = torch.where(values > 0, values / penalty, values * penalty)
+                tokens, amounts = row.penalties.subtracted()
+                if tokens:
+                    index = torch.tensor(tokens, dtype=torch.long, device=self.device)
+                    logits[j, index] -= torch.tensor(amounts, dtype=logits.dtype, device=self.device)
+        return logits
+
     def _outcome(self, row: _Row) -> EngineOutcome:
-        text = self.tokenizer.decode(row.out, skip_special_tokens=True)
+        stops = self.config.decoding.stop
+        text, cut = cut_at_stop(self.tokenizer.decode(row.out, skip_special_tokens=True), stops)
+        stopped = row.stopped or cut
         constrained = row.session is not None
         truncated = row.finish == "length" and not self.ignore_eos
-        if truncated or (row.session is not None and not row.session.complete()):
+        # Under the schema, a cut output is no longer the complete JSON the grammar held.
+        if truncated or (row.session is not None and (stopped or not row.session.complete())):
+            why = (f"a stop sequence ({', '.join(map(repr, stops))}) ended the output" if stopped
+                   else f"output reached max_tokens={self.config.decoding.max_tokens}")
             return EngineOutcome(
                 record_id=row.request.record_id,
-                error=f"output reached max_tokens={self.config.decoding.max_tokens} before it "
-                      f"was complete: {text[:80]!r}...",
+                error=f"{why} before it was complete: {text[:80]!r}...",
                 error_kind="engine_error",
                 input_tokens=len(row.prompt),
                 output_tokens=len(row.out),
@@ -492,7 +528,8 @@ class _Running:
                 budget = min(budget, limit - len(ids))
             session = (GrammarSession(engine._lltokenizer, engine._grammar, engine._vocab)
                        if engine._grammar is not None else None)
-            fresh.append((_Row(request, ids, session, budget), engine._prefix(request, templated)))
+            row = _Row(request, ids, session, budget, TokenPenalties(engine.config.decoding, ids))
+            fresh.append((row, engine._prefix(request, templated)))
         if not fresh:
             return
         with self.torch.inference_mode():
@@ -595,7 +632,8 @@ class _Running:
         """Chooses each live row's next token and yields the records that finished."""
         engine = self.engine
         live = [row.finish is None for row in self.rows]
-        chosen = engine._choose(self.logits, [row.session for row in self.rows], live, self.generator)
+        logits = engine._penalised(self.logits, self.rows, live)
+        chosen = engine._choose(logits, [row.session for row in self.rows], live, self.generator)
         finished = []
         started = time.perf_counter()
         for row, token, was_live in zip(self.rows, chosen, live, strict=True):
@@ -634,9 +672,16 @@ class _Running:
         if token in self.engine._eos and not self.engine.ignore_eos:
             return "stop"
         row.out.append(token)
+        row.penalties.add([token])
         if row.session is not None:
             row.session.consume([token])
             if row.session.done():
+                return "stop"
+        stops = self.engine.config.decoding.stop
+        if stops:
+            tail = self.engine.tokenizer.decode(row.out[-stop_window(stops):], skip_special_tokens=True)
+            if any(s in tail for s in stops):
+                row.stopped = True
                 return "stop"
         return "length" if len(row.out) >= row.budget else None
 

@@ -84,6 +84,9 @@ def sampling_kwargs(config: EngineConfig) -> dict[str, Any]:
         "ignore_eos": bool(opts.get("ignore_eos", False)),
         "detokenize": True,
     }
+    # Only those set: SamplingParams takes the same names (stop as a list; the stop
+    # string is left out of the output, as every engine here leaves it out).
+    kwargs.update(decoding.knobs())
     if _constrained(config):
         kwargs["structured_outputs"] = {"json": dict(config.output_schema)}
     return kwargs

@@ -113,6 +113,9 @@ class OpenAIBatchProvider(BatchClient):
             "temperature": self.decoding.temperature,
             "top_p": self.decoding.top_p,
             "seed": self.decoding.seed,
+            # frequency_penalty, presence_penalty and stop, where set; the others are refused
+            # when the job is parsed.
+            **self.decoding.knobs(),
             "response_format": {
                 "type": "json_schema",
                 "json_schema": {"name": schema_name(self.job_name), "schema": self.output_schema,

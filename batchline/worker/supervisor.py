@@ -232,7 +232,7 @@ class Worker:
             init = {
                 "model": {"engine": spec.model.engine, "path": spec.model.path, "digest": spec.model.digest,
                           "options": dict(spec.model.options)},
-                "decoding": dict(spec.decoding.__dict__),
+                "decoding": spec.decoding.to_dict(),
                 "schema": dict(spec.output_schema),
                 "max_input_tokens": spec.input.max_input_tokens,
                 "work_dir": os.getcwd(),

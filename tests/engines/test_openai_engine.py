@@ -251,3 +251,26 @@ def test_real_llama_cpp_server(llama_server: str) -> None:
         assert outcome.input_tokens and outcome.output_tokens
     # The server's tokenize endpoint gives exact counts; the plain estimate would be 3x the bytes' third.
     assert 0 < engine.count_tokens("my laptop screen is broken") < 10
+
+
+def test_the_request_body_carries_the_jobs_penalties_and_stop_sequences() -> None:
+    decoding = DecodingSpec(max_tokens=32, frequency_penalty=0.5, presence_penalty=-0.25, stop=("END", "###"))
+    with ScriptedServer() as server:
+        config = _config(server.url, **FAST)
+        engine = create_engine(EngineConfig(model=config.model, decoding=decoding, output_schema=SCHEMA))
+        engine.load()
+        outcomes = list(engine.generate(ListSource([make_request("r0", "Classify.\n", "ok")])))
+        engine.close()
+    assert outcomes[0].error is None
+    body = server.bodies[0]
+    assert (body["frequency_penalty"], body["presence_penalty"], body["stop"]) == (0.5, -0.25, ["END", "###"])
+    assert "repetition_penalty" not in body
+
+
+def test_knobs_left_unset_are_not_sent() -> None:
+    with ScriptedServer() as server:
+        engine = create_engine(_config(server.url, **FAST))
+        engine.load()
+        list(engine.generate(ListSource([make_request("r0", "Classify.\n", "ok")])))
+        engine.close()
+    assert not {"frequency_penalty", "presence_penalty", "stop", "repetition_penalty"} & set(server.bodies[0])

@@ -352,3 +352,13 @@ def test_the_tiny_model_runs_through_vllm(tmp_path: Path) -> None:
         assert outcome.error is None, outcome.error
         jsonschema.validate(json.loads(outcome.output or ""), TRIAGE_SCHEMA)
         assert (outcome.finish_reason, outcome.constrained) == ("stop", True)
+
+
+def test_sampling_params_carry_the_knobs_that_are_set_and_only_those() -> None:
+    base = _config()
+    assert not {"repetition_penalty", "frequency_penalty", "presence_penalty", "stop"} & set(sampling_kwargs(base))
+    decoding = DecodingSpec(max_tokens=64, repetition_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1,
+                            stop=("END",))
+    kwargs = sampling_kwargs(EngineConfig(model=base.model, decoding=decoding, output_schema=SCHEMA))
+    assert (kwargs["repetition_penalty"], kwargs["frequency_penalty"], kwargs["presence_penalty"],
+            kwargs["stop"]) == (1.3, 0.2, 0.1, ["END"])

@@ -350,3 +350,13 @@ def test_a_batch_over_the_api_limits_is_refused_before_upload(server: FakeOpenAI
     with pytest.raises(ProviderError, match="shard_size") as info:
         make_provider(server).submit(requests_for("a", "b", "c"), tag="t")
     assert info.value.fatal and server.request_log == []
+
+
+def test_request_lines_carry_the_jobs_penalties_and_stop_sequences(server: FakeOpenAIBatch) -> None:
+    decoding = DecodingSpec(max_tokens=77, frequency_penalty=0.4, presence_penalty=0.2, stop=("END",))
+    provider = OpenAIBatchProvider(make_spec(server.base_url), decoding, SIMPLE_SCHEMA, "job", backoff_seconds=0.01)
+    provider.submit(requests_for("a"), tag="t")
+    body = server.submissions[0]["lines"][0]["body"]
+    assert (body["frequency_penalty"], body["presence_penalty"], body["stop"]) == (0.4, 0.2, ["END"])
+    plain = make_provider(server).request_body("p")
+    assert not {"frequency_penalty", "presence_penalty", "stop"} & set(plain)

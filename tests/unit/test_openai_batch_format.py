@@ -122,6 +122,14 @@ MALFORMED: list[tuple[str, Any, str]] = [
      "body.max_completion_tokens is 10 but the job's decoding.max_tokens is 64"),
     ("seed", request("b", seed=3), "body.seed is 3 but the job's decoding.seed is 0"),
     ("top_p", request("b", top_p=0.9), "body.top_p is 0.9 but the job's decoding.top_p is 1.0"),
+    ("stop", request("b", stop="END"), "body.stop is ['END'] but the job's decoding.stop is []; an engine runs"),
+    ("empty stop", request("b", stop=["END", ""]), "body.stop must be a non-empty string or a list of them"),
+    ("frequency_penalty", request("b", frequency_penalty=0.5),
+     "body.frequency_penalty is 0.5 but the job's decoding.frequency_penalty is 0.0"),
+    ("presence_penalty", request("b", presence_penalty=-1),
+     "body.presence_penalty is -1 but the job's decoding.presence_penalty is 0.0"),
+    ("repetition_penalty", request("b", repetition_penalty=1.3),
+     "body.repetition_penalty is 1.3 but the job's decoding.repetition_penalty is 1.0"),
     ("schema", request("b", response_format={"type": "json_schema",
                                              "json_schema": {"name": "o", "schema": {"type": "object"}}}),
      "custom_id 'b': body.response_format.json_schema.schema differs from the job's output.schema"),
@@ -133,6 +141,19 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("not json", '{"custom_id": "b",', "malformed JSON"),
     ("duplicate", request("a"), "duplicate id 'a' (first at "),
 ]
+
+
+def test_lines_that_repeat_the_jobs_stop_and_penalties_are_welcome(tmp_path: Path, store: Store) -> None:
+    decoding = {**DECODING, "stop": ["END"], "frequency_penalty": 0.5}
+    lines = [request("q-1", stop="END", frequency_penalty=0.5),
+             request("q-2", stop=["END"], presence_penalty=0, repetition_penalty=1.0),
+             request("q-3", stop=None)]
+    spec = load_spec(chat_spec(tmp_path, lines, decoding=decoding))
+    assert plan(spec, store).records == 3
+    other = load_spec(chat_spec(tmp_path, [request("q-4", stop="STOP")], decoding=decoding))
+    with pytest.raises(InputError) as info:
+        plan(other, store)
+    assert "body.stop is ['STOP'] but the job's decoding.stop is ['END']" in str(info.value)
 
 
 @pytest.mark.parametrize(("line", "message"), [(c[1], c[2]) for c in MALFORMED], ids=[c[0] for c in MALFORMED])
