@@ -85,8 +85,10 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy batchline
 
+# Two test processes, a file each at a time (a file's module fixtures, such as a loaded model,
+# are made once): most tests wait on worker processes, servers and leases, not on a core.
 test: setup services browser lint typecheck
-	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q
+	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q -n 2 --dist loadfile
 
 # vLLM with its CUDA build of torch (several GB) in a virtual environment of its own: vLLM pins
 # torch, transformers and llguidance to versions the main environment does not take. Its version

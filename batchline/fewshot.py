@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from batchline.prompt import CLOSE, OPEN, neutralise
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-# A long neighbour adds more prompt tokens than signal: an example shows its first
-# characters only.
-EXAMPLE_CHARS = 500
+# A long neighbour adds more prompt tokens than signal, and every prompt token of an
+# example is computed for each record: an example shows its first characters only.
+DEFAULT_EXAMPLE_CHARS = 150
 # Okapi BM25's usual constants.
 _K1 = 1.2
 _B = 0.75
@@ -53,9 +53,10 @@ def _words(text: str) -> list[str]:
 class ExampleIndex:
     """The k examples nearest a record's text, by BM25 over an inverted index."""
 
-    def __init__(self, items: Sequence[Example], k: int) -> None:
+    def __init__(self, items: Sequence[Example], k: int, max_chars: int = DEFAULT_EXAMPLE_CHARS) -> None:
         self.items = tuple(items)
         self.k = k
+        self.max_chars = max_chars
         self._lengths = [len(_words(e.text)) for e in self.items]
         self._average = (sum(self._lengths) / len(self._lengths)) if self._lengths else 1.0
         postings: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
@@ -89,6 +90,6 @@ class ExampleIndex:
     def render(self, record_id: str, text: str, answer_field: str) -> str:
         """The nearest examples as answered records, in the prompt's own record blocks,
         the nearest last (just before the record)."""
-        return "".join(f"{OPEN}\n{neutralise(e.text[:EXAMPLE_CHARS])}\n{CLOSE}\n"
+        return "".join(f"{OPEN}\n{neutralise(e.text[:self.max_chars])}\n{CLOSE}\n"
                        f"{json.dumps({answer_field: e.label}, ensure_ascii=False)}\n\n"
                        for e in reversed(self.nearest(record_id, text)))

@@ -19,7 +19,7 @@ import jsonschema
 import yaml
 
 from batchline.errors import SpecError
-from batchline.fewshot import Example, examples_digest
+from batchline.fewshot import DEFAULT_EXAMPLE_CHARS, Example, examples_digest
 from batchline.lake import check_storage_options, lake_settings
 from batchline.registry import ENGINES, PROVIDERS, unhonoured_knob
 
@@ -116,10 +116,11 @@ class ExamplesSpec:
 
     items: tuple[Example, ...]
     k: int
+    max_chars: int = DEFAULT_EXAMPLE_CHARS
     file: Path | None = None
 
     def identity(self) -> dict[str, Any]:
-        return {"digest": examples_digest(self.items), "k": self.k}
+        return {"digest": examples_digest(self.items), "k": self.k, "max_chars": self.max_chars}
 
 
 @dataclass(frozen=True)
@@ -384,6 +385,7 @@ class JobSpec:
             **({} if self.input.format == OPENAI_BATCH
                else {"prompt": {"text": self.prompt.text, "version": self.prompt.version,
                                 **({"examples": {"k": self.prompt.examples.k,
+                                                 "max_chars": self.prompt.examples.max_chars,
                                                  "items": [[e.id, e.text, e.label]
                                                            for e in self.prompt.examples.items]}}
                                    if self.prompt.examples else {})}}),
@@ -650,8 +652,9 @@ def _parse_prompt(r: _Reader, top: Mapping[str, Any], base_dir: Path, chat: bool
 
 def _parse_examples(r: _Reader, raw: Any, base_dir: Path) -> ExamplesSpec:
     ex = r.mapping(raw, "prompt.examples", required={"k"},
-                   allowed={"file", "items", "k", "id_field", "text_field", "label_field"})
+                   allowed={"file", "items", "k", "max_chars", "id_field", "text_field", "label_field"})
     k = r.integer(ex["k"], "prompt.examples.k", 1)
+    max_chars = r.integer(ex.get("max_chars", DEFAULT_EXAMPLE_CHARS), "prompt.examples.max_chars", 1)
     if ("file" in ex) == ("items" in ex):
         r.fail("prompt.examples", "give exactly one of 'file' or 'items'")
     if "items" in ex:  # a planned job's stored form
@@ -659,7 +662,7 @@ def _parse_examples(r: _Reader, raw: Any, base_dir: Path) -> ExamplesSpec:
         if not isinstance(rows, list) or not all(
                 isinstance(row, list) and len(row) == 3 and all(isinstance(x, str) for x in row) for row in rows):
             r.fail("prompt.examples.items", "must be a list of [id, text, label] string triples")
-        return ExamplesSpec(items=tuple(Example(*row) for row in rows), k=k)
+        return ExamplesSpec(items=tuple(Example(*row) for row in rows), k=k, max_chars=max_chars)
     path = (base_dir / r.string(ex["file"], "prompt.examples.file")).resolve()
     fields = {name: r.string(ex.get(f"{name}_field", name), f"prompt.examples.{name}_field")
               for name in ("id", "text", "label")}
@@ -689,7 +692,7 @@ def _parse_examples(r: _Reader, raw: Any, base_dir: Path) -> ExamplesSpec:
         r.fail("prompt.examples.file", f"cannot read {path}: {_one_line(exc)}")
     if not items:
         r.fail("prompt.examples.file", f"{path} holds no examples")
-    return ExamplesSpec(items=tuple(items), k=k, file=path)
+    return ExamplesSpec(items=tuple(items), k=k, max_chars=max_chars, file=path)
 
 
 def _parse_decoding(r: _Reader, raw: Any, engine: str) -> DecodingSpec:

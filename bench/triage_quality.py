@@ -2,12 +2,15 @@
 schema-valid outputs on the first attempt, and speed, constrained or not.
 
     python bench/triage_quality.py [--records 300] [--seed 1] [--mode calibrated|constrained|unconstrained]
-                                   [--examples K] [--strength S]
+                                   [--examples K] [--example-chars N] [--strength S]
 
 Reads ../shared/data/it-service-tickets.csv.gz when it is there (a random
 sample of its 47,837 rows), else the project's own sample
 examples/tickets/tickets.jsonl; ticket texts are cut at 1,000 characters.
 The majority class (Hardware) is 28% of the tickets.
+
+--mode vote --examples K answers each ticket with the label most of its K
+nearest examples carry, without the model.
 
 --examples K shows each ticket the K nearest labelled tickets of the project's
 sample (examples/tickets/tickets.jsonl, as `prompt.examples` does), leaving out
@@ -55,13 +58,42 @@ def sample(n: int, seed: int) -> tuple[list[tuple[str, str, str]], str]:
     return random.Random(seed).sample(rows, n), source
 
 
+def example_pool(rows: list[tuple[str, str, str]]) -> list[Example]:
+    """The project's labelled sample less every ticket evaluated here, by id and by text."""
+    ids, texts = {rid for rid, _, _ in rows}, {text for _, text, _ in rows}
+    with (EXAMPLES / "tickets.jsonl").open(encoding="utf-8") as f:
+        return [Example(r["id"], r["text"], r["label"]) for r in map(json.loads, f)
+                if r["id"] not in ids and r["text"] not in texts]
+
+
+def vote(args: argparse.Namespace, command: str) -> None:
+    if not args.examples:
+        raise SystemExit("--mode vote needs --examples K")
+    rows, source = sample(args.records, args.seed)
+    index = ExampleIndex(example_pool(rows), args.examples)
+    correct = 0
+    for rid, text, label in rows:
+        labels = [e.label for e in index.nearest(rid, text[:1000])]
+        counts = collections.Counter(labels)
+        top = max(counts.values(), default=0)
+        answer = next((x for x in labels if counts[x] == top), None)
+        correct += answer == label
+    print(f"{len(rows)} tickets from {source} (seed {args.seed}); no model: the majority label of the "
+          f"{args.examples} nearest of {len(index.items)} examples")
+    print(f"accuracy: {correct / len(rows):.1%} (majority class 28.5%)")
+    print(f"command: {command}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=300)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--mode", choices=["calibrated", "constrained", "unconstrained"], default="calibrated")
+    parser.add_argument("--mode", choices=["calibrated", "constrained", "unconstrained", "vote"], default="calibrated",
+                        help="vote: no model; the label most of the --examples nearest carry (the nearest breaks "
+                             "ties), the reference the model's answers are measured against")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--examples", type=int, default=0, help="retrieved examples per ticket (0: none)")
+    parser.add_argument("--example-chars", type=int, default=150, help="an example's text is cut here")
     parser.add_argument("--strength", type=float, help="calibration_strength (the engine's default if unset)")
     args = parser.parse_args()
     command = "python bench/triage_quality.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -75,6 +107,9 @@ def main() -> None:
         options["n_threads"] = args.threads
     if args.strength is not None:
         options["calibration_strength"] = args.strength
+    if args.mode == "vote":
+        vote(args, command)
+        return
     config = EngineConfig(
         model=ModelSpec(engine="llamacpp", digest=packaged_model_digest(GEMMA_PACKAGE), options=options),
         decoding=DecodingSpec(temperature=0.0, max_tokens=200, seed=0),
@@ -87,11 +122,7 @@ def main() -> None:
     gold = {rid: label for rid, _, label in rows}
     index = None
     if args.examples:
-        evaluated_texts = {text for _, text, _ in rows}
-        with (EXAMPLES / "tickets.jsonl").open(encoding="utf-8") as f:
-            pool = [Example(r["id"], r["text"], r["label"]) for r in map(json.loads, f)
-                    if r["id"] not in gold and r["text"] not in evaluated_texts]
-        index = ExampleIndex(pool, args.examples)
+        index = ExampleIndex(example_pool(rows), args.examples, args.example_chars)
 
     started = time.perf_counter()
     correct = valid = 0
@@ -117,7 +148,8 @@ def main() -> None:
     n = len(rows)
     print(f"{n} tickets from {source} (seed {args.seed}), mode {args.mode}, {engine.n_threads} threads, "
           f"calibration strength {engine.calibration_strength}, "
-          + (f"{args.examples} retrieved examples from {len(index.items)}" if index else "no retrieved examples"))
+          + (f"{args.examples} retrieved examples from {len(index.items)}, cut at {index.max_chars} "
+             "characters" if index else "no retrieved examples"))
     print(f"accuracy: {correct / n:.1%} (majority class 28.5%); schema-valid on first attempt: {valid}/{n} "
           f"({valid / n:.1%})")
     print(f"speed: {n / elapsed:.2f} records/s; decoding {s['output_tokens'] / s['decode_seconds']:.1f} output "

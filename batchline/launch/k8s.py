@@ -381,6 +381,7 @@ def scheduled_spec(path: Path) -> Schedule:
                                    "model.digest, a pkg: model, or an absolute path inside the image")
 
     named = [("prompt.file", (raw.get("prompt") or {}).get("file")),
+             ("prompt.examples.file", ((raw.get("prompt") or {}).get("examples") or {}).get("file")),
              ("output.schema", (raw.get("output") or {}).get("schema")),
              ("validate.eval.labels", ((raw.get("validate") or {}).get("eval") or {}).get("labels"))]
     files = {path.name: text}

@@ -43,7 +43,7 @@ class JobContext:
     @cached_property
     def _examples(self) -> ExampleIndex | None:
         examples = self.spec.prompt.examples
-        return ExampleIndex(examples.items, examples.k) if examples else None
+        return ExampleIndex(examples.items, examples.k, examples.max_chars) if examples else None
 
     def prompt(self, record_id: str, text: str) -> str:
         """A record's whole prompt: the shared prefix, its nearest examples where the job

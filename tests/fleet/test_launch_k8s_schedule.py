@@ -181,3 +181,16 @@ def test_a_scheduled_run_plans_the_newest_objects_once_for_all_its_slots_and_slo
     newer = night_2.stdout.strip()
     assert newer != version and store.status(newer).results == 60
     assert store.resolve_name("nightly-triage") == newer
+
+
+def test_a_scheduled_job_ships_its_retrieved_examples_file(tmp_path: Path) -> None:
+    # Without it the pod's spec names a file the pod does not have, and every night fails.
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "labelled.jsonl").write_text('{"id": "e1", "text": "printer jam", "label": "Misc"}\n')
+    spec = write_spec(folder, "s3://lake/tickets/*.jsonl",
+                      prompt={"file": "triage.prompt", "version": "v1",
+                              "examples": {"file": "labelled.jsonl", "k": 2}},
+                      output={"schema": "schemas/out.json", "label_field": "label"})
+    [config] = [o for o in render(options(spec)) if o["kind"] == "ConfigMap"]
+    assert '{"id": "e1", "text": "printer jam", "label": "Misc"}\n' in config["data"].values()
