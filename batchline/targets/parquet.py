@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,7 @@ def version_folder(version: str) -> str:
     return version.replace("@", "-")
 
 
-class _Dataset:
+class _Dataset(ABC):
     """What both flavours share: the layout, and `show` from the state the store recorded."""
 
     root: Any
@@ -52,15 +53,15 @@ class _Dataset:
         self._write_current(name, version_folder(version), token)
         return {"current": version_folder(version)}
 
-    def _current_path(self, name: str) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def _current_path(self, name: str) -> str: ...
 
+    @abstractmethod
     def _read_current(self, name: str) -> tuple[str | None, Any]:
         """What CURRENT names now, and what a conditional replacement of it needs."""
-        raise NotImplementedError
 
-    def _write_current(self, name: str, text: str, token: Any) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _write_current(self, name: str, text: str, token: Any) -> None: ...
 
 
 class ParquetDataset(_Dataset):
