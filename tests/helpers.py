@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -257,3 +258,22 @@ def workers_until_done(store_url: str, version: str, log_dir: Path, n: int = 2, 
     finally:
         stop_all(procs)
 
+
+def read_during_switches(store: Store, name: str, other: str, read_until: Callable[[threading.Event], None],
+                         *, readers: int = 2, switches: int = 15) -> None:
+    """Runs `readers` threads of `read_until(stop)` while `name` is published to `other`
+    and rolled back, `switches` times over; the readers are stopped and joined after."""
+    from batchline.publish import publish, rollback
+
+    stop = threading.Event()
+    threads = [threading.Thread(target=read_until, args=(stop,)) for _ in range(readers)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(switches):
+            publish(store, other)
+            rollback(store, name)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()

@@ -22,7 +22,7 @@ from batchline.store import Store
 from batchline.targets.iceberg import IcebergTable
 from batchline.targets.iceberg_schema import node_of
 from batchline.validate import validate
-from tests.helpers import SIMPLE_SCHEMA, make_records, planned, run_to_seal
+from tests.helpers import SIMPLE_SCHEMA, make_records, planned, read_during_switches, run_to_seal
 from tests.iceberg_support import (
     duckdb_iceberg,
     main_rows,
@@ -102,9 +102,8 @@ def test_duckdb_readers_see_one_whole_version_during_30_publish_and_rollback_swi
     sizes = {v1: 300, v2: 200}
     problems: list[str] = []
     seen: set[str] = set()
-    stop = threading.Event()
 
-    def reader() -> None:
+    def reader(stop: threading.Event) -> None:
         con = duckdb_iceberg()
         while not stop.is_set():
             try:
@@ -119,15 +118,7 @@ def test_duckdb_readers_see_one_whole_version_during_30_publish_and_rollback_swi
                 problems.append(repr(exc))
         con.close()
 
-    threads = [threading.Thread(target=reader) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for _ in range(15):
-        publish(store, v2)
-        rollback(store, "test-job")
-    stop.set()
-    for t in threads:
-        t.join()
+    read_during_switches(store, "test-job", v2, reader)
     assert problems == []
     assert seen == {v1, v2}  # the readers did read across the switches
     assert main_versions(store_url) == {v1: 300} and store.resolve_name("test-job") == v1

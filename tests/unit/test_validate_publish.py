@@ -17,7 +17,15 @@ from batchline.export import export_dataset, export_jsonl, export_parquet
 from batchline.publish import publish, rollback
 from batchline.store import Store
 from batchline.validate import population_stability, validate
-from tests.helpers import Database, call_counts, make_records, planned, run_to_seal, write_jsonl
+from tests.helpers import (
+    Database,
+    call_counts,
+    make_records,
+    planned,
+    read_during_switches,
+    run_to_seal,
+    write_jsonl,
+)
 
 
 def add_to_spec(path: Path, **top: Any) -> Path:
@@ -199,9 +207,8 @@ def test_a_reader_paging_through_a_version_or_the_view_reads_one_whole_version_d
     publish(store, v1)
     sizes = {v1: 300, v2: 200}
     problems: list[str] = []
-    stop = threading.Event()
 
-    def reader() -> None:
+    def reader(stop: threading.Event) -> None:
         from batchline.store import open_store
 
         mine = open_store(store_url)
@@ -223,15 +230,7 @@ def test_a_reader_paging_through_a_version_or_the_view_reads_one_whole_version_d
         db.close()
         mine.close()
 
-    threads = [threading.Thread(target=reader) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for _ in range(15):
-        publish(store, v2)
-        rollback(store, spec.name)
-    stop.set()
-    for t in threads:
-        t.join()
+    read_during_switches(store, spec.name, v2, reader)
     assert problems == []
 
     # The same reader against a swap done in two steps (drop the pointer, then
