@@ -57,12 +57,15 @@ class ExampleIndex:
         self.items = tuple(items)
         self.k = k
         self.max_chars = max_chars
-        self._lengths = [len(_words(e.text)) for e in self.items]
-        self._average = (sum(self._lengths) / len(self._lengths)) if self._lengths else 1.0
-        postings: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
-        for i, e in enumerate(self.items):
-            for word, count in collections.Counter(_words(e.text)).items():
-                postings[word].append((i, count))
+        words = [_words(e.text) for e in self.items]
+        average = (sum(map(len, words)) / len(words)) if words else 1.0
+        # Each example's BM25 weight for each of its words, computed once: a query only
+        # adds idf times weight over the postings of its words.
+        postings: dict[str, list[tuple[int, float]]] = collections.defaultdict(list)
+        for i, ws in enumerate(words):
+            norm = _K1 * (1 - _B + _B * len(ws) / average)
+            for word, count in collections.Counter(ws).items():
+                postings[word].append((i, count * (_K1 + 1) / (count + norm)))
         n = len(self.items)
         self._postings = dict(postings)
         self._idf = {w: math.log(1 + (n - len(p) + 0.5) / (len(p) + 0.5)) for w, p in postings.items()}
@@ -73,9 +76,8 @@ class ExampleIndex:
             idf = self._idf.get(word)
             if idf is None:
                 continue
-            for i, count in self._postings[word]:
-                norm = _K1 * (1 - _B + _B * self._lengths[i] / self._average)
-                scores[i] += idf * count * (_K1 + 1) / (count + norm)
+            for i, weight in self._postings[word]:
+                scores[i] += idf * weight
         ranked = sorted(scores, key=lambda i: (-scores[i], i))
         chosen: list[Example] = []
         for i in ranked:
