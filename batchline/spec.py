@@ -669,11 +669,15 @@ def _parse_examples(r: _Reader, raw: Any, base_dir: Path) -> ExamplesSpec:
     items: list[Example] = []
     seen: set[str] = set()
     try:
-        with path.open(encoding="utf-8-sig") as f:
-            for line_no, line in enumerate(f, 1):
+        with path.open("rb") as f:
+            for line_no, raw in enumerate(f, 1):
+                where = f"{path}, line {line_no}"
+                try:
+                    line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+                except UnicodeDecodeError as exc:
+                    raise SpecError(f"{where}: not valid UTF-8 (byte {exc.start + 1} of the line)") from None
                 if not line.strip():
                     continue
-                where = f"{path}, line {line_no}"
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as exc:
@@ -688,7 +692,7 @@ def _parse_examples(r: _Reader, raw: Any, base_dir: Path) -> ExamplesSpec:
                     raise SpecError(f"{where}: example id {values[0]!r} appears twice")
                 seen.add(values[0])
                 items.append(Example(*values))
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         r.fail("prompt.examples.file", f"cannot read {path}: {_one_line(exc)}")
     if not items:
         r.fail("prompt.examples.file", f"{path} holds no examples")

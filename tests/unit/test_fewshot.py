@@ -92,6 +92,14 @@ def test_a_bad_examples_file_is_one_line_naming_file_and_line(tmp_path: Path, ro
         load_spec(examples_spec(tmp_path, rows=rows))
 
 
+def test_examples_with_bytes_that_are_not_utf8_name_their_line(tmp_path: Path) -> None:
+    path = examples_spec(tmp_path)
+    (tmp_path / "labelled.jsonl").write_bytes(
+        b'\xef\xbb\xbf{"id": "a", "ticket": "x", "label": "L"}\n{"id": "b", "ticket": "caf\xe9", "label": "L"}\n')
+    with pytest.raises(SpecError, match=r"labelled\.jsonl, line 2: not valid UTF-8 \(byte 27 of the line\)"):
+        load_spec(path)
+
+
 def test_examples_need_the_label_field_they_answer(tmp_path: Path) -> None:
     (tmp_path / "labelled.jsonl").write_text('{"id": "a", "text": "x", "label": "L"}\n')
     with pytest.raises(SpecError, match=r"prompt\.examples: needs output\.label_field"):
