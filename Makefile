@@ -109,7 +109,7 @@ vllm-check: $(VLLM_VENV)/.installed
 	mkdir -p $(dir $(VLLM_RESULT))
 	( echo "# make vllm-check on $$(date -u +%Y-%m-%d)"; \
 	  $(VLLM_VENV)/bin/python -c 'import sys, vllm, torch, transformers; print(f"python {sys.version.split()[0]}, vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'; \
-	  $(VLLM_VENV)/bin/python -m pytest tests/engines/test_vllm_engine.py -v -rs -p no:cacheprovider; \
+	  $(VLLM_VENV)/bin/python -m pytest tests/integration/engines/test_vllm_engine.py -v -rs -p no:cacheprovider; \
 	  status=$$?; \
 	  echo "# bench/vllm_cpu.py"; \
 	  VLLM_LOGGING_LEVEL=ERROR $(VLLM_VENV)/bin/python bench/vllm_cpu.py 2>/dev/null; \

@@ -38,13 +38,13 @@ from typing import IO, TYPE_CHECKING, Literal
 from batchline.errors import BatchlineError
 
 if TYPE_CHECKING:
-    from batchline.planner import PlanResult
-    from batchline.publish import PublishResult
-    from batchline.report import ReportData
+    from batchline.check.validate import ValidationReport
+    from batchline.ops.report.data import ReportData
+    from batchline.plan.planner import PlanResult
+    from batchline.publish.pointer import PublishResult
     from batchline.spec import JobSpec
     from batchline.store import JobStatus, Store, StoredDeadLetter
     from batchline.store.model import Publication
-    from batchline.validate import ValidationReport
 
 __all__ = ["ExportFormat", "ExportResult", "JobListing", "Jobs", "RunResult"]
 
@@ -136,7 +136,7 @@ class Jobs:
         """Plans the job if its version is new (`created`). `log` gets what planning says,
         among it where records go and what each hosted provider keeps: said before anything
         is sent, so it goes to stderr unless told otherwise."""
-        from batchline.planner import plan as plan_spec
+        from batchline.plan.planner import plan as plan_spec
         from batchline.spec import load_spec
 
         job = load_spec(spec)
@@ -156,7 +156,7 @@ class Jobs:
         (default: a folder of this run's own). Stopped early (SIGINT or SIGTERM, when run
         from the main thread), it returns with `exit_code` 75 and the work left in the
         store for the next run."""
-        from batchline.runner import LocalRunner, default_log_dir
+        from batchline.ops.runner import LocalRunner, default_log_dir
         from batchline.spec import load_spec
 
         if workers < 1:
@@ -214,7 +214,7 @@ class Jobs:
     def validate(self, target: str) -> ValidationReport:
         """Runs the gate on a sealed version and records its report; `passed` says whether
         it may be published."""
-        from batchline.validate import validate
+        from batchline.check.validate import validate
 
         with self._opened() as s:
             return validate(s, self._resolve(s, target))
@@ -223,7 +223,7 @@ class Jobs:
                 log: Callable[[str], None] = _stderr) -> PublishResult:
         """Points the job's name (and its view) at a sealed version whose latest validation
         passed; `force` with a `reason` publishes without one."""
-        from batchline.publish import publish
+        from batchline.publish.pointer import publish
 
         with self._opened() as s:
             return publish(s, version, force=force, reason=reason, log=log)
@@ -245,7 +245,7 @@ class Jobs:
 
     def rollback(self, name: str, *, reason: str | None = None) -> tuple[str, str]:
         """Points `name` back at the version published before the current one: (from, to)."""
-        from batchline.publish import rollback
+        from batchline.publish.pointer import rollback
 
         with self._opened() as s:
             return rollback(s, name, reason)
@@ -255,7 +255,7 @@ class Jobs:
         cannot load): no shard of it is claimed again and its workers leave it. Refused for
         the published version and the one a rollback would return to. False if it was
         cancelled already."""
-        from batchline.publish import who
+        from batchline.publish.pointer import who
 
         with self._opened() as s:
             return s.cancel(version, who(), reason)
@@ -264,7 +264,7 @@ class Jobs:
         """Removes the rows of a cancelled version, or of a sealed one that is neither
         published nor what a rollback would return to (results a later version carries
         stay). False if it was removed already."""
-        from batchline.publish import who
+        from batchline.publish.pointer import who
 
         with self._opened() as s:
             return s.delete(version, who())
@@ -279,7 +279,7 @@ class Jobs:
         `out` and error file at `errors`, one line per input line, in the input's order).
         A version that is not sealed yet is refused unless `partial` asks for the outcomes
         there are (a reader of a file cannot tell it is half)."""
-        from batchline import export as files
+        from batchline.publish import export, files
         from batchline.sources import is_object_url
 
         out_path = Path(out) if out is not None else None
@@ -290,16 +290,16 @@ class Jobs:
                 if is_object_url(str(out)):
                     raise BatchlineError("--format openai-batch writes two files side by side on local disk; "
                                          "--out must be a local file (copy them to object storage afterwards)")
-                errors_path = Path(errors) if errors is not None else files.openai_errors_path(out_path)
+                errors_path = Path(errors) if errors is not None else export.openai_errors_path(out_path)
                 if errors_path.resolve() == out_path.resolve():
                     raise BatchlineError(f"--errors {errors_path} is the output file itself; name another file")
                 version = self._resolve(s, target)
-                done = files.export_openai_batch(s, version, out_path, errors_path, partial=partial)
+                done = export.export_openai_batch(s, version, out_path, errors_path, partial=partial)
                 return ExportResult(version, done.responses, out_path, done.errors, errors_path, done.pending)
             if errors is not None:
                 raise BatchlineError("--errors goes with --format openai-batch")
             if format == "parquet" and s.job(target) is None:
-                version, folder = files.export_dataset(s, target, out if out is not None else "exports")
+                version, folder = export.export_dataset(s, target, out if out is not None else "exports")
                 return ExportResult(version, s.status(version).results, _local(folder),
                                     current=_local(folder.rsplit("/", 1)[0] + "/CURRENT"))
             version = self._resolve(s, target)
@@ -317,7 +317,8 @@ class Jobs:
 
     def report(self, target: str, html: str | Path, *, gpu_hour_price: float | None = None) -> ReportData:
         """Writes one self-contained HTML page about a version (or a published name)."""
-        from batchline.report import DEFAULT_GPU_HOUR_PRICE, write_report
+        from batchline.ops.report.data import DEFAULT_GPU_HOUR_PRICE
+        from batchline.ops.report.page import write_report
 
         with self._opened() as s:
             return write_report(s, target, Path(html),
@@ -341,7 +342,7 @@ def _refuse_cancelled(s: Store, version: str) -> None:
 def _plan_once(s: Store, job: JobSpec, plan_key: str | None, log: Callable[[str], None]) -> tuple[str, bool]:
     """The version to run and whether this call planned it: without a key, the job's
     version now; with one, the version the key names, planned and keyed here if none is."""
-    from batchline.planner import plan as plan_spec
+    from batchline.plan.planner import plan as plan_spec
 
     if plan_key is not None:
         keyed = s.keyed_version(job.name, plan_key)
@@ -357,7 +358,7 @@ def _plan_once(s: Store, job: JobSpec, plan_key: str | None, log: Callable[[str]
         log(f"run {plan_key!r} of {job.name} was planned as {keyed} meanwhile; running it instead of "
             f"{planned.version}")
         if planned.created:
-            from batchline.publish import who
+            from batchline.publish.pointer import who
 
             s.cancel(planned.version, who(), f"run {plan_key!r} was keyed to {keyed} first")
         return keyed, False

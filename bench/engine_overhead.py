@@ -26,7 +26,7 @@ import yaml
 
 from batchline.engines import create_engine
 from batchline.engines.base import EngineConfig, EngineRequest, ListRequestSource
-from batchline.prompt import render, split_template
+from batchline.prompts.render import render, split_template
 from batchline.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -40,9 +40,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from batchline import simulate as sim  # noqa: E402
-from batchline.drill import children  # noqa: E402
-from batchline.planner import plan  # noqa: E402
+from batchline.ops.drill.run import children  # noqa: E402
+from batchline.plan.planner import plan  # noqa: E402
+from batchline.sizing import simulate as sim  # noqa: E402
 from batchline.spec import load_spec  # noqa: E402
 from batchline.store import Store, open_store  # noqa: E402
 

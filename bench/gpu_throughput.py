@@ -15,7 +15,7 @@ Each mode is the engine with different options:
   refill   the prefix computed once, finished rows refilled (the default)
 
 Beside records/s it prints where the time went against the GPU's peaks
-(batchline.capacity's datasheet figures, the H200's unless --gpu says
+(batchline.sizing.capacity's datasheet figures, the H200's unless --gpu says
 otherwise): the share of the memory bandwidth decode used (the weights plus
 the keys and values of every row's tokens, read once a step) and the share of
 the BF16 compute prefill used (2 FLOPs per parameter per prompt token run, as
@@ -44,10 +44,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from batchline.capacity import GPU_PRESETS, Efficiency, GpuSpec, ModelShape, Workload, roofline
 from batchline.engines.base import EngineConfig, EngineRequest, ListRequestSource
 from batchline.engines.transformers_engine import TransformersEngine
-from batchline.prompt import render
+from batchline.prompts.render import render
+from batchline.sizing.capacity import (
+    GPU_PRESETS,
+    Efficiency,
+    GpuSpec,
+    ModelShape,
+    Workload,
+    roofline,
+)
 from batchline.spec import DecodingSpec, ModelSpec
 
 PREFIX_TOKENS = 500

@@ -28,7 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from batchline.planner import plan  # noqa: E402
+from batchline.plan.planner import plan  # noqa: E402
 from batchline.spec import load_spec  # noqa: E402
 from batchline.store import open_store  # noqa: E402
 from batchline.worker.supervisor import Worker  # noqa: E402

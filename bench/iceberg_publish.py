@@ -26,7 +26,7 @@ from typing import Any
 
 from validate_scale import make_version
 
-from batchline.export import export_parquet
+from batchline.publish.files import export_parquet
 from batchline.spec import TableRef
 from batchline.store import Store, open_store
 from batchline.targets.iceberg import IcebergTable

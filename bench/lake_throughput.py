@@ -86,10 +86,10 @@ def spans(gets: list[Any]) -> list[tuple[int, int]]:
 
 
 def shard_reads(s3: Any, records: int, scratch: Path) -> list[str]:
-    from batchline.planner import plan
+    from batchline.plan.planner import plan
     from batchline.snapshot import Slice, read_slice
     from batchline.store import open_store
-    from tests.lake.support import FaultProxy, environment
+    from tests.integration.lake.support import FaultProxy, environment
 
     bucket = s3.bucket()
     proxy = FaultProxy(s3.url)
@@ -139,9 +139,9 @@ def shard_reads(s3: Any, records: int, scratch: Path) -> list[str]:
 def planning_requests(s3: Any, objects: int, scratch: Path) -> list[str]:
     from concurrent.futures import ThreadPoolExecutor
 
-    from batchline.planner import plan
+    from batchline.plan.planner import plan
     from batchline.store import open_store
-    from tests.lake.support import FaultProxy, environment
+    from tests.integration.lake.support import FaultProxy, environment
 
     bucket = s3.bucket()
     def body(n: int) -> bytes:
@@ -178,7 +178,7 @@ def plan_once(location: str, db: str) -> None:
     process's VmHWM (ru_maxrss would carry over the forking parent's peak)."""
     import pyarrow as pa
 
-    from batchline.planner import plan
+    from batchline.plan.planner import plan
     from batchline.store import open_store
 
     started = time.perf_counter()
@@ -229,7 +229,7 @@ def main() -> int:
     if args.plan_once:
         plan_once(*args.plan_once)
         return 0
-    from tests.lake.support import S3StandIn
+    from tests.integration.lake.support import S3StandIn
 
     print(f"command: python bench/lake_throughput.py {' '.join(sys.argv[1:])}".rstrip(), flush=True)
     s3 = S3StandIn()

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from validate_scale import make_version
 
-from batchline.report import write_report
+from batchline.ops.report.page import write_report
 from batchline.store import open_store
 
 

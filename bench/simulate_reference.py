@@ -25,8 +25,8 @@ from pathlib import Path
 # Runs from a checkout without installing the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from batchline import simulate as sim
 from batchline.cli.sizing import print_simulation
+from batchline.sizing import simulate as sim
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """The transformers engine on the CPU with schema-constrained decoding: slots, records/s, grammar cost.
 
-The tiny random Llama of the engine tests (tests/engines/support.py: 2 layers,
+The tiny random Llama of the engine tests (tests/integration/engines/support.py: 2 layers,
 a BPE tokenizer trained on the example prompt) answers example tickets with
 the example prompt (about 1,300 tokens, most of them the shared prefix) and
 the triage schema, greedy, under three settings of the engine:
@@ -33,7 +33,12 @@ from batchline.digests import sha256_tree
 from batchline.engines.base import EngineConfig, ListRequestSource
 from batchline.engines.transformers_engine import TransformersEngine
 from batchline.spec import DecodingSpec, ModelSpec
-from tests.engines.support import EXAMPLES, make_request, save_tiny_llama, triage_template
+from tests.integration.engines.support import (
+    EXAMPLES,
+    make_request,
+    save_tiny_llama,
+    triage_template,
+)
 
 MODES = {
     "plain": {"prefix_cache": False, "refill": False},

@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 from batchline.engines.base import EngineConfig, EngineRequest  # noqa: E402
 from batchline.engines.llamacpp import LlamaCppEngine  # noqa: E402
 from batchline.engines.models import GEMMA_PACKAGE, packaged_model_digest  # noqa: E402
-from batchline.fewshot import Example, ExampleIndex  # noqa: E402
-from batchline.prompt import render, split_template  # noqa: E402
+from batchline.prompts.examples import Example, ExampleIndex  # noqa: E402
+from batchline.prompts.render import render, split_template  # noqa: E402
 from batchline.spec import DecodingSpec, ModelSpec  # noqa: E402
 
 EXAMPLES = ROOT / "examples" / "tickets"

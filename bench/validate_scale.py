@@ -19,10 +19,10 @@ import time
 import uuid
 from pathlib import Path
 
+from batchline.check.validate import check_coverage, check_dead_letters, check_drift, check_schema
 from batchline.engines.synthetic import synthetic_instance
 from batchline.spec import parse_spec
 from batchline.store import PlannedRecord, PlannedShard, ResultRow, Store, open_store
-from batchline.validate import check_coverage, check_dead_letters, check_drift, check_schema
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "examples/tickets/triage.schema.json").read_text())
 SHARD = 10_000

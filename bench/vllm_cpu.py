@@ -27,7 +27,7 @@ from batchline.engines.vllm_engine import (
     sampling_kwargs,
 )
 from batchline.spec import DecodingSpec, ModelSpec
-from tests.engines.support import EXAMPLES, save_tiny_llama, triage_template
+from tests.integration.engines.support import EXAMPLES, save_tiny_llama, triage_template
 
 
 def main() -> None:

@@ -4,7 +4,7 @@
 #   container/install.sh PYTHON [SOURCE]        (SOURCE: the project's folder; default: this script's parent)
 #
 # The image's installation is this script and nothing else: container/Containerfile runs it into
-# /opt/batchline, and tests/container/test_worker_install.py runs it into a fresh virtualenv, so
+# /opt/batchline, and tests/integration/container/test_worker_install.py runs it into a fresh virtualenv, so
 # what the image holds is what the test checked.
 #
 # BATCHLINE_IMAGE says which worker:

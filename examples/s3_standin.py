@@ -3,7 +3,7 @@ child process on a free port of 127.0.0.1, for whatever needs a lake where the r
 service cannot be reached: `make demo-lake` and the tests.
 
 It lives here, beside the demos, rather than in tests/: a demo is run by users and must
-not import test code (tests/lake/support.py carries pytest fixtures and fault fakes),
+not import test code (tests/integration/lake/support.py carries pytest fixtures and fault fakes),
 while the tests may import an example. batchline itself never imports it; moto comes
 with the dev extra.
 

@@ -12,13 +12,13 @@ import yaml
 
 from batchline.store import Store, open_store
 from tests.helpers import SIMPLE_SCHEMA, fresh_pg_database, make_records, write_jsonl
+from tests.stores import SQLITE, STORES, WORKER_ROLE, WorkerRoles, WorkerRoleStore
 
 # The object-store stand-ins (S3, GCS) and their fixtures, for any test that needs a lake.
-pytest_plugins = ("tests.lake.support",)
+pytest_plugins = ("tests.integration.lake.support",)
 
 # Every test that takes a store runs on each backend, as one suite (each PostgreSQL
-# run gets a database of its own on the real server).
-STORES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+# run gets a database of its own on the real server); tests/stores.py says which.
 
 
 @pytest.fixture(params=STORES)
@@ -28,7 +28,8 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def store_url(store_kind: str, tmp_path: Path) -> Iterator[str]:
-    if store_kind == "sqlite":
+    """The store's URL as its owner reaches it."""
+    if store_kind == SQLITE:
         yield f"sqlite:///{tmp_path / 'store.db'}"
         return
     with fresh_pg_database("bl_pg") as url:
@@ -36,10 +37,33 @@ def store_url(store_kind: str, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    s = open_store(store_url)
+def worker_roles(store_kind: str, store_url: str) -> Iterator[WorkerRoles | None]:
+    if store_kind != WORKER_ROLE:
+        yield None
+        return
+    roles = WorkerRoles(store_url)
+    yield roles
+    roles.drop()
+
+
+@pytest.fixture
+def store(store_url: str, worker_roles: WorkerRoles | None) -> Iterator[Store]:
+    owner = open_store(store_url)
+    s: Any = owner if worker_roles is None else WorkerRoleStore(owner, worker_roles)
     yield s
     s.close()
+
+
+@pytest.fixture
+def open_again(store_url: str) -> Callable[[], Store]:
+    """Another connection to the same store."""
+    return lambda: open_store(store_url)
+
+
+@pytest.fixture
+def worker_url(store_url: str, worker_roles: WorkerRoles | None) -> Callable[[str], str]:
+    """The URL a worker of `version` connects with: the role's, where the store has one."""
+    return lambda version: store_url if worker_roles is None else worker_roles.url(version)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from batchline.planner import plan
+from batchline.plan.planner import plan
 from batchline.spec import JobSpec, load_spec
 from batchline.store import Store
 
@@ -164,7 +164,7 @@ def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "c
 def kill_9(pid: int) -> None:
     """Kills a worker outright, as a lost machine would, and waits until it and its engine
     child are gone."""
-    from batchline.drill import children, gone
+    from batchline.ops.drill.run import children, gone
 
     engine = children(pid)
     os.kill(pid, signal.SIGKILL)
@@ -174,7 +174,7 @@ def kill_9(pid: int) -> None:
 @contextlib.contextmanager
 def stopped(pid: int) -> Iterator[list[int]]:
     """A worker and its engine child SIGSTOPped for the block (a stall), SIGCONTed after it."""
-    from batchline.drill import children
+    from batchline.ops.drill.run import children
 
     group = [pid, *children(pid)]
     for p in group:
@@ -199,8 +199,8 @@ def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
 def check_invariants(store: Store, version: str, spec: JobSpec) -> tuple[set[str], set[str]]:
     """I1 and I4 from what was stored: every snapshot id has exactly one outcome,
     nothing else has one, and every result is valid against the schema."""
-    from batchline.outputs import OutputChecker
-    from batchline.planner import snapshot_records
+    from batchline.check.outputs import OutputChecker
+    from batchline.plan.planner import snapshot_records
 
     snapshot_ids = [r.id for r in snapshot_records(spec, store.url)]
     results = {r.record_id: r for r in store.iter_results(version)}
@@ -263,7 +263,7 @@ def read_during_switches(store: Store, name: str, other: str, read_until: Callab
                          *, readers: int = 2, switches: int = 15) -> None:
     """Runs `readers` threads of `read_until(stop)` while `name` is published to `other`
     and rolled back, `switches` times over; the readers are stopped and joined after."""
-    from batchline.publish import publish, rollback
+    from batchline.publish.pointer import publish, rollback
 
     stop = threading.Event()
     threads = [threading.Thread(target=read_until, args=(stop,)) for _ in range(readers)]

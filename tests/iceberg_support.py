@@ -13,7 +13,7 @@ import yaml
 
 from batchline.lake import lake_settings
 from examples.iceberg_reader import connect, metadata_location
-from tests.lake.support import S3StandIn
+from tests.integration.lake.support import S3StandIn
 
 __all__ = ["duckdb_iceberg", "main_rows", "metadata_location", "pyiceberg_table", "set_schema", "with_table"]
 
@@ -52,7 +52,7 @@ def set_schema(path: Path, schema: dict[str, Any]) -> Path:
 
 def pyiceberg_table(store_url: str, table: str) -> Any:
     """The table through pyiceberg, for what only its metadata says (refs, snapshots)."""
-    from batchline.catalogs import open_catalog
+    from batchline.lake.iceberg import open_catalog
     from batchline.spec import TableRef
 
     with open_catalog(TableRef("store", table), store_url) as catalog:

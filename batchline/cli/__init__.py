@@ -12,6 +12,7 @@ import select
 import sys
 from collections.abc import Sequence
 
+from batchline import __version__
 from batchline.errors import ERROR_PREFIX, BatchlineError
 
 
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="batchline",
         description="Offline LLM jobs: every record answered exactly once, validated, published at once.",
     )
+    parser.add_argument("--version", action="version", version=f"batchline {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     jobs.register(sub)
     from batchline.cli import fleet

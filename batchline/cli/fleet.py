@@ -167,7 +167,7 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
 
 
 def cmd_grants(args: argparse.Namespace) -> int:
-    from batchline.grants import grant
+    from batchline.ops.grants import grant
 
     plan = grant(args.store or default_url(), args.version, role=args.role, dry_run=args.dry_run,
                  password_env=args.password_env)

@@ -141,7 +141,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from batchline.runner import format_duration
+    from batchline.ops.runner import format_duration
     from batchline.spec import stored_spec
 
     if args.workers < 1:
@@ -190,9 +190,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from batchline.logs import configure_worker_logging
-    from batchline.telemetry import WorkerTelemetry
+    from batchline.ops.logs import configure_worker_logging
     from batchline.worker.supervisor import Worker, new_worker_id
+    from batchline.worker.telemetry import WorkerTelemetry
 
     # Batch work yields: the lowest CPU priority, so interactive work on a shared node comes first.
     os.nice(19)
@@ -200,7 +200,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     log = configure_worker_logging(args.log_format, worker_id, sys.stderr)
     telemetry: WorkerTelemetry | None = None
     if args.metrics_port is not None:
-        from batchline.metrics import serve_metrics
+        from batchline.ops.metrics import serve_metrics
 
         telemetry = serve_metrics(args.metrics_port, worker_id=worker_id, addr=args.metrics_addr)
         log.info("metrics on %s:%d/metrics", args.metrics_addr, args.metrics_port)
@@ -212,7 +212,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    from batchline.notices import start_watcher
+    from batchline.worker.notices import start_watcher
 
     watcher = start_watcher(args.preemption_notice, stop, base_url=args.metadata_url, log=log.info)
     store = open_store(args.store, create=False, wait_seconds=args.store_wait, log=log.info)
@@ -244,7 +244,7 @@ def routes_dict(store: Store, version: str) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from batchline.runner import progress_line
+    from batchline.ops.runner import progress_line
 
     store = _store(args)
     if args.version is None:

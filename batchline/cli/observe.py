@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         return store_command(sub, name, help_text)
 
-    from batchline.report import DEFAULT_GPU_HOUR_PRICE
+    from batchline.ops.report.data import DEFAULT_GPU_HOUR_PRICE
 
     p = command("report", "write one self-contained HTML page about a job version: throughput, leases, "
                           "attempts, dead letters, labels, validation, tokens and cost")
@@ -59,7 +59,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from batchline.drill import check_job, run_drill
+    from batchline.ops.drill.checks import check_job
+    from batchline.ops.drill.run import run_drill
 
     if args.check is not None:
         if args.store is None:
@@ -84,7 +85,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     result = run_drill(args.store, workers=args.workers, minutes=args.minutes, seed=args.seed,
                        work_dir=args.work_dir)
     if args.report is not None:
-        from batchline.report import write_report
+        from batchline.ops.report.page import write_report
 
         store = open_store(result.store_url)
         try:
@@ -114,7 +115,7 @@ def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[s
     store's figure counts whole shards, which is coarse while shards are big),
     and the ETA is measured against the spec's deadline when it has one.
     """
-    from batchline.runner import RATE_WINDOW_SECONDS, progress_line
+    from batchline.ops.runner import RATE_WINDOW_SECONDS, progress_line
 
     stream = out or sys.stdout
     info = store.job(version)

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any, TextIO
 
-from batchline import capacity as cap
-from batchline import simulate as sim
 from batchline.errors import BatchlineError
+from batchline.sizing import capacity as cap
+from batchline.sizing import simulate as sim
 
 _SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 _COUNT = re.compile(r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)

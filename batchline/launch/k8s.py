@@ -81,7 +81,7 @@ import yaml
 
 from batchline.errors import BatchlineError, SpecError
 from batchline.launch import FATAL_EXITS, slug
-from batchline.liveness import POD_ENV
+from batchline.worker.liveness import POD_ENV
 
 EXIT_PREEMPTED = 75
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

@@ -32,7 +32,7 @@ from typing import Any
 
 from batchline.errors import BatchlineError
 from batchline.launch import FATAL_EXITS, slug
-from batchline.liveness import RAY_ACTOR_ENV
+from batchline.worker.liveness import RAY_ACTOR_ENV
 
 EXIT_DONE = 0
 EXIT_PREEMPTED = 75
@@ -208,8 +208,8 @@ class RayLauncher:
 
     def _take_back(self, actor: str, found: str) -> None:
         """Ends the leases the worker of `actor` held: this driver saw it end."""
-        from batchline.liveness import take_back_dead
         from batchline.store import open_store
+        from batchline.worker.liveness import take_back_dead
 
         proof = {"kind": "ray", "actor": actor, "found": found}
         try:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from batchline.catalogs import load_table, one_line, open_catalog
 from batchline.errors import InputError
+from batchline.lake.iceberg import load_table, one_line, open_catalog
 from batchline.sources.base import Pin
 from batchline.spec import InputSpec, TableRef
 

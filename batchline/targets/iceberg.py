@@ -30,8 +30,8 @@ from typing import Any
 
 import orjson
 
-from batchline.catalogs import load_table, one_line, open_catalog
 from batchline.errors import BatchlineError, SpecError
+from batchline.lake.iceberg import load_table, one_line, open_catalog
 from batchline.spec import JobSpec, TableRef, stored_spec
 from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
 from batchline.targets.iceberg_schema import converter, iceberg_schema, output_node, schema_change

@@ -75,7 +75,7 @@ class ParquetDataset(_Dataset):
         return self.root / name / version_folder(version)
 
     def stage(self, store: ReaderStore, version: str) -> None:
-        from batchline.export import export_parquet
+        from batchline.publish.files import export_parquet
 
         info = store.job(version)
         assert info is not None
@@ -99,12 +99,12 @@ class ParquetDataset(_Dataset):
         return (path.read_text().strip() if path.exists() else None), None
 
     def _write_current(self, name: str, text: str, token: Any) -> None:
-        from batchline.export import atomic_write
+        from batchline.publish.files import atomic_write
 
         atomic_write(self.root / name / "CURRENT", lambda tmp: tmp.write_text(text + "\n"))
 
     def restore(self, name: str, recorded: dict[str, Any] | None, shown: dict[str, Any]) -> None:
-        from batchline.export import atomic_write
+        from batchline.publish.files import atomic_write
 
         if self.current(name) != shown.get("current"):
             return  # moved on since: not this publish's to undo
@@ -132,7 +132,7 @@ class ObjectDataset(_Dataset):
         return f"{self.root}/{name}/{version_folder(version)}"
 
     def stage(self, store: ReaderStore, version: str) -> None:
-        from batchline.export import export_parquet
+        from batchline.publish.files import export_parquet
         from batchline.sources.objects import object_exists, upload
 
         info = store.job(version)

@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from batchline.fewshot import ExampleIndex
-from batchline.outputs import OutputChecker
-from batchline.prompt import render
+from batchline.check.outputs import OutputChecker
+from batchline.prompts.examples import ExampleIndex
+from batchline.prompts.render import render
 from batchline.providers.base import BatchProvider
 from batchline.registry import ENGINES
 from batchline.snapshot import Record
 from batchline.spec import JobSpec
 from batchline.store import ChargeResult, DeadLetterRow, Lease, LeaseLost, ResultRow, WorkerStore
-from batchline.telemetry import WorkerTelemetry
+from batchline.worker.telemetry import WorkerTelemetry
 
 
 @dataclass

@@ -15,18 +15,18 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from batchline.check.outputs import OutputChecker
 from batchline.errors import EngineFatal, InputError, SourceUnavailable
-from batchline.liveness import kubernetes_pod_lookup, process_identity, take_back_dead
-from batchline.outputs import OutputChecker
-from batchline.prompt import split_template
+from batchline.prompts.render import split_template
 from batchline.providers.base import BatchProvider
 from batchline.spec import LOCAL_ROUTE, ProviderSpec, stored_spec
 from batchline.store import Lease, WorkerStore
-from batchline.telemetry import WorkerTelemetry
 from batchline.worker.engine_process import EngineProcess, EngineStopped
 from batchline.worker.hosted import HostedShardRun
+from batchline.worker.liveness import kubernetes_pod_lookup, process_identity, take_back_dead
 from batchline.worker.local import LocalShardRun
 from batchline.worker.shard import JobContext, ShardContext, WorkerHandle
+from batchline.worker.telemetry import WorkerTelemetry
 
 EXIT_DONE = 0
 # EX_TEMPFAIL: stopped early with work left (a signal, a preemption notice, an input store
@@ -255,7 +255,7 @@ class Worker:
     def _engine_init(job: JobContext) -> dict[str, Any]:
         """The engine child's init, with weights in object storage replaced by this node's
         verified copy of them (fetched once per node, before any shard is claimed)."""
-        from batchline.weights import local_weights
+        from batchline.worker.weights import local_weights
 
         model = job.init["model"]
         path = local_weights(model["path"], model["digest"], job.spec.input.storage)

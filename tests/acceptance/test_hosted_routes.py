@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 
-from batchline.export import export_jsonl
-from batchline.planner import plan
-from batchline.report import collect, write_report
+from batchline.ops.report.data import collect
+from batchline.ops.report.page import write_report
+from batchline.plan.planner import plan
+from batchline.publish.files import export_jsonl
 from batchline.spec import load_spec
 from batchline.store import Store
-from batchline.telemetry import WorkerTelemetry
 from batchline.worker.supervisor import Worker
+from batchline.worker.telemetry import WorkerTelemetry
 from tests.fakes.provider_servers import anthropic_batch_server, openai_batch_server
 from tests.helpers import check_invariants, start_worker, stop_all, wait_for
 

@@ -1,5 +1,5 @@
 """Real `batchline worker` processes over inputs in object storage (the S3 and GCS stand-ins
-of tests/lake/support.py), hurt as in test_worker_faults.py: killed, stalled past their
+of tests/integration/lake/support.py), hurt as in test_worker_faults.py: killed, stalled past their
 lease, refused a changed object, cut off from the store, and started on a machine that
 has nothing of the planning machine's files; and killed over an Iceberg snapshot whose
 data files are in S3."""
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from batchline.planner import plan
+from batchline.plan.planner import plan
 from batchline.spec import load_spec
 from batchline.store import Store
 from tests.acceptance.test_worker_faults import owner_pid, sealed, stored_ids
@@ -38,8 +38,8 @@ from tests.helpers import (
     wait_for,
     workers_until_done,
 )
-from tests.lake.support import FaultProxy, GCSStandIn, S3StandIn
-from tests.unit.test_iceberg_input import SOURCE, make_source, store_slices
+from tests.integration.lake.support import FaultProxy, GCSStandIn, S3StandIn
+from tests.integration.test_iceberg_input import SOURCE, make_source, store_slices
 
 pytestmark = pytest.mark.acceptance
 

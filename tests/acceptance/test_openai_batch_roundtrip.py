@@ -17,8 +17,8 @@ import jsonschema
 import pytest
 import yaml
 
-from batchline.drill import children, gone
 from batchline.engines.base import plain_chat_prompt
+from batchline.ops.drill.run import children, gone
 from batchline.store import Store
 from tests.helpers import (
     SIMPLE_SCHEMA,

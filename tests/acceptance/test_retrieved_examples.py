@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from batchline.outputs import OutputChecker
-from batchline.prompt import split_template
+from batchline.check.outputs import OutputChecker
+from batchline.prompts.render import split_template
 from batchline.spec import stored_spec
 from batchline.store import Store
 from batchline.worker.shard import JobContext

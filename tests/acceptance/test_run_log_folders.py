@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from batchline.runner import default_log_dir, store_key
+from batchline.ops.runner import default_log_dir, store_key
 
 pytestmark = pytest.mark.acceptance
 

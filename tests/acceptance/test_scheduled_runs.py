@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from batchline.api import _plan_once
-from batchline.planner import plan
+from batchline.plan.planner import plan
 from batchline.spec import load_spec
 from batchline.store import Store
 from tests.helpers import make_records, write_jsonl

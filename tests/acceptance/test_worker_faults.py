@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from batchline.drill import children, gone
+from batchline.ops.drill.run import children, gone
 from batchline.store import Store
 from tests.helpers import (
     call_counts,

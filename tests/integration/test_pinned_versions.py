@@ -23,7 +23,7 @@ import pytest
 import batchline
 from batchline.sources import Pin, snapshot_digest
 from batchline.spec import load_spec
-from tests.lake.support import S3StandIn
+from tests.integration.lake.support import S3StandIn
 
 PINNED = Path(__file__).resolve().parents[1] / "data" / "pinned"
 

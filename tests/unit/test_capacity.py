@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from batchline import capacity as cap
+from batchline.sizing import capacity as cap
 
 LLAMA_8B = cap.ModelShape(parameters=8e9, layers=32, kv_heads=8, head_dim=128, bytes_per_weight=2)
 H100 = cap.GpuSpec(name="H100", bf16_flops=989e12, memory_bandwidth=3.35e12, memory_bytes=80e9, source="test")

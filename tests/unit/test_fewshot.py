@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from batchline.check.outputs import OutputChecker
 from batchline.errors import SpecError
-from batchline.fewshot import Example, ExampleIndex
-from batchline.outputs import OutputChecker
+from batchline.prompts.examples import Example, ExampleIndex
 from batchline.spec import load_spec, parse_spec
 from batchline.worker.shard import JobContext
 from tests.unit.test_spec import BASE, with_change, write

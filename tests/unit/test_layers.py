@@ -75,9 +75,9 @@ def test_the_core_never_imports_a_backend_or_an_engine() -> None:
     graph = imports()
     backends = {m for m in graph if m.startswith(("batchline.store.sqlite", "batchline.store.postgres"))}
     engines = {m for m in graph if m.startswith("batchline.engines.") and m != "batchline.engines.base"}
-    core = ["batchline.store.core", "batchline.store.ports", "batchline.store.model", "batchline.planner",
+    core = ["batchline.store.core", "batchline.store.ports", "batchline.store.model", "batchline.plan.planner",
             "batchline.worker.supervisor", "batchline.worker.local", "batchline.worker.hosted",
-            "batchline.worker.shard", "batchline.validate", "batchline.publish", "batchline.snapshot",
+            "batchline.worker.shard", "batchline.check.validate", "batchline.publish.pointer", "batchline.snapshot",
             "batchline.spec"]
     for name in core:
         assert not graph[name] & (backends | engines), f"{name} imports {sorted(graph[name] & (backends | engines))}"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from batchline.outputs import OutputChecker
+from batchline.check.outputs import OutputChecker
 
 TRIAGE = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchline.prompt import CLOSE, OPEN, render, split_template
+from batchline.prompts.render import CLOSE, OPEN, render, split_template
 
 
 @pytest.mark.parametrize("text", [

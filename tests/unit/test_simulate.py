@@ -10,8 +10,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from batchline import simulate as sim
-from batchline.simulate import REFERENCE, Strategy
+from batchline.sizing import simulate as sim
+from batchline.sizing.simulate import REFERENCE, Strategy
 
 SEEDS = sim.REFERENCE_SEEDS
 

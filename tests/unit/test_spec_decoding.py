@@ -132,7 +132,7 @@ def test_building_an_engine_refuses_a_knob_it_cannot_honour() -> None:
 
 
 def test_the_synthetic_engine_cuts_its_output_at_a_stop_sequence() -> None:
-    from tests.engines.support import ListSource, make_request
+    from tests.integration.engines.support import ListSource, make_request
 
     schema = {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]}
     outputs = []

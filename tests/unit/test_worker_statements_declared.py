@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from batchline.grants import worker_rights
+from batchline.ops.grants import worker_rights
 from batchline.store import postgres_sql as q
 
 IDENT = r'"?([a-z_][a-z0-9_]*)"?'

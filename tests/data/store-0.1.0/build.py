@@ -54,9 +54,9 @@ def base(name: str, **extra: Any) -> dict[str, Any]:
 def main() -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from batchline.catalogs import open_catalog
 
     import batchline
-    from batchline.catalogs import open_catalog
     from batchline.spec import TableRef, stored_spec
     from examples.s3_standin import S3StandIn
 

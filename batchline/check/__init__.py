@@ -1,0 +1,1 @@
+"""Checking: a model's output against the schema, and the gate before publication."""

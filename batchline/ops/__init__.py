@@ -1,0 +1,1 @@
+"""Operations: running local fleets, reports, drills, metrics, logs and credentials."""

@@ -1,0 +1,260 @@
+"""`batchline run`: plan if new, keep N local worker processes alive, show progress.
+
+The runner only places processes: every decision about who works on what is
+made in the store, so a worker killed here behaves as one lost anywhere.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from batchline.errors import ERROR_PREFIX, BatchlineError
+from batchline.launch import FATAL_EXITS
+from batchline.store import JobStatus, Store
+from batchline.worker.liveness import take_back_dead
+from batchline.worker.supervisor import EXIT_DONE, EXIT_PREEMPTED
+
+# Worker exits that mean the job itself is wrong (input changed, engine or
+# weights broken, bad usage): restarting would only repeat them.
+
+RATE_WINDOW_SECONDS = 60.0
+RUNNER = "runner"
+
+
+class WorkerFailed(BatchlineError):
+    """A worker stopped on something no replacement would get past (the spec, the input,
+    the engine): the run fails with the worker's own exit status and meaning."""
+
+    def __init__(self, exit_code: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class _Slot:
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+    starts: int = 0
+
+
+@dataclass
+class RunSummary:
+    status: JobStatus
+    seconds: float
+    worker_starts: int
+    restarts: int
+    log_dir: Path
+    exit_code: int = 0
+    samples: list[tuple[float, int]] = field(default_factory=list)
+    answered_before: int = 0  # records with an outcome when this run began (carried, or a run before)
+
+    @property
+    def answered(self) -> int:
+        """Records this run answered: what a rate "this run" divides."""
+        return self.status.results + self.status.dead_letters - self.answered_before
+
+
+class LocalRunner:
+    def __init__(self, store: Store, version: str, workers: int, *, log_dir: Path | None = None,
+                 out: IO[str] = sys.stderr, refresh_seconds: float | None = None, max_restarts: int | None = None,
+                 deadline: float | None = None) -> None:
+        self.store = store
+        self.version = version
+        self.workers = workers
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="batchline-logs-"))
+        self.out = out
+        # A terminal's line is redrawn every second; a log gets a line every ten.
+        self.refresh_seconds = refresh_seconds or (1.0 if out.isatty() else 10.0)
+        self.max_restarts = max_restarts if max_restarts is not None else 5 * workers + 5
+        self.deadline = deadline
+        self._stop_requested = False
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+
+    def _spawn(self, slot: _Slot) -> None:
+        slot.starts += 1
+        slot.log = self.log_dir / f"worker-{slot.index}.log"
+        log = slot.log.open("ab")
+        # The URL goes in the environment, not on the command line, where any user of
+        # the machine could read a PostgreSQL password in the process list.
+        slot.proc = subprocess.Popen(
+            [sys.executable, "-m", "batchline", "worker", "--job", self.version],
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            env={**os.environ, "BATCHLINE_STORE": self.store.url},
+        )
+        log.close()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._stop_requested = True
+
+    def run(self) -> RunSummary:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        before = self.store.status(self.version)
+        slots = [_Slot(i) for i in range(self.workers)]
+        # Handlers can be set from the main thread only; run from another one (an
+        # orchestrator's task thread) the runner leaves the process's signals alone.
+        handled = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+        previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        restarts = 0
+        exit_code = 0
+        try:
+            for slot in slots:
+                self._spawn(slot)
+            last_draw = 0.0
+            while True:
+                if self._stop_requested:
+                    exit_code = self._stop_all(slots)
+                    break
+                alive = 0
+                for slot in slots:
+                    code = slot.proc.poll() if slot.proc else EXIT_DONE
+                    if code is None:
+                        alive += 1
+                        continue
+                    if slot.proc is None or code == EXIT_DONE:
+                        slot.proc = None
+                        continue
+                    # Its leases need not run out: this runner saw the process end.
+                    take_back_dead(self.store, self.version, RUNNER)
+                    if code in FATAL_EXITS:
+                        self._stop_all(slots)
+                        raise WorkerFailed(code, f"worker {slot.index}: {self._last_line(slot)} (log: {slot.log})")
+                    restarts += 1
+                    if restarts > self.max_restarts:
+                        self._stop_all(slots)
+                        raise BatchlineError(f"workers keep failing ({restarts} restarts); last: "
+                                             f"{self._last_line(slot)} (log: {slot.log})")
+                    self._spawn(slot)  # exit 75 or a crash: the store has the work, start another
+                    alive += 1
+                status = self.store.status(self.version)
+                now = time.monotonic()
+                if now - last_draw >= self.refresh_seconds or alive == 0:
+                    self._draw(status, alive, now - started)
+                    last_draw = now
+                if alive == 0:
+                    break
+                time.sleep(0.2)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            if self.out.isatty():
+                self.out.write("\n")
+        status = self.store.status(self.version)
+        if exit_code == 0 and status.state != "sealed":
+            exit_code = EXIT_PREEMPTED
+        return RunSummary(status, time.monotonic() - started, sum(s.starts for s in slots), restarts,
+                          self.log_dir, exit_code, list(self._samples), before.results + before.dead_letters)
+
+    def _stop_all(self, slots: list[_Slot]) -> int:
+        procs = [s.proc for s in slots if s.proc and s.proc.poll() is None]
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return EXIT_PREEMPTED
+
+    @staticmethod
+    def _last_line(slot: _Slot) -> str:
+        """The worker's own one-line error (without its `batchline: error:` prefix, which the
+        run's message adds once)."""
+        if slot.log is None or not slot.log.exists():
+            return "no log"
+        lines = [ln for ln in slot.log.read_text(errors="replace").splitlines() if ln.strip()]
+        if not lines:
+            return f"exit status {slot.proc.returncode if slot.proc else '?'}"
+        return lines[-1].removeprefix(ERROR_PREFIX)
+
+    def rate(self, now: float, done: int) -> float | None:
+        self._samples.append((now, done))
+        while self._samples and now - self._samples[0][0] > RATE_WINDOW_SECONDS:
+            self._samples.popleft()
+        t0, d0 = self._samples[0]
+        return (done - d0) / (now - t0) if now - t0 >= 1.0 else None
+
+    def _draw(self, st: JobStatus, alive: int, elapsed: float) -> None:
+        done = st.results + st.dead_letters
+        rate = self.rate(time.monotonic(), done)
+        self.out.write(("\r" if self.out.isatty() else "") + progress_line(st, rate, alive, elapsed, self.deadline)
+                       + ("" if self.out.isatty() else "\n"))
+        self.out.flush()
+
+
+def progress_line(st: JobStatus, rate: float | None, alive: int | None, elapsed: float | None,
+                  deadline: float | None) -> str:
+    done = st.results + st.dead_letters
+    pct = 100.0 * done / st.records if st.records else 100.0
+    parts = [f"{done:,}/{st.records:,} records ({pct:.1f}%)"]
+    if rate is not None:
+        parts.append(f"{rate:,.1f} rec/s")
+        remaining = st.records - done
+        if remaining and rate > 0:
+            eta = remaining / rate
+            text = f"ETA {format_duration(eta)}"
+            if deadline is not None:
+                slack = deadline - (st.now + eta)
+                text += " (on time)" if slack >= 0 else f" ({format_duration(-slack)} past the deadline)"
+            parts.append(text)
+    if alive is not None:
+        parts.append(f"{alive} workers")
+    parts.append(f"{st.dead_letters:,} dead letters")
+    parts.append(f"{st.leases_lost} leases lost")
+    if st.leases_taken_back:
+        parts.append(f"{st.leases_taken_back} taken back")
+    if elapsed is not None:
+        parts.append(format_duration(elapsed))
+    return " | ".join(parts)
+
+
+def format_duration(seconds: float) -> str:
+    total = round(seconds)
+    h, rem = divmod(total, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def store_key(store_url: str) -> str:
+    """A short, stable name for a store: its kind and a digest of where it is (a SQLite
+    file's absolute path; a PostgreSQL URL without its password), so one job run on two
+    stores keeps two sets of logs and no password reaches a folder name."""
+    if store_url.startswith("sqlite:///"):
+        kind, place = "sqlite", str(Path(store_url[len("sqlite:///"):]).resolve())
+    else:
+        parts = urllib.parse.urlsplit(store_url)
+        netloc = parts.netloc.rpartition("@")
+        user = netloc[0].partition(":")[0]
+        query = [(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "password"]
+        kind = "postgresql"
+        place = urllib.parse.urlunsplit(("postgresql", f"{user}@{netloc[2]}" if user else netloc[2], parts.path,
+                                         urllib.parse.urlencode(query), ""))
+    return f"{kind}-{hashlib.sha256(place.encode()).hexdigest()[:12]}"
+
+
+def default_log_dir(store_url: str, version: str) -> Path:
+    """A folder of this run's own: under $BATCHLINE_LOG_DIR (or the temp folder), by
+    version, store and run (when it started, and this process), so that neither a rerun
+    nor a run of the same job on another store appends to an earlier run's logs."""
+    base = Path(os.environ.get("BATCHLINE_LOG_DIR", tempfile.gettempdir()))
+    parent = base / "batchline-logs" / version.replace("@", "-") / store_key(store_url)
+    run = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    folder, n = parent / run, 1
+    while folder.exists():  # a second run from this process within the same second
+        n += 1
+        folder = parent / f"{run}-{n}"
+    return folder

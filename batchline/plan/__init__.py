@@ -1,0 +1,1 @@
+"""Planning: the snapshot streamed once into shards, slices and per-record hashes."""

@@ -1,0 +1,352 @@
+"""The planner: streams the snapshot once into shards, slices and per-record hashes.
+
+Planning writes under the version's `planning` state and becomes visible in
+one final commit, so a crash mid-plan leaves nothing a worker or reader sees;
+the next plan of the same version discards the leftovers and starts again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+from batchline.errors import InputError, SpecError
+from batchline.snapshot import (
+    PIECES_PER_SHARD,
+    Piece,
+    Record,
+    ScannedRecord,
+    Slice,
+    input_pins,
+    input_sources,
+    parquet_row_groups,
+    parquet_slice_digest,
+    read_bytes,
+    read_slice,
+    scan,
+    scan_with_header,
+)
+from batchline.sources import Pin, Source, open_source, snapshot_digest
+from batchline.spec import LOCAL_ROUTE, JobSpec, stored_spec
+from batchline.store import DeadLetterRow, DuplicateRecord, PlannedRecord, PlannedShard, Store
+from batchline.store.ports import PlanWriter
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    version: str
+    created: bool
+    records: int
+    shards: int
+    dead_letters: int
+    routes: dict[str, int] = field(default_factory=dict)  # records per route
+
+
+def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m: None) -> PlanResult:
+    spec, sources, before = _pinned_input(spec, store.url)
+    digest = snapshot_digest(before)
+    base = _base_version(spec, store, log)
+    version = spec.version(digest, base)
+    existing = store.job(version)
+    if existing is not None and existing.state not in ("planning", "removed"):
+        return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
+
+    if spec.output_table is not None:
+        from batchline.targets.iceberg import check_table_schema
+
+        check_table_schema(spec, store.url)
+    if spec.shards.size_auto:
+        spec = _auto_shard_size(spec, store, base, sources, log)
+    writer = store.begin_plan(version, spec.name, {**spec.to_dict(), "base_version": base})
+    try:
+        result = _write_plan(spec, version, writer, sources)
+        if base is not None:
+            carried = writer.carry_from(base)
+            log(f"carried {carried} unchanged records from {base} without inference")
+        if not _unchanged(spec, store.url, sources, before):
+            raise InputError("input changed while it was being planned; plan again once it is stable")
+        writer.commit(result.records, result.shards)
+    except BaseException:
+        writer.abort()
+        raise
+    log(f"planned {version}: {result.records} records in {result.shards} shards"
+        + (f", {result.dead_letters} over the length cap" if result.dead_letters else ""))
+    if spec.routing is not None:
+        log(routes_summary(spec, result.routes))
+    return result
+
+
+def _pinned_input(spec: JobSpec, store_url: str) -> tuple[JobSpec, list[Source], list[Pin]]:
+    """The input's sources and pins. A table's snapshot is read once and its id written
+    into the spec, so the stored spec (and every later reader of it) names that snapshot."""
+    if spec.input.table is None:
+        sources = input_sources(spec.input)
+        return spec, sources, [s.pin() for s in sources]
+    from batchline.sources.iceberg import read_snapshot
+
+    snapshot = read_snapshot(spec.input, store_url)
+    spec = replace(spec, input=replace(spec.input, table=snapshot.ref))
+    return spec, [open_source(f.path, spec.input.storage) for f in snapshot.data_files], [snapshot.pin]
+
+
+def _unchanged(spec: JobSpec, store_url: str, sources: list[Source], before: list[Pin]) -> bool:
+    """Whether the input is still what its pins say, now that planning read it: a table's
+    snapshot is pinned whole; each file or object by its own pin."""
+    if spec.input.table is not None:
+        return input_pins(spec.input, store_url) == before
+    return all(s.still(p) for s, p in zip(sources, before, strict=True))
+
+
+def routes_summary(spec: JobSpec, per_route: dict[str, int]) -> str:
+    """Where the records go, and what each provider keeps: said before anything is sent."""
+    assert spec.routing is not None
+    lines = [f"records by route (class field {spec.routing.class_field!r}; any other class, or none, stays local):",
+             f"  {LOCAL_ROUTE}: {per_route.get(LOCAL_ROUTE, 0):,} records on {spec.model.engine}"]
+    for p in spec.routing.providers:
+        lines.append(f"  {p.route}: {per_route.get(p.route, 0):,} records of classes {', '.join(p.classes)} "
+                     f"to {p.api} ({p.model}); data retention there: {p.retention}")
+    return "\n".join(lines)
+
+
+def _base_version(spec: JobSpec, store: Store, log: Callable[[str], None]) -> str | None:
+    """The version whose results an incremental run may carry, if it is compatible."""
+    if spec.base is None:
+        return None
+    base = store.resolve_name(spec.name) if spec.base == "published" else spec.base
+    if base is None:
+        log(f"nothing is published under {spec.name!r} yet: every record is inferred")
+        return None
+    info = store.job(base)
+    if info is None or info.state != "sealed":
+        raise InputError(f"base version {base} is not a sealed version in {store.url}")
+    base_spec = stored_spec(info)
+    if base_spec.inference_identity() != spec.inference_identity():
+        log(f"{base} used another model, prompt, decoding or schema: every record is inferred")
+        return None
+    return base
+
+
+def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, sources: list[Source],
+                     log: Callable[[str], None]) -> JobSpec:
+    from batchline.sizing.simulate import SimulationDiverged, recommend_shard_size
+
+    sh = spec.shards
+    assert sh.interruptions_per_hour is not None and sh.workers and sh.records_per_second
+    measured = store.run_throughput(base) if base else 0.0
+    rate = measured or sh.records_per_second
+    records = sum(estimate_records(s, spec.input.format) for s in sources)
+    try:
+        size = recommend_shard_size(max(records, 1), sh.workers, rate, sh.interruptions_per_hour,
+                                    lease_seconds=sh.lease_seconds)
+    except SimulationDiverged as exc:
+        raise SpecError(f"shards.size: auto: {exc}") from None
+    log(f"shards.size auto: {size} for {sh.interruptions_per_hour:g} interruptions per worker-hour at "
+        f"{rate:.1f} records/s ({f'measured on {base}' if measured else 'estimated'}) on {sh.workers} workers, "
+        f"~{records:,} records")
+    return replace(spec, shards=replace(sh, size=size, size_auto=False))
+
+
+ESTIMATE_SAMPLE_BYTES = 1 << 20
+
+
+def estimate_records(source: Source, fmt: str) -> int:
+    """A cheap count for sizing: Parquet metadata; lines of a local text file; for an
+    object, the lines of its first MiB scaled to its size (one ranged read, not two
+    whole reads of every object)."""
+    if fmt == "parquet":
+        return sum(parquet_row_groups(source))
+    pin = source.slice_pin()  # an object's pin, taken once at planning
+    if pin is not None:
+        size = pin.size
+        sample = source.read(0, min(size, ESTIMATE_SAMPLE_BYTES))
+        if not sample:
+            return 0
+        return round(sample.count(b"\n") * size / len(sample)) or 1
+    lines = 0
+    with source.stream() as f:
+        while chunk := f.read(1 << 22):
+            lines += chunk.count(b"\n")
+    return lines
+
+
+def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[Source]) -> PlanResult:
+    cap = spec.input.max_input_tokens
+    byte_bound = cap * spec.input.max_bytes_per_token if cap else None
+    shard_no = records = dead_total = 0
+    slices: dict[int, Slice] = {}
+    per_route: dict[str, int] = {}
+    parquet = spec.input.format == "parquet"
+
+    pieces = 0
+    occurrences = _Occurrences() if spec.input.ids == "content" else None
+    for source in sources:
+        groups = parquet_row_groups(source) if parquet else None
+        header, scanned = scan_with_header(source, spec.input)
+        for route, chunk in _route_chunks(scanned, spec, groups):
+            if occurrences is not None:
+                chunk = occurrences.number(chunk)
+            first, last = chunk[0], chunk[-1]
+            batch = [s.record for s in chunk]
+            over = {r.id for r in batch if byte_bound is not None and len(r.text.encode()) > byte_bound}
+            digest, shard_pieces = _digests(source, chunk, spec, pieces, over)
+            sl = Slice(path=source.location, format=spec.input.format, start=first.start, end=last.end,
+                       first_line=first.record.line, digest=digest, header=header,
+                       route=route if spec.routing else None, pieces=shard_pieces, pin=source.slice_pin())
+            slices[shard_no] = sl
+            per_route[route] = per_route.get(route, 0) + len(batch)
+            writer.add_shards([PlannedShard(shard_no, sl.to_json(), len(batch), route,
+                                            first_piece=pieces, end_piece=pieces + len(shard_pieces))])
+            pieces += len(shard_pieces)
+            try:
+                writer.add_records([PlannedRecord(r.id, shard_no, r.content_hash) for r in batch])
+            except DuplicateRecord as dup:
+                raise _duplicate_error(dup, batch, slices, spec) from None
+            too_long = [
+                DeadLetterRow(r.id, "too_long",
+                              f"{len(r.text.encode())} bytes of text is surely over max_input_tokens={cap} "
+                              f"(planner bound: {spec.input.max_bytes_per_token} bytes per token)", r.acl)
+                for r in batch if r.id in over
+            ]
+            if too_long:
+                writer.add_dead_letters(shard_no, too_long)
+            dead_total += len(too_long)
+            records += len(batch)
+            shard_no += 1
+    if records == 0:
+        raise InputError(f"no records in {spec.input.describe()} (empty input)")
+    return PlanResult(version, True, records, shard_no, dead_total, per_route)
+
+
+def _digests(source: Source, chunk: list[ScannedRecord], spec: JobSpec, first_no: int,
+             over: set[str]) -> tuple[str, tuple[Piece, ...]]:
+    """The shard's digest and its pieces, each with its own digest: for text formats the
+    bytes, for Parquet the ids and content hashes."""
+    size = -(-len(chunk) // PIECES_PER_SHARD)
+    groups = [chunk[i:i + size] for i in range(0, len(chunk), size)]
+    digest_of: Callable[[list[ScannedRecord]], str]
+    if spec.input.format == "parquet":
+        def digest_of(items: list[ScannedRecord]) -> str:
+            return parquet_slice_digest([s.record for s in items])
+    elif spec.routing is None:
+        digest_of = _streamed_digest
+    else:
+        # A route's range holds other routes' records too, so it is read again (once a shard).
+        data = read_bytes(source, chunk[0].start, chunk[-1].end)
+        base = chunk[0].start
+
+        def digest_of(items: list[ScannedRecord]) -> str:
+            return "sha256:" + hashlib.sha256(data[items[0].start - base:items[-1].end - base]).hexdigest()
+    return digest_of(chunk), tuple(
+        Piece(first_no + i, g[0].start, g[-1].end, g[0].record.line, digest_of(g), len(g),
+              sum(1 for s in g if s.record.id in over),
+              {str(s.record.line): s.record.id for s in g if _RENUMBERED in s.record.id})
+        for i, g in enumerate(groups))
+
+
+def _streamed_digest(chunk: list[ScannedRecord]) -> str:
+    """The digest of the bytes from the chunk's first record to its last, from the bytes
+    the scan streamed by (what reading the range again would give)."""
+    first = chunk[0]
+    h = hashlib.sha256(first.raw[len(first.raw) - (first.end - first.start):])
+    for item in chunk[1:]:
+        h.update(item.raw)
+    return "sha256:" + h.hexdigest()
+
+
+_RENUMBERED = "~"  # content id ~ occurrence: a row identical to an earlier one
+
+
+def snapshot_records(spec: JobSpec, store_url: str | None = None,
+                     sources: list[Source] | None = None) -> Iterator[Record]:
+    """Every record of the snapshot in input order, with the ids the planner gives them
+    (ids from content numbered as planning numbers them): what an export in input order
+    and a check of coverage read."""
+    occurrences = _Occurrences() if spec.input.ids == "content" else None
+    for source in input_sources(spec.input, store_url) if sources is None else sources:
+        pending: list[ScannedRecord] = []
+        for scanned in scan(source, spec.input):
+            pending.append(scanned)
+            if len(pending) == 5000:
+                yield from (s.record for s in (occurrences.number(pending) if occurrences else pending))
+                pending = []
+        yield from (s.record for s in (occurrences.number(pending) if occurrences and pending else pending))
+
+
+class _Occurrences:
+    """Numbers rows identical to an earlier row of the snapshot (ids from content): the
+    second gets `~2`, the third `~3`. Counted in a scratch SQLite file, so planning's
+    memory does not grow with the snapshot."""
+
+    def __init__(self) -> None:
+        import sqlite3
+        import tempfile
+
+        self._dir = tempfile.TemporaryDirectory(prefix="batchline-ids-")
+        self.db = sqlite3.connect(f"{self._dir.name}/seen.db", isolation_level=None)
+        self.db.execute("PRAGMA journal_mode = OFF")
+        self.db.execute("CREATE TABLE seen (id TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID")
+
+    def number(self, chunk: list[ScannedRecord]) -> list[ScannedRecord]:
+        ids = sorted({s.record.id for s in chunk})
+        counts: dict[str, int] = {}
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            counts.update(self.db.execute(
+                f"SELECT id, n FROM seen WHERE id IN ({','.join('?' * len(part))})", part).fetchall())
+        out = []
+        for s in chunk:
+            n = counts.get(s.record.id, 0) + 1
+            counts[s.record.id] = n
+            out.append(s if n == 1 else replace(s, record=replace(s.record, id=f"{s.record.id}{_RENUMBERED}{n}")))
+        self.db.execute("BEGIN")
+        self.db.executemany("INSERT INTO seen (id, n) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET n = excluded.n",
+                            [(i, counts[i]) for i in ids])
+        self.db.execute("COMMIT")
+        return out
+
+
+def _route_chunks(items: Iterator[ScannedRecord], spec: JobSpec,
+                  groups: list[int] | None = None) -> Iterator[tuple[str, list[ScannedRecord]]]:
+    """Shards of one route each: records go to their route's open chunk, which is cut
+    at that route's shard size. A route's shard spans the bytes from its first record
+    to its last, so a rare route's shard is long in bytes but never mixes routes.
+
+    Parquet (`groups`: rows per row group) is cut only where a row group ends, so a
+    worker reads whole row groups of its own: a chunk takes the next group while that
+    keeps it within the shard size, and always takes at least one."""
+    routing = spec.routing
+    sizes = {LOCAL_ROUTE: spec.shards.size}
+    if routing is not None:
+        sizes.update({p.route: p.shard_size or spec.shards.size for p in routing.providers})
+    next_rows: dict[int, int] = {}  # row where a group ends -> rows of the group after it
+    row = 0
+    for i, n in enumerate(groups or ()):
+        row += n
+        next_rows[row] = groups[i + 1] if groups is not None and i + 1 < len(groups) else 0
+    open_chunks: dict[str, list[ScannedRecord]] = {}
+    for item in items:
+        route = routing.route_of(item.record.data_class) if routing else LOCAL_ROUTE
+        chunk = open_chunks.setdefault(route, [])
+        chunk.append(item)
+        if groups is None:
+            if len(chunk) == sizes[route]:
+                yield route, chunk
+                del open_chunks[route]
+        elif item.end in next_rows:
+            for name in sorted(open_chunks, key=lambda r: open_chunks[r][0].start):
+                if len(open_chunks[name]) + next_rows[item.end] > sizes[name]:
+                    yield name, open_chunks.pop(name)
+    # What is left of each route, in the order of its first record.
+    for route, chunk in sorted(open_chunks.items(), key=lambda kv: kv[1][0].start):
+        yield route, chunk
+
+
+def _duplicate_error(dup: DuplicateRecord, batch: list[Record], slices: dict[int, Slice],
+                     spec: JobSpec) -> InputError:
+    second = next(r for r in reversed(batch) if r.id == dup.record_id)
+    first_slice = slices[dup.first_shard]
+    first = next((r for r in read_slice(first_slice, spec.input, spec.routing) if r.id == dup.record_id), None)
+    where_first = f"{first_slice.path}:{first.line}" if first else f"shard {dup.first_shard}"
+    return InputError(f"{slices[max(slices)].path}:{second.line}: duplicate id {dup.record_id!r} "
+                      f"(first at {where_first})")

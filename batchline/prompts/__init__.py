@@ -1,0 +1,1 @@
+"""Prompts: the shared prefix, the record's block, and retrieved examples."""

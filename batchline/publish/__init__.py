@@ -1,0 +1,1 @@
+"""Publication: the pointer readers follow, its targets, and exports."""

@@ -1,0 +1,131 @@
+"""Files of a version's results: JSONL and Parquet, each row with its record's ACL, written
+beside their destination and renamed into place (or uploaded whole to an object), so a
+reader never sees a partial file."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from batchline.errors import BatchlineError
+from batchline.store import JobInfo, ReaderStore, StoredResult
+
+PARQUET_ROWS_PER_GROUP = 50_000
+
+
+def _rows(store: ReaderStore, version: str) -> Iterator[StoredResult]:
+    return store.iter_results(version)
+
+
+def finished(store: ReaderStore, version: str, partial: bool) -> JobInfo:
+    """The version to export: sealed, or with `partial` any version (a half-done job is
+    exported only when asked for by name: a reader of a file cannot tell it is half)."""
+    info = store.job(version)
+    if info is None:
+        raise BatchlineError(f"no job version {version!r} in {store.url}")
+    if info.state != "sealed" and not partial:
+        st = store.status(version)
+        raise BatchlineError(f"{version} is not finished ({st.results + st.dead_letters:,} of {st.records:,} "
+                             "records have an outcome): export it once it is sealed, or pass --partial to "
+                             "write the outcomes there are")
+    return info
+
+
+def export_jsonl(store: ReaderStore, version: str, out: Path | None) -> int:
+    def write(f: Any) -> int:
+        n = 0
+        for r in _rows(store, version):
+            f.write(json.dumps({"id": r.record_id, "output": json.loads(r.output), "acl": r.acl,
+                                "model": r.model}, ensure_ascii=False) + "\n")
+            n += 1
+        return n
+
+    if out is None:
+        return write(sys.stdout)
+    def write_file(tmp: Path) -> int:
+        with tmp.open("w", encoding="utf-8") as f:
+            return write(f)
+
+    return atomic_write(out, write_file)
+
+
+def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([
+        ("id", pa.string()), ("output", pa.string()), ("acl", pa.string()), ("label", pa.string()),
+        ("version", pa.string()),
+        ("worker", pa.string()), ("attempt", pa.int32()), ("input_tokens", pa.int64()),
+        ("output_tokens", pa.int64()), ("created_at", pa.timestamp("ms", tz="UTC")), ("model", pa.string()),
+    ])
+
+    def write(tmp: Path) -> int:
+        n = 0
+        with pq.ParquetWriter(tmp, schema) as writer:
+            batch: list[StoredResult] = []
+            for r in _rows(store, version):
+                batch.append(r)
+                if len(batch) == PARQUET_ROWS_PER_GROUP:
+                    writer.write_table(_table(pa, schema, batch, version))
+                    n += len(batch)
+                    batch = []
+            if batch or n == 0:
+                writer.write_table(_table(pa, schema, batch, version))
+                n += len(batch)
+        return n
+
+    return atomic_write(out, write)
+
+
+def export_to(out: str, write: Callable[[Path], int]) -> int:
+    """`write(path)` to a local file, or, for an s3:// or gs:// URL, to a scratch file that is
+    then uploaded whole (readers of the object see the old one or the complete new one)."""
+    from batchline.sources import is_object_url
+
+    if not is_object_url(out):
+        return write(Path(out))
+    from batchline.lake import lake_settings
+    from batchline.sources.objects import upload
+
+    with tempfile.TemporaryDirectory(prefix="batchline-export-") as scratch:
+        local = Path(scratch) / Path(out).name
+        n = write(local)
+        upload(local, out, lake_settings())
+    return n
+
+
+def _table(pa: Any, schema: Any, rows: list[StoredResult], version: str) -> Any:
+    return pa.Table.from_pydict({
+        "id": [r.record_id for r in rows],
+        "output": [r.output for r in rows],
+        "acl": [None if r.acl is None else json.dumps(r.acl, sort_keys=True) for r in rows],
+        "label": [r.label for r in rows],
+        "version": [version] * len(rows),
+        "worker": [r.worker for r in rows],
+        "attempt": [r.attempt for r in rows],
+        "input_tokens": [r.input_tokens for r in rows],
+        "output_tokens": [r.output_tokens for r in rows],
+        "created_at": [int(r.created_at * 1000) for r in rows],
+        "model": [r.model for r in rows],
+    }, schema=schema)
+
+
+def atomic_write(out: Path, write: Any) -> int:
+    """`write(tmp)` into a file beside `out`, then renamed over it: readers see the old file or the new."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        n = int(write(tmp))
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return n

@@ -1,0 +1,1 @@
+"""Sizing: the capacity arithmetic and the interruption simulator."""

@@ -1,0 +1,27 @@
+"""Input snapshots: records, the formats they are read from, and the slices shards read.
+
+The names other modules use are taken from here.
+"""
+
+from batchline.snapshot.reading import (
+    PIECES_PER_SHARD,
+    Piece,
+    Record,
+    ScannedRecord,
+    Slice,
+    content_hash,
+    file_digest,
+    input_pins,
+    input_sources,
+    parquet_row_groups,
+    parquet_slice_digest,
+    pinned_sources,
+    read_bytes,
+    read_slice,
+    scan,
+    scan_with_header,
+)
+
+__all__ = ["PIECES_PER_SHARD", "Piece", "Record", "ScannedRecord", "Slice", "content_hash", "file_digest", "input_pins", "input_sources",
+           "parquet_row_groups", "parquet_slice_digest", "pinned_sources", "read_bytes", "read_slice", "scan",
+           "scan_with_header"]

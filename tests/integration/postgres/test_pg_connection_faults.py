@@ -1,0 +1,273 @@
+"""A worker's connection to PostgreSQL dropped under it: backends terminated
+mid-run, the server restarted, and the worst case, a commit whose
+acknowledgement never arrives. Each write must be applied exactly once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psycopg
+import pytest
+
+from batchline.errors import StoreError
+from batchline.store import DeadLetterRow, ResultRow, Store, open_store
+from batchline.store.postgres import PostgresStore
+from tests.helpers import (
+    PG_ADMIN_URL,
+    check_invariants,
+    pg_available,
+    planned,
+    start_worker,
+    stop_all,
+    wait_for,
+)
+from tests.integration.store.test_contract import OUT, plan_version
+
+pytestmark = pytest.mark.postgres
+
+
+class LoseAcknowledgement:
+    """A test fake of the network between client and server: the next transaction
+    commits on the server, then the connection drops before the client hears so.
+    No real peer can be made to do this on cue; it is the window in which a retry
+    cannot know whether its first try happened."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.armed = False
+        self.fired = 0
+        original = psycopg.Transaction.__exit__
+
+        def exit_then_drop(tx: psycopg.Transaction, exc_type: type[BaseException] | None,
+                           exc: BaseException | None, tb: TracebackType | None) -> bool:
+            result = original(tx, exc_type, exc, tb)
+            if self.armed and exc_type is None and not tx.savepoint_name:
+                self.armed = False
+                self.fired += 1
+                tx.connection.close()
+                raise psycopg.OperationalError("the connection dropped after COMMIT (test fake)")
+            return result
+
+        monkeypatch.setattr(psycopg.Transaction, "__exit__", exit_then_drop)
+
+    def __enter__(self) -> LoseAcknowledgement:
+        self.armed = True
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        assert self.fired == 1 and not self.armed, "the fake did not drop the connection"
+        self.fired = 0
+
+
+@pytest.fixture
+def lose(monkeypatch: pytest.MonkeyPatch) -> LoseAcknowledgement:
+    return LoseAcknowledgement(monkeypatch)
+
+
+def test_a_claim_whose_acknowledgement_was_lost_returns_the_lease_it_took(store: Store,
+                                                                          lose: LoseAcknowledgement) -> None:
+    plan_version(store, shards=2)
+    with lose:
+        lease = store.claim("w1")
+    assert lease is not None and (lease.shard_no, lease.epoch) == (0, 1)
+    assert [(r.owner, r.epoch, r.claims) for r in store.shard_rows("job@1")] == [("w1", 1, 1), (None, 0, 0)]
+    assert len(store.events("job@1", ["claim"])) == 1
+    assert store.renew(lease) is not None  # the lease it returned is the one it holds
+
+
+def test_charges_releases_and_events_are_applied_once(store: Store, lose: LoseAcknowledgement) -> None:
+    ids = plan_version(store, shards=1)
+    lease = store.claim("w1")
+    assert lease is not None
+    with lose:
+        charged = store.charge_attempt(lease, ids[0][0], "crash", "boom", None, 3)
+    assert (charged.attempts, charged.dead_lettered) == (1, False)
+    assert store.attempts("job@1", ids[0]) == {ids[0][0]: 1}
+    with lose:
+        store.log_event("engine_crash", version="job@1", worker="w1", shard_no=0, epoch=lease.epoch)
+    with lose:
+        assert store.release(lease, "stop") is True
+    assert len(store.events("job@1", ["attempt_failed"])) == 1
+    assert len(store.events("job@1", ["engine_crash"])) == 1
+    assert [e.detail["reason"] for e in store.events("job@1", ["release"])] == ["stop"]
+    assert store.events("job@1", ["stale_epoch"]) == []
+
+
+def test_puts_dead_letters_and_the_sealing_completion_are_applied_once(store: Store,
+                                                                       lose: LoseAcknowledgement) -> None:
+    ids = plan_version(store, shards=1)
+    lease = store.claim("w1")
+    assert lease is not None
+    with lose:
+        store.put_results(lease, [ResultRow(rid, OUT) for rid in ids[0][:3]])
+    with lose:
+        store.dead_letter(lease, [DeadLetterRow(ids[0][3], "too_long", "long")])
+    [row] = store.shard_rows("job@1")
+    assert (row.results, row.dead_letters) == (3, 1)  # the counters moved once
+    with lose:
+        store.complete(lease)
+    job = store.job("job@1")
+    assert job is not None and job.state == "sealed"
+    assert len(store.events("job@1", ["complete"])) == 1 and len(store.events("job@1", ["seal"])) == 1
+
+
+def test_a_refusal_whose_acknowledgement_was_lost_is_logged_once(store: Store, lose: LoseAcknowledgement) -> None:
+    plan_version(store, shards=1)
+    old = store.claim("w1")
+    assert old is not None
+    store.shift_clock(1000)
+    assert store.claim("w2") is not None
+    with lose:
+        assert store.renew(old) is None
+    assert [e.detail["op"] for e in store.events("job@1", ["stale_epoch"])] == ["renew"]
+
+
+def test_an_error_that_is_not_a_lost_connection_is_not_retried(store_url: str) -> None:
+    store = PostgresStore(store_url)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="syntax"):
+            store._read(lambda tx: tx.one("SELEKT 1"))
+        assert time.monotonic() - started < 5
+        assert store.reconnects == 0
+    finally:
+        store.close()
+
+
+def test_a_server_that_stays_away_is_reported_within_the_reconnect_time(pg_url: str) -> None:
+    store = PostgresStore(pg_url, reconnect_seconds=1.0)
+    store._conninfo = store._conninfo.replace("port=5432", "port=1")  # nothing listens there
+    store._drop_connection()
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="could not get it back within 1s"):
+        store.now()
+    assert time.monotonic() - started < 10
+    assert "password" not in store.url
+
+
+# --- real worker processes -------------------------------------------------------------------
+
+N = 1500
+SHARD = 100
+POISON = {"crash_on": ["r000007"], "error_on": ["r000420"], "invalid_on": ["r000901"]}
+
+
+def admin() -> psycopg.Connection[Any]:
+    return psycopg.connect(PG_ADMIN_URL, autocommit=True)
+
+
+def terminate_backends(dbname: str) -> int:
+    """Ends every session on the test database: the workers', and the test's own store."""
+    with admin() as conn:
+        rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE datname = %s AND pid <> pg_backend_pid()", (dbname,)).fetchall()
+    return sum(1 for (ok,) in rows if ok)
+
+
+def progress(store: Store, version: str) -> int:
+    st = store.status(version)
+    return st.results + st.dead_letters
+
+
+def sealed(store: Store, version: str) -> bool:
+    job = store.job(version)
+    return job is not None and job.state == "sealed"
+
+
+def check_applied_once(store: Store, version: str) -> None:
+    """Nothing was applied twice: per-shard counters match the rows, and each
+    poison record was charged exactly max_attempts times."""
+    per_shard: dict[int, int] = {}
+    for r in store.iter_results(version):
+        per_shard[r.shard_no] = per_shard.get(r.shard_no, 0) + 1
+    dead_per_shard: dict[int, int] = {}
+    for d in store.iter_dead_letters(version):
+        dead_per_shard[d.shard_no] = dead_per_shard.get(d.shard_no, 0) + 1
+    for row in store.shard_rows(version):
+        assert (row.results, row.dead_letters) == (per_shard.get(row.shard_no, 0),
+                                                   dead_per_shard.get(row.shard_no, 0))
+    charges: dict[str, list[int]] = {}
+    for e in store.events(version, ["attempt_failed"]):
+        charges.setdefault(e.detail["record_id"], []).append(e.detail["attempts"])
+    poison = {rid for ids in POISON.values() for rid in ids}
+    assert {rid: sorted(n) for rid, n in charges.items()} == {rid: [1, 2, 3] for rid in poison}
+    letters = {d.record_id: d.attempts for d in store.iter_dead_letters(version)}
+    assert letters == dict.fromkeys(poison, 3)
+
+
+@pytest.fixture
+def poison_job(job_factory: Any) -> Path:
+    return job_factory(n=N, options={"seconds_per_record": 0.003, **POISON},
+                       shards={"size": SHARD, "lease_seconds": 60})
+
+
+def test_workers_survive_their_backends_being_terminated_mid_run(
+        poison_job: Path, store: Store, store_url: str, tmp_path: Path) -> None:
+    spec, version = planned(poison_job, store)
+    dbname = store_url.rsplit("/", 1)[1]
+    procs = [start_worker(store_url, version, tmp_path / f"w{i}.log") for i in range(3)]
+    terminated = []
+    try:
+        done = 0
+        for _ in range(6):
+            # Wait for real progress between terminations, so each one lands mid-run.
+            done = wait_for(lambda d=done: (n := progress(store, version)) > d + 100 and n, timeout=90,
+                            what="progress between terminations")
+            if sealed(store, version):
+                break
+            terminated.append(terminate_backends(dbname))
+        wait_for(lambda: sealed(store, version), timeout=180, what="the job to seal")
+        codes = [p.wait(timeout=60) for p in procs]
+    finally:
+        stop_all(procs)
+    assert sum(terminated) >= 6 and len(terminated) >= 3, f"too few terminations landed: {terminated}"
+    assert codes == [0, 0, 0], [(tmp_path / f"w{i}.log").read_text()[-2000:] for i in range(3)]
+    check_invariants(store, version, spec)
+    check_applied_once(store, version)
+
+
+def pg_ctl(action: str) -> None:
+    cluster = sorted(os.listdir("/etc/postgresql"))[0]
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", action, "-m", "fast"]
+                   if action != "start" else
+                   ["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", action],
+                   check=True, capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def restartable_server() -> Iterator[None]:
+    if not os.path.isdir("/etc/postgresql") or os.geteuid() != 0:
+        pytest.skip("needs the local cluster and the rights to restart it")
+    yield
+    # Whatever happened, leave the server up for every other test.
+    if not pg_available():
+        pg_ctl("start")
+    wait_for(pg_available, timeout=60, what="PostgreSQL to accept connections again")
+
+
+def test_workers_survive_a_server_restart(restartable_server: None, poison_job: Path, store: Store,
+                                         store_url: str, tmp_path: Path) -> None:
+    spec, version = planned(poison_job, store)
+    procs = [start_worker(store_url, version, tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        before = wait_for(lambda: (n := progress(store, version)) > 200 and n, timeout=90, what="progress")
+        pg_ctl("restart")
+        wait_for(pg_available, timeout=60, what="the server to come back")
+        after = open_store(store_url)
+        try:
+            wait_for(lambda: progress(after, version) > before + 100, timeout=90,
+                     what="the workers to go on after the restart")
+        finally:
+            after.close()
+        wait_for(lambda: sealed(store, version), timeout=180, what="the job to seal")
+        codes = [p.wait(timeout=60) for p in procs]
+    finally:
+        stop_all(procs)
+    assert codes == [0, 0], [(tmp_path / f"w{i}.log").read_text()[-2000:] for i in range(2)]
+    check_invariants(store, version, spec)
+    check_applied_once(store, version)

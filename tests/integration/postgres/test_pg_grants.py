@@ -1,0 +1,176 @@
+"""`batchline grants`: a worker connected under the role it makes works its own
+job version, and the database itself refuses everything else."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import errors
+
+from batchline.errors import BatchlineError, StoreError
+from batchline.ops.grants import grant
+from batchline.publish.pointer import publish
+from batchline.store import Store
+from batchline.store.postgres import PostgresStore
+from tests.helpers import (
+    PG_ADMIN_URL,
+    check_invariants,
+    make_records,
+    planned,
+    start_worker,
+    wait_for,
+)
+from tests.integration.store.conftest import role_url
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def role(pg_url: str) -> Iterator[str]:
+    # Roles belong to the cluster, not the test's database: unique, and dropped after.
+    name = f"bl_test_worker_{uuid.uuid4().hex[:10]}"
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+            conn.execute(f'DROP OWNED BY "{name}"')
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP ROLE IF EXISTS "{name}"')
+
+
+as_role = role_url
+
+
+def test_dry_run_prints_the_grants_and_creates_nothing(job_factory: Any, store: Store, store_url: str,
+                                                      role: str) -> None:
+    _spec, version = planned(job_factory(n=10), store)
+    plan = grant(store_url, version, role=role, dry_run=True)
+    assert not plan.created
+    text = "\n".join(plan.statements)
+    assert f'CREATE ROLE "{role}" LOGIN' in text and "NOBYPASSRLS" in text
+    assert "CREATE POLICY" in text and f"'{version}'" in text
+    assert not any("pointers" in s or "publications" in s for s in plan.statements)
+    assert any("input snapshot" in line and "read-only" in line for line in plan.access)
+    with psycopg.connect(store_url) as conn:
+        assert conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is None
+
+
+def test_grants_needs_postgresql(tmp_path: Path) -> None:
+    with pytest.raises(BatchlineError, match="needs a PostgreSQL store"):
+        grant(f"sqlite:///{tmp_path / 'x.db'}", "v@1")
+
+
+def test_a_worker_under_the_role_does_its_job_and_nothing_else(job_factory: Any, store: Store, store_url: str,
+                                                               role: str, tmp_path: Path) -> None:
+    spec, mine = planned(job_factory(n=300, options={"error_on": ["r000004"]},
+                                     shards={"size": 50}), store)
+    _other_spec, other = planned(job_factory(make_records(40, "o"), name="other-job"), store)
+    plan = grant(store_url, mine, role=role)
+    assert plan.created
+    grant(store_url, mine, role=role)  # idempotent: a second run changes nothing and does not fail
+    url = as_role(store_url, role)
+
+    # A real worker process under the narrow role finishes its job version.
+    log = tmp_path / "worker.log"
+    assert start_worker(url, mine, log).wait(timeout=120) == 0, log.read_text()[-3000:]
+    check_invariants(store, mine, spec)
+    assert store.job(mine).state == "sealed"  # type: ignore[union-attr]
+    assert {d.record_id for d in store.iter_dead_letters(mine)} == {"r000004"}
+
+    # Through the store, another job does not exist for this role.
+    narrow = PostgresStore(url)
+    try:
+        assert narrow.claim("intruder", other) is None
+        assert not narrow.has_open_shards(other)
+        assert narrow.job(other) is None and [j.version for j in narrow.jobs()] == [mine]
+        with pytest.raises(StoreError, match="permission denied"):
+            narrow.publish(spec.name, mine, "intruder", None, None)
+        with pytest.raises(StoreError, match="permission denied"):
+            narrow.remove_version(other)
+    finally:
+        narrow.close()
+
+    # And directly in SQL, the database refuses each of these.
+    refused = {
+        "publish": "INSERT INTO pointers (name, version, updated_at) VALUES ('test-job', %(v)s, 0)",
+        "publication": "INSERT INTO publications (name, version, action, who, ts) "
+                       "VALUES ('test-job', %(v)s, 'publish', 'x', 0)",
+        "validation": "INSERT INTO validations (version, passed, report, ts) VALUES (%(v)s, true, '{}', 0)",
+        "update a result": "UPDATE results SET output = '{}' WHERE version = %(v)s",
+        "delete a result": "DELETE FROM results WHERE version = %(v)s",
+        "delete a dead letter": "DELETE FROM dead_letters WHERE version = %(v)s",
+        "delete a shard": "DELETE FROM shards WHERE version = %(v)s",
+        "delete events": "DELETE FROM events WHERE version = %(v)s",
+        "read the planned records": "SELECT count(*) FROM records WHERE version = %(v)s",
+        "another job's result": "INSERT INTO results (version, record_id, shard_no, output, worker, epoch, "
+                                "attempt, created_at) VALUES (%(o)s, 'o000001', 0, '{}', 'x', 1, 1, 0)",
+        "another job's event": "INSERT INTO events (version, ts, kind) VALUES (%(o)s, 0, 'seal')",
+        "a forged carried result": "INSERT INTO results (version, record_id, shard_no, output, origin, worker, "
+                                   "epoch, attempt, created_at) VALUES (%(v)s, 'zz', 0, NULL, %(o)s, 'x', 1, 1, 0)",
+        "rewrite the spec": "UPDATE jobs SET spec = '{}' WHERE version = %(v)s",
+        "move the clock": "UPDATE clock SET offset_s = 1000",
+    }
+    with psycopg.connect(url, autocommit=True) as conn:
+        for what, statement in refused.items():
+            with pytest.raises(errors.InsufficientPrivilege):
+                conn.execute(statement, {"v": mine, "o": other})
+                pytest.fail(f"the database let the worker {what}")
+        # Another job's rows are invisible: reading finds none, and changing them changes none.
+        assert conn.execute("SELECT count(*) FROM shards WHERE version = %s", (other,)).fetchone() == (0,)
+        assert conn.execute("UPDATE shards SET owner = 'x' WHERE version = %s", (other,)).rowcount == 0
+        # Its own job, once sealed, is out of its reach too.
+        assert conn.execute("UPDATE jobs SET state = 'ready' WHERE version = %s", (mine,)).rowcount == 0
+        assert conn.execute("SELECT count(*) FROM events WHERE version = %s", (other,)).fetchone() == (0,)
+    # The owner still sees the other job untouched, and can publish the worker's.
+    assert all(r.owner is None and r.epoch == 0 for r in store.shard_rows(other))
+    from batchline.check.validate import validate
+
+    validate(store, mine)
+    publish(store, mine, force=True, reason="one engine error, accepted in this test")
+    assert store.resolve_name(spec.name) == mine
+
+
+def test_a_worker_under_the_role_gives_its_lease_back_on_sigterm(job_factory: Any, store: Store, store_url: str,
+                                                                 role: str, tmp_path: Path) -> None:
+    # Regression: the role could not write `poll_at`, which a release sets, so a worker
+    # told to stop printed `permission denied for table shards`, exited 4 instead of 75,
+    # and its shard stayed leased until the lease ran out (I5).
+    _spec, version = planned(job_factory(n=400, options={"seconds_per_record": 0.02},
+                                         shards={"size": 400, "lease_seconds": 600}), store)
+    grant(store_url, version, role=role)
+    log = tmp_path / "worker.log"
+    proc = start_worker(as_role(store_url, role), version, log)
+    wait_for(lambda: store.status(version).results >= 10, what="some results")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 75, log.read_text()[-2000:]
+    [shard] = store.shard_rows(version)
+    assert (shard.state, shard.owner) == ("ready", None)
+    assert [e.detail["reason"] for e in store.events(version, ["release"])] == ["stop"]
+    assert "permission denied" not in log.read_text()
+
+
+def test_a_hosted_route_runs_under_the_role(job_factory: Any, store: Store, store_url: str, role: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: intents, parking and polling write `batch` and `poll_at`, which the role lacked.
+    from tests.acceptance.test_hosted_routes import KEY_ENV, SERVED, classed, job
+    from tests.fakes.provider_servers import openai_batch_server
+
+    with openai_batch_server() as server:
+        monkeypatch.setenv(KEY_ENV, server.api_key)
+        server.served_model, server.api = SERVED["openai"], "openai"
+        spec, version = planned(job(job_factory, server, classed(20, cleared_every=2)), store)
+        grant(store_url, version, role=role)
+        narrow = PostgresStore(as_role(store_url, role))
+        try:
+            from batchline.worker.supervisor import Worker
+
+            assert Worker(narrow, version=version, poll_seconds=0.02).run() == 0
+        finally:
+            narrow.close()
+    check_invariants(store, version, spec)
+    assert store.route_totals(version)["hosted"].results == 10
