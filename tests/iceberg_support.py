@@ -52,7 +52,7 @@ def set_schema(path: Path, schema: dict[str, Any]) -> Path:
 
 def pyiceberg_table(store_url: str, table: str) -> Any:
     """The table through pyiceberg, for what only its metadata says (refs, snapshots)."""
-    from batchline.lake.iceberg import open_catalog
+    from batchline.sources.catalogs import open_catalog
     from batchline.spec import TableRef
 
     with open_catalog(TableRef("store", table), store_url) as catalog:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchline.errors import InputError
-from batchline.lake.iceberg import load_table, one_line, open_catalog
 from batchline.sources.base import Pin
+from batchline.sources.catalogs import load_table, one_line, open_catalog
 from batchline.spec import InputSpec, TableRef
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from batchline.errors import BatchlineError, SpecError
-from batchline.lake.iceberg import load_table, one_line, open_catalog
+from batchline.sources.catalogs import load_table, one_line, open_catalog
 from batchline.spec import JobSpec, TableRef, stored_spec
 from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
 from batchline.targets.iceberg_schema import converter, iceberg_schema, output_node, schema_change

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from batchline.errors import InputError, SpecError
-from batchline.lake.iceberg import open_catalog, sqlalchemy_uri
 from batchline.plan.planner import plan
 from batchline.snapshot import Slice, file_digest
+from batchline.sources.catalogs import open_catalog, sqlalchemy_uri
 from batchline.spec import TableRef, load_spec, parse_spec, stored_spec
 from batchline.store import Store
 from tests.helpers import make_records, run_to_seal
