@@ -280,14 +280,15 @@ class Jobs:
         A version that is not sealed yet is refused unless `partial` asks for the outcomes
         there are (a reader of a file cannot tell it is half)."""
         from batchline.publish import export, files
-        from batchline.sources import is_object_url
+        from batchline.registry import TARGETS
+        from batchline.sources import is_remote
 
         out_path = Path(out) if out is not None else None
         with self._opened() as s:
             if format == "openai-batch":
                 if out_path is None:
                     raise BatchlineError("--format openai-batch needs --out FILE (the error file goes beside it)")
-                if is_object_url(str(out)):
+                if is_remote(str(out)):
                     raise BatchlineError("--format openai-batch writes two files side by side on local disk; "
                                          "--out must be a local file (copy them to object storage afterwards)")
                 errors_path = Path(errors) if errors is not None else export.openai_errors_path(out_path)
@@ -299,7 +300,7 @@ class Jobs:
             if errors is not None:
                 raise BatchlineError("--errors goes with --format openai-batch")
             if format == "parquet" and s.job(target) is None:
-                version, folder = export.export_dataset(s, target, out if out is not None else "exports")
+                version, folder = TARGETS["parquet"].load().export(s, target, out if out is not None else "exports")
                 return ExportResult(version, s.status(version).results, _local(folder),
                                     current=_local(folder.rsplit("/", 1)[0] + "/CURRENT"))
             version = self._resolve(s, target)
@@ -327,9 +328,9 @@ class Jobs:
 
 def _local(location: str) -> Path | str:
     """A local path as a Path; an object URL as itself."""
-    from batchline.sources import is_object_url
+    from batchline.sources import is_remote
 
-    return location if is_object_url(location) else Path(location)
+    return location if is_remote(location) else Path(location)
 
 
 def _refuse_cancelled(s: Store, version: str) -> None:

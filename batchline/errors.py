@@ -6,6 +6,11 @@ from __future__ import annotations
 ERROR_PREFIX = "batchline: error: "
 
 
+def one_line(exc: object) -> str:
+    """An exception's message (or any text) on one line, as every error here is written."""
+    return " ".join(str(exc).split())
+
+
 class BatchlineError(Exception):
     """A failure the command line reports as one line on stderr with a non-zero exit."""
 

@@ -1,8 +1,8 @@
 """How batchline reaches object storage: one configuration for every client.
 
-Every client that touches the lake (obstore for inputs, exports and weights;
-pyiceberg and DuckDB for tables) is configured from one `LakeSettings`, built
-by `lake_settings()` from two places:
+Every client that touches the lake (the object store's for inputs, exports and
+weights; a table format's; DuckDB reading tables back) is configured from one
+`LakeSettings`, built by `lake_settings()` from two places:
 
 - the spec's `input.storage` mapping, which may hold only settings that are no
   secret: `endpoint` (an S3-compatible endpoint such as MinIO, R2 or a test
@@ -34,7 +34,15 @@ from batchline.errors import SpecError
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 DEFAULT_UNAVAILABLE_SECONDS = 300.0
-STORAGE_KEYS = ("endpoint", "region", "timeout_seconds", "unavailable_seconds")
+_SECONDS = {"type": "number", "exclusiveMinimum": 0}
+# input.storage's fields, with the JSON Schema of each (the spec's schema is made from these).
+STORAGE_FIELDS: dict[str, dict[str, Any]] = {
+    "endpoint": {"type": "string", "pattern": "^https?://", "description": "An S3-compatible endpoint, or a GCS base URL"},
+    "region": {"type": "string", "minLength": 1},
+    "timeout_seconds": {**_SECONDS, "description": "A request that sends nothing for this long is retried"},
+    "unavailable_seconds": {**_SECONDS, "description": "How long reads keep retrying before a worker gives its lease back"},
+}
+STORAGE_KEYS = tuple(STORAGE_FIELDS)
 # Words in a key that name a credential; such a key is refused with a pointer to the environment.
 _SECRET_WORDS = re.compile(r"secret|password|passwd|token|credential|access_key|private|session|key_id|_key$|^key$",
                            re.IGNORECASE)
@@ -76,18 +84,6 @@ class LakeSettings:
             # An emulator answers without credentials; Google's own endpoint never gets here unsigned.
             config["skip_signature"] = True
         return {"config": config, "client_options": client, "retry_config": {"max_retries": 0}}
-
-    def pyiceberg_properties(self) -> dict[str, str]:
-        """The same settings as pyiceberg FileIO properties (credentials stay in the environment)."""
-        props: dict[str, str] = {}
-        if self.s3_endpoint:
-            props["s3.endpoint"] = self.s3_endpoint
-            props["s3.force-virtual-addressing"] = "false"
-        if self.region:
-            props["s3.region"] = self.region
-        if self.gcs_endpoint:
-            props["gcs.service.host"] = self.gcs_endpoint
-        return props
 
     def duckdb_settings(self) -> dict[str, str]:
         """The same settings as DuckDB httpfs `SET` options (credentials stay in the environment)."""

@@ -1,11 +1,17 @@
-"""The extension points: one table of engines, one of hosted batch providers.
+"""The extension points: one table each of engines, hosted batch providers, input sources
+and publication targets.
 
 The job spec's validation, the job version and the loaders all read these
-tables, so adding an engine or a provider is one new module and one line here.
-A `revision` is part of every job version that uses the extension: bump it when
-a change to the module's code defaults (prompt formatting, stop strings,
-calibration, how requests are built) can change a result, so the change makes
-new versions instead of mixing answers inside an old one (I2).
+tables, so adding an engine, a provider, a source or a target is one new module
+and one line here; the core names none of them. A name in a table is permanent:
+stored specs and publication records name members by it.
+
+For engines and providers, a `revision` is part of every job version that uses
+the extension: bump it when a change to the module's code defaults (prompt
+formatting, stop strings, calibration, how requests are built) can change a
+result, so the change makes new versions instead of mixing answers inside an old
+one (I2). A source enters a version only through the pins it takes, a target not
+at all (where results are published cannot change them).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 
 @dataclass(frozen=True)
@@ -28,10 +34,29 @@ class Extension:
     # The optional decoding settings (decoding.repetition_penalty, frequency_penalty,
     # presence_penalty, stop) it honours; a job that sets another is refused at parsing.
     knobs: frozenset[str] = frozenset()
+    # `model.path` is a server's base URL, not weights: taken as written, never resolved
+    # against the spec's folder or fetched, and the model is named by `options.model`.
+    remote: bool = False
 
     def load(self) -> Any:
-        module_name, attribute = self.target.split(":")
-        return getattr(importlib.import_module(module_name), attribute)
+        return _load(self.target)
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """A source or target family: the module's object that provides it."""
+
+    name: str
+    target: str  # "module:attribute"; the module imports what its extra brings only when used
+    extra: str = ""  # the pip extra that brings what it needs ("" for none)
+
+    def load(self) -> Any:
+        return _load(self.target)
+
+
+def _load(target: str) -> Any:
+    module_name, attribute = target.split(":")
+    return getattr(importlib.import_module(module_name), attribute)
 
 
 ALL_KNOBS = frozenset({"repetition_penalty", "frequency_penalty", "presence_penalty", "stop"})
@@ -39,8 +64,11 @@ ALL_KNOBS = frozenset({"repetition_penalty", "frequency_penalty", "presence_pena
 OPENAI_KNOBS = frozenset({"frequency_penalty", "presence_penalty", "stop"})
 
 
-def _table(*extensions: Extension) -> Mapping[str, Extension]:
-    return {e.name: e for e in extensions}
+Member = TypeVar("Member", Extension, Plugin)
+
+
+def _table(*members: Member) -> Mapping[str, Member]:
+    return {m.name: m for m in members}
 
 
 ENGINES = _table(
@@ -50,7 +78,7 @@ ENGINES = _table(
     Extension("vllm", "batchline.engines.vllm_engine:VllmEngine", 1, "vllm", knobs=ALL_KNOBS),
     # A server of any make, hosted or not: its answers at temperature 0 may differ per call.
     Extension("openai", "batchline.engines.openai_engine:OpenAIEngine", 1, "openai", deterministic=False,
-              knobs=OPENAI_KNOBS),
+              knobs=OPENAI_KNOBS, remote=True),
     # It does not decode: no decoding setting can reach what it computes.
     Extension("embedding", "batchline.engines.embedding:EmbeddingEngine", 1, "embedding"),
     # Its output does not depend on decoding; stop cuts it as a model's would be cut.
@@ -62,6 +90,21 @@ PROVIDERS = _table(
     # The Messages API has no penalties, and its stop_sequences do not end a tool call's input,
     # which is where the answer is written.
     Extension("anthropic", "batchline.providers.anthropic_batch:AnthropicBatchProvider", 1, "openai"),
+)
+
+# Where a job's snapshot is: location families open files and objects, keyed families
+# own an input key (a manifest, a table).
+SOURCES = _table(
+    Plugin("local", "batchline.sources.local:LOCAL"),
+    Plugin("objects", "batchline.sources.objects:OBJECTS", "lake"),
+    Plugin("iceberg", "batchline.sources.iceberg:ICEBERG", "iceberg"),
+)
+
+# Where readers see a published version besides the store's own view.
+TARGETS = _table(
+    Plugin("view", "batchline.targets.view:VIEW"),
+    Plugin("parquet", "batchline.targets.parquet:PARQUET"),
+    Plugin("iceberg", "batchline.targets.iceberg:ICEBERG", "iceberg"),
 )
 
 

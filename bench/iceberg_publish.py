@@ -27,7 +27,7 @@ from typing import Any
 from validate_scale import make_version
 
 from batchline.publish.files import export_parquet
-from batchline.spec import TableRef
+from batchline.sources.iceberg import TableRef
 from batchline.store import Store, open_store
 from batchline.targets.iceberg import IcebergTable
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from batchline.lake import LakeSettings
 
-# batchline.sources.catalogs.STORE_CATALOG_NAME, spelled out: a reader knows the catalog by name.
+# batchline.sources.iceberg.STORE_CATALOG_NAME, spelled out: a reader knows the catalog by name.
 CATALOG_NAME = "batchline"
 
 

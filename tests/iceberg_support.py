@@ -52,8 +52,7 @@ def set_schema(path: Path, schema: dict[str, Any]) -> Path:
 
 def pyiceberg_table(store_url: str, table: str) -> Any:
     """The table through pyiceberg, for what only its metadata says (refs, snapshots)."""
-    from batchline.sources.catalogs import open_catalog
-    from batchline.spec import TableRef
+    from batchline.sources.iceberg import TableRef, open_catalog
 
     with open_catalog(TableRef("store", table), store_url) as catalog:
         return catalog.load_table(table)

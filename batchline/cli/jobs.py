@@ -125,6 +125,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_history)
 
+    p = sub.add_parser("spec-schema", help="print the job spec's JSON Schema, for editors that complete and check "
+                                           "job files", description="print the job spec's JSON Schema, for editors "
+                                           "that complete and check job files")
+    p.set_defaults(func=cmd_spec_schema)
+
+
+def cmd_spec_schema(args: argparse.Namespace) -> int:
+    from batchline.spec.schema import render
+
+    sys.stdout.write(render())
+    return 0
+
 
 def _store(args: argparse.Namespace) -> Store:
     """Only the commands that plan (plan, run) make a store; the others refuse one that

@@ -59,7 +59,7 @@ Which objects, and why:
 - **A nightly schedule as one CronJob per worker slot** (`--schedule CRON
   --spec JOB.yaml`). The spec (and the prompt, schema and evaluation files it
   names, from a ConfigMap) is planned afresh at each scheduled time, so a glob
-  over an object prefix or an Iceberg table without a snapshot id takes the
+  over an object prefix or a table without a snapshot id takes the
   newest snapshot. Each slot's pod runs `batchline run` with one worker and
   the run's key, the scheduled minute (the suffix of the Job name the CronJob
   controller gives): the first slot to plan keys the version, and every other
@@ -336,12 +336,44 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
 CONFIG_MAP_LIMIT = 1_000_000
 
 
+def pod_refusals(raw: dict[str, Any]) -> list[str]:
+    """What in a raw spec pods elsewhere could not reach (`field: why`), as each source and
+    target family, and the engine's registry line, say: files on this machine, catalogs
+    only this machine reaches, weights that are a local file."""
+    from batchline import sources, targets
+    from batchline.registry import ENGINES
+
+    out: list[str] = []
+    inp = raw.get("input") or {}
+    paths = inp.get("path")
+    for location in [paths] if isinstance(paths, str) else (paths or []):
+        refusal = sources.location_family(str(location)).location_refusal(str(location), "input.path")
+        if refusal:
+            out.append(f"input.path: {refusal}")
+    for source_family in sources.families():
+        refusal = source_family.pod_refusal(inp, "input")
+        if refusal:
+            out.append(refusal)
+    for target_family in targets.families():
+        refusal = target_family.pod_refusal(raw.get("output") or {}, "output")
+        if refusal:
+            out.append(refusal)
+    model = raw.get("model") or {}
+    model_path = model.get("path")
+    entry = ENGINES.get(str(model.get("engine")))
+    if model_path and not (entry is not None and entry.remote) and not str(model_path).startswith(("pkg:", "/")) \
+            and not sources.is_remote(str(model_path)):
+        out.append(f"model.path: {model_path} is a file on this machine; give an object URL with model.digest, "
+                   "a pkg: model, or an absolute path inside the image")
+    return out
+
+
 def scheduled_spec(path: Path) -> Schedule:
     """The spec of a scheduled job and the files it names, checked for what a pod can
-    reach: the input in object storage or an Iceberg table, weights by object URL, a
+    reach: the input in object storage or a table, weights by object URL, a
     `pkg:` model or a path inside the image, catalogs over the network. Nothing here
     reads the lake: globs and the newest snapshot are resolved by each scheduled plan."""
-    from batchline.spec import OBJECT_SCHEMES, STORE_CATALOG, parse_spec
+    from batchline.spec import parse_spec
 
     try:
         text = path.read_text(encoding="utf-8")
@@ -356,29 +388,9 @@ def scheduled_spec(path: Path) -> Schedule:
     def refuse(field_name: str, why: str) -> SpecError:
         return SpecError(f"{path}: {field_name}: {why}")
 
-    inp = raw.get("input") or {}
-    paths = inp.get("path")
-    for location in [paths] if isinstance(paths, str) else (paths or []):
-        if not str(location).startswith(OBJECT_SCHEMES):
-            raise refuse("input.path", f"{location} is on this machine; a scheduled job's pods read the lake: give "
-                                       "an s3:// or gs:// object, prefix or glob, or an Iceberg table")
-    manifest = inp.get("manifest")
-    if manifest is not None and not str(manifest).startswith(OBJECT_SCHEMES):
-        raise refuse("input.manifest", f"{manifest} is on this machine; give a manifest in object storage")
-    for where, table in (("input.table", inp.get("table")), ("output.table", (raw.get("output") or {}).get("table"))):
-        if isinstance(table, dict) and table.get("catalog", STORE_CATALOG) != STORE_CATALOG \
-                and str(table.get("uri", "")).startswith("sqlite:"):
-            raise refuse(f"{where}.uri", "a SQLite catalog on this machine cannot be reached from the pods; use "
-                                         "catalog: store, or a catalog on PostgreSQL or REST")
-        if isinstance(table, dict) and table.get("warehouse") and "://" not in str(table["warehouse"]):
-            raise refuse(f"{where}.warehouse", f"{table['warehouse']} is a folder on this machine; give an s3:// "
-                                               "or gs:// warehouse")
-    model = raw.get("model") or {}
-    model_path = model.get("path")
-    if model_path and model.get("engine") != "openai" and not str(model_path).startswith(("pkg:", "/",
-                                                                                          *OBJECT_SCHEMES)):
-        raise refuse("model.path", f"{model_path} is a file on this machine; give an object URL with "
-                                   "model.digest, a pkg: model, or an absolute path inside the image")
+    refusals = pod_refusals(raw)
+    if refusals:
+        raise SpecError(f"{path}: {refusals[0]}")
 
     named = [("prompt.file", (raw.get("prompt") or {}).get("file")),
              ("prompt.examples.file", ((raw.get("prompt") or {}).get("examples") or {}).get("file")),

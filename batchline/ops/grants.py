@@ -18,7 +18,6 @@ printed as the read access the worker needs, to be granted where they live.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,84 +116,33 @@ def statements(version: str, role: str, schema: str, *, role_exists: bool,
 
 
 def snapshot_access(spec: dict[str, Any]) -> list[str]:
-    """What the worker must be able to read outside the database, and how to grant it: local
-    paths one by one; objects (inputs, however a glob or manifest named them, and weights)
-    as one read-only policy per bucket over the prefix they share; for Iceberg tables,
-    also the catalog rights the planner and the publisher need."""
-    lines: list[str] = []
-    objects: dict[tuple[str, str, str], list[str]] = {}  # (scheme, bucket, what) -> keys
+    """What the worker must be able to read outside the database, and how to grant it, as
+    each source family says for the locations it opens (the input snapshot, however a
+    glob or manifest named it, and the weights) and for its own input keys (a table's
+    snapshot); and what publishing needs of each target the output names."""
+    from batchline import sources, targets
+    from batchline.registry import ENGINES
+
+    wanted: dict[str, list[str]] = {}
     paths = spec.get("input", {}).get("path", [])
-    wanted = [(str(p), "input snapshot") for p in ([paths] if isinstance(paths, str) else paths)]
-    model_path = spec.get("model", {}).get("path")
-    if model_path and not str(model_path).startswith(("http://", "https://", "pkg:")):
-        wanted.append((str(model_path), "model weights"))
-    for path, what in wanted:
-        if path.startswith(("s3://", "gs://")):
-            scheme, _, rest = path.partition("://")
-            bucket, _, key = rest.partition("/")
-            objects.setdefault((scheme, bucket, what), []).append(key)
-        else:
-            lines.append(f"{what} {path}: the database cannot guard it; mount it read-only into the worker "
-                         f"(a volume of its own, not a host path shared with other workloads), readable by the "
-                         f"worker's user and writable by no worker")
-    for (scheme, bucket, what), keys in objects.items():
-        lines.append(_bucket_access(scheme, bucket, what, keys))
-    return lines + _table_access(spec)
-
-
-def _table_access(spec: dict[str, Any]) -> list[str]:
-    lines = []
-    table = spec.get("input", {}).get("table")
-    if table:
-        lines.append(
-            f"input table {table['name']} (catalog {table['catalog']!r}, snapshot {table.get('snapshot_id')}): the "
-            "worker needs no catalog right, only read access to the snapshot's data files, which its shards name "
-            "(the table's data/ folder or prefix: s3:GetObject and s3:GetObjectVersion on it for a warehouse in "
-            "S3); the planner loads the table from the catalog and reads its manifests")
-    output = spec.get("output", {}).get("table")
-    if output:
-        sql = output["catalog"] == "store" or not str(output.get("uri", "")).startswith(("http://", "https://"))
-        rights = ("SELECT, INSERT, UPDATE and DELETE on the catalog's tables iceberg_tables and "
-                  "iceberg_namespace_properties" + (" (in the store's database; the worker role made here has none)"
-                                                    if output["catalog"] == "store" else "")
-                  if sql else "the catalog's right to create, load and commit to that table")
-        lines.append(
-            f"output table {output['name']} (catalog {output['catalog']!r}): the worker needs nothing of it; the "
-            f"publisher (publish, rollback, retention) needs {rights}, and to write and delete files under the "
-            f"table's location{' in ' + output['warehouse'] if output.get('warehouse') else ''} (it writes each "
-            "version's data and metadata files and deletes pruned versions' files)")
+    wanted["input snapshot"] = [str(p) for p in ([paths] if isinstance(paths, str) else paths)]
+    model = spec.get("model", {})
+    model_path = model.get("path")
+    entry = ENGINES.get(str(model.get("engine")))
+    if model_path and not (entry is not None and entry.remote) and not str(model_path).startswith("pkg:"):
+        wanted["model weights"] = [str(model_path)]
+    lines: list[str] = []
+    for family in sources.families():
+        if isinstance(family, sources.LocationFamily):
+            for what, locations in wanted.items():
+                mine = [loc for loc in locations if sources.location_family(loc) is family]
+                if mine:
+                    lines.extend(family.location_access(mine, what))
+    for family in sources.families():
+        lines.extend(family.access(spec.get("input", {})))
+    for target in targets.families():
+        lines.extend(target.access(spec.get("output", {})))
     return lines
-
-
-def _bucket_access(scheme: str, bucket: str, what: str, names: list[str]) -> str:
-    if len(names) == 1 and not names[0].endswith("/"):
-        pattern = names[0]  # one object, exactly
-    else:
-        # A folder of weights, or many objects: the whole folders they share.
-        shared: list[str] = []
-        for segments in zip(*(n.split("/")[:-1] for n in names), strict=False):
-            if len(set(segments)) > 1:
-                break
-            shared.append(segments[0])
-        pattern = "".join(f"{s}/" for s in shared) + "*"
-    prefix = pattern.removesuffix("*")
-    count = "a folder of objects" if names[0].endswith("/") else (
-        f"{len(names)} object{'s' if len(names) != 1 else ''}")
-    head = f"{what}, {count} at {scheme}://{bucket}/{pattern}: the database cannot guard it;"
-    if scheme == "s3":
-        # Reads name the pinned version, which takes s3:GetObjectVersion besides s3:GetObject;
-        # a model that is a folder is listed to be fetched.
-        statements: list[dict[str, Any]] = [{"Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
-                                              "Resource": [f"arn:aws:s3:::{bucket}/{pattern}"]}]
-        if any(k.endswith("/") for k in names):
-            statements.append({"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{bucket}"],
-                               "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}})
-        policy = {"Version": "2012-10-17", "Statement": statements}
-        return f"{head} give the worker's IAM role read-only access, e.g. {json.dumps(policy, separators=(',', ':'))}"
-    name = f"projects/_/buckets/{bucket}/objects/{prefix}"
-    condition = f'resource.name == "{name}"' if pattern == prefix else f'resource.name.startsWith("{name}")'
-    return (f"{head} give the worker's service account roles/storage.objectViewer on gs://{bucket} with the IAM "
-            f"condition {condition}")
 
 
 def grant(store_url: str, version: str, *, role: str | None = None, dry_run: bool = False,

@@ -18,16 +18,17 @@ from batchline.snapshot import (
     Record,
     ScannedRecord,
     Slice,
-    input_pins,
     input_sources,
     parquet_row_groups,
     parquet_slice_digest,
+    pinned_snapshot,
     read_bytes,
     read_slice,
     scan,
     scan_with_header,
+    shared_columns,
 )
-from batchline.sources import Pin, Source, open_source, snapshot_digest
+from batchline.sources import Snapshot, Source, snapshot_digest
 from batchline.spec import LOCAL_ROUTE, JobSpec, stored_spec
 from batchline.store import DeadLetterRow, DuplicateRecord, PlannedRecord, PlannedShard, Store
 from batchline.store.ports import PlanWriter
@@ -44,18 +45,17 @@ class PlanResult:
 
 
 def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m: None) -> PlanResult:
-    spec, sources, before = _pinned_input(spec, store.url)
-    digest = snapshot_digest(before)
+    spec, snapshot = _pinned_input(spec, store.url)
+    sources = snapshot.files
+    digest = snapshot_digest(snapshot.pins)
     base = _base_version(spec, store, log)
     version = spec.version(digest, base)
     existing = store.job(version)
     if existing is not None and existing.state not in ("planning", "removed"):
         return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
 
-    if spec.output_table is not None:
-        from batchline.targets.iceberg import check_table_schema
-
-        check_table_schema(spec, store.url)
+    for target in spec.targets:
+        target.check(spec, store.url)
     if spec.shards.size_auto:
         spec = _auto_shard_size(spec, store, base, sources, log)
     writer = store.begin_plan(version, spec.name, {**spec.to_dict(), "base_version": base})
@@ -64,7 +64,7 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
         if base is not None:
             carried = writer.carry_from(base)
             log(f"carried {carried} unchanged records from {base} without inference")
-        if not _unchanged(spec, store.url, sources, before):
+        if not snapshot.still():
             raise InputError("input changed while it was being planned; plan again once it is stable")
         writer.commit(result.records, result.shards)
     except BaseException:
@@ -77,25 +77,12 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     return result
 
 
-def _pinned_input(spec: JobSpec, store_url: str) -> tuple[JobSpec, list[Source], list[Pin]]:
-    """The input's sources and pins. A table's snapshot is read once and its id written
-    into the spec, so the stored spec (and every later reader of it) names that snapshot."""
-    if spec.input.table is None:
-        sources = input_sources(spec.input)
-        return spec, sources, [s.pin() for s in sources]
-    from batchline.sources.iceberg import read_snapshot
-
-    snapshot = read_snapshot(spec.input, store_url)
-    spec = replace(spec, input=replace(spec.input, table=snapshot.ref))
-    return spec, [open_source(f.path, spec.input.storage) for f in snapshot.data_files], [snapshot.pin]
-
-
-def _unchanged(spec: JobSpec, store_url: str, sources: list[Source], before: list[Pin]) -> bool:
-    """Whether the input is still what its pins say, now that planning read it: a table's
-    snapshot is pinned whole; each file or object by its own pin."""
-    if spec.input.table is not None:
-        return input_pins(spec.input, store_url) == before
-    return all(s.still(p) for s, p in zip(sources, before, strict=True))
+def _pinned_input(spec: JobSpec, store_url: str) -> tuple[JobSpec, Snapshot]:
+    """The input's snapshot as its source pins it. A source whose pin names what was read
+    (a table's snapshot id) writes it into the spec, so the stored spec (and every later
+    reader of it) names that snapshot."""
+    snapshot = pinned_snapshot(spec.input, store_url)
+    return replace(spec, input=replace(spec.input, source=snapshot.source)), snapshot
 
 
 def routes_summary(spec: JobSpec, per_route: dict[str, int]) -> str:
@@ -191,6 +178,7 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
             over = {r.id for r in batch if byte_bound is not None and len(r.text.encode()) > byte_bound}
             digest, shard_pieces = _digests(source, chunk, spec, pieces, over)
             sl = Slice(path=source.location, format=spec.input.format, start=first.start, end=last.end,
+                       columns=shared_columns(source),
                        first_line=first.record.line, digest=digest, header=header,
                        route=route if spec.routing else None, pieces=shard_pieces, pin=source.slice_pin())
             slices[shard_no] = sl

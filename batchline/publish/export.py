@@ -1,5 +1,6 @@
-"""Exports of a published name as a Parquet dataset, and of a version as OpenAI's batch
-output and error files (JSONL and Parquet files of a version are `batchline.publish.files`).
+"""Exports of a version as OpenAI's batch output and error files (JSONL and Parquet files of
+a version are `batchline.publish.files`; a published name as a Parquet dataset is the
+Parquet target's).
 
 Files are written beside their destination and renamed into place, so a
 reader never sees a partial export.
@@ -17,24 +18,8 @@ from typing import Any
 
 from batchline.errors import BatchlineError, InputError
 from batchline.publish.files import atomic_write, finished
+from batchline.registry import ENGINES
 from batchline.store import ReaderStore
-
-
-def export_dataset(store: ReaderStore, name: str, root: Path | str) -> tuple[str, str]:
-    """The published version of `name` as a Parquet dataset under `root` (a folder, or an
-    s3:// or gs:// prefix), with CURRENT naming it (see `batchline.targets.parquet`)."""
-    from batchline.targets.parquet import dataset_at
-
-    version = store.resolve_name(name)
-    if version is None:
-        raise BatchlineError(f"nothing is published under {name!r} in {store.url}")
-    dataset = dataset_at(root)
-    dataset.stage(store, version)
-    # An export on demand, not a publication: CURRENT follows the store's pointer, whatever it named before.
-    dataset.show(name, version, None)
-    return version, str(dataset.folder(name, version))
-
-
 
 
 @dataclass(frozen=True)
@@ -116,7 +101,7 @@ def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Pat
 
 def _local_model_name(engine: str, path: str | None, options: Any) -> str:
     """The model a result names when the store did not record one."""
-    if engine == "openai" and options.get("model"):
+    if ENGINES[engine].remote and options.get("model"):
         return str(options["model"])
     return path or engine
 

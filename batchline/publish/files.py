@@ -86,17 +86,15 @@ def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
 def export_to(out: str, write: Callable[[Path], int]) -> int:
     """`write(path)` to a local file, or, for an s3:// or gs:// URL, to a scratch file that is
     then uploaded whole (readers of the object see the old one or the complete new one)."""
-    from batchline.sources import is_object_url
+    from batchline.sources import is_remote, upload
 
-    if not is_object_url(out):
+    if not is_remote(out):
         return write(Path(out))
-    from batchline.lake import lake_settings
-    from batchline.sources.objects import upload
 
     with tempfile.TemporaryDirectory(prefix="batchline-export-") as scratch:
         local = Path(scratch) / Path(out).name
         n = write(local)
-        upload(local, out, lake_settings())
+        upload(local, out)
     return n
 
 

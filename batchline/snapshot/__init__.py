@@ -15,13 +15,15 @@ from batchline.snapshot.reading import (
     input_sources,
     parquet_row_groups,
     parquet_slice_digest,
+    pinned_snapshot,
     pinned_sources,
     read_bytes,
     read_slice,
     scan,
     scan_with_header,
+    shared_columns,
 )
 
 __all__ = ["PIECES_PER_SHARD", "Piece", "Record", "ScannedRecord", "Slice", "content_hash", "file_digest", "input_pins", "input_sources",
-           "parquet_row_groups", "parquet_slice_digest", "pinned_sources", "read_bytes", "read_slice", "scan",
-           "scan_with_header"]
+           "parquet_row_groups", "parquet_slice_digest", "pinned_snapshot", "pinned_sources", "read_bytes", "read_slice", "scan",
+           "scan_with_header", "shared_columns"]

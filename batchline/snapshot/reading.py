@@ -16,7 +16,7 @@ import hashlib
 import io
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -25,7 +25,8 @@ import orjson
 
 from batchline.errors import InputError, SourceUnavailable
 from batchline.snapshot.openai_batch import messages_hash_text, parse_request
-from batchline.sources import Pin, Source, open_source, snapshot_digest
+from batchline.sources import Pin, Snapshot, Source, SourceContext, open_source, snapshot_digest
+from batchline.sources.base import WithColumns
 from batchline.spec import OPENAI_BATCH, InputSpec, RoutingSpec
 
 # The slice a worker checks must be read whole before any record is parsed, so
@@ -94,6 +95,9 @@ class Slice:
     # then covers the shard as planned, before any split).
     pieces: tuple[Piece, ...] = ()
     pin: Pin | None = None  # an object's size, ETag and version: the worker reads exactly that
+    # Values every row of the file shares that the file does not hold (a table's partition
+    # values): added to each row read.
+    columns: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -107,6 +111,8 @@ class Slice:
             out["pieces"] = [p.to_json() for p in self.pieces]
         if self.pin is not None:
             out["pin"] = self.pin.to_json()
+        if self.columns:
+            out["columns"] = dict(self.columns)
         return out
 
     @classmethod
@@ -117,7 +123,7 @@ class Slice:
                    end=int(data["end"]), first_line=int(data["first_line"]),
                    digest=data["digest"], header=tuple(header) if header is not None else None,
                    route=data.get("route"), pieces=tuple(Piece.from_json(p) for p in data.get("pieces", ())),
-                   pin=Pin.from_json(pin) if pin is not None else None)
+                   pin=Pin.from_json(pin) if pin is not None else None, columns=dict(data.get("columns", {})))
 
     def describe(self) -> str:
         unit = "rows" if self.format == "parquet" else "bytes"
@@ -137,30 +143,28 @@ def content_hash(text: str, acl: Any, data_class: str | None = None) -> str:
     return h.hexdigest()[:32]
 
 
+def pinned_snapshot(spec: InputSpec, store_url: str | None = None) -> Snapshot:
+    """The input's snapshot as its source reads it now: the files or objects in order (for a
+    table, the data files of the snapshot the spec names; the planner pins it into the spec
+    first), and what the snapshot's digest is taken over (each file's or object's pin, whose
+    later reads through these sources are conditional on it, or a table's own pin)."""
+    return spec.source.snapshot(SourceContext(spec, store_url))
+
+
 def input_sources(spec: InputSpec, store_url: str | None = None) -> list[Source]:
-    """The input's files or objects in order; for an Iceberg table, the data files of the
-    snapshot the spec names (the planner pins it into the spec first)."""
-    if spec.table is not None:
-        return pinned_sources(spec, store_url)[0]
-    return [open_source(location, spec.storage) for location in spec.locations]
+    """The input's files or objects in order."""
+    return pinned_snapshot(spec, store_url).files
 
 
 def pinned_sources(spec: InputSpec, store_url: str | None = None) -> tuple[list[Source], list[Pin]]:
-    """The input's sources, and what the snapshot's digest is taken over: each file's or
-    object's pin (an object's later reads through these sources are conditional on it),
-    or a table's UUID and snapshot id."""
-    if spec.table is not None:
-        from batchline.sources.iceberg import read_snapshot
-
-        snapshot = read_snapshot(spec, store_url)
-        return [open_source(f.path, spec.storage) for f in snapshot.data_files], [snapshot.pin]
-    sources = input_sources(spec)
-    return sources, [s.pin() for s in sources]
+    """The input's sources, and what the snapshot's digest is taken over."""
+    snapshot = pinned_snapshot(spec, store_url)
+    return snapshot.files, snapshot.pins
 
 
 def input_pins(spec: InputSpec, store_url: str | None = None) -> list[Pin]:
-    """What the input guarantees about itself: each file's pin, or a table's UUID and snapshot id."""
-    return pinned_sources(spec, store_url)[1]
+    """What the input guarantees about itself now."""
+    return pinned_snapshot(spec, store_url).pins
 
 
 def file_digest(spec: InputSpec, store_url: str | None = None) -> str:
@@ -478,8 +482,16 @@ def _prefetch_group(f: BinaryIO, pf: Any, group: int, columns: Sequence[str]) ->
         prefetch(min(s for s, _ in spans), max(e for _, e in spans))
 
 
-def _parquet_columns(pf: Any, path: str, spec: InputSpec) -> list[str]:
-    names = list(pf.schema_arrow.names)
+def shared_columns(source: Source) -> Mapping[str, Any]:
+    """The values of columns every row of `source` shares that its file does not hold (a
+    table's partition values, which its log keeps): readers add them to each row."""
+    columns: Mapping[str, Any] = getattr(source, "columns", {})
+    return columns
+
+
+def _parquet_columns(pf: Any, path: str, spec: InputSpec, shared: Mapping[str, Any]) -> list[str]:
+    """The file's columns to read; a field among `shared` is not read from the file."""
+    names = [*pf.schema_arrow.names, *shared]
     if spec.ids == "content":
         # The id is a digest of the whole row.
         if spec.text_field not in names:
@@ -493,17 +505,22 @@ def _parquet_columns(pf: Any, path: str, spec: InputSpec) -> list[str]:
     return [c for c in columns if c in names]
 
 
+def _file_columns(columns: list[str], shared: Mapping[str, Any]) -> list[str]:
+    return [c for c in columns if c not in shared]
+
+
 def _scan_parquet(source: Source, spec: InputSpec) -> Iterator[ScannedRecord]:
     path = source.location
+    shared = shared_columns(source)
     with _parquet(source) as (pf, f):
-        columns = _parquet_columns(pf, path, spec)
+        columns = _file_columns(_parquet_columns(pf, path, spec, shared), shared)
         row = 0
         for group in range(pf.metadata.num_row_groups):
             _prefetch_group(f, pf, group, columns)
             for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[group], columns=columns):
                 for obj in batch.to_pylist():
                     row += 1
-                    yield ScannedRecord(_record(obj, path, row, spec), row - 1, row)
+                    yield ScannedRecord(_record({**obj, **shared}, path, row, spec), row - 1, row)
 
 
 def parquet_slice_digest(records: Sequence[Record]) -> str:
@@ -534,7 +551,7 @@ def read_slice(sl: Slice, spec: InputSpec, routing: RoutingSpec | None = None) -
 
 def _read_pieces(sl: Slice, spec: InputSpec, routing: RoutingSpec | None) -> list[Record]:
     """One read of the pieces' whole range; each piece's records checked against its digest."""
-    source = open_source(sl.path, spec.storage, sl.pin)
+    source = _slice_source(sl, spec)
     start, end = sl.pieces[0].start, sl.pieces[-1].end
     parquet = sl.format == "parquet"
     rows = _read_parquet_rows(source, start, end, spec) if parquet else None
@@ -561,6 +578,11 @@ def _read_pieces(sl: Slice, spec: InputSpec, routing: RoutingSpec | None) -> lis
     return out
 
 
+def _slice_source(sl: Slice, spec: InputSpec) -> Source:
+    source = open_source(sl.path, spec.storage, sl.pin)
+    return WithColumns(source, sl.columns) if sl.columns else source
+
+
 def _parse_text(data: bytes, sl: Slice, offset: int, first_line: int, spec: InputSpec) -> list[Record]:
     if sl.format in ("jsonl", OPENAI_BATCH):
         out = []
@@ -575,7 +597,7 @@ def _parse_text(data: bytes, sl: Slice, offset: int, first_line: int, spec: Inpu
 
 
 def _read_slice(sl: Slice, spec: InputSpec) -> list[Record]:
-    source = open_source(sl.path, spec.storage, sl.pin)
+    source = _slice_source(sl, spec)
     changed = f"input changed since planning: {sl.describe()}"
     if sl.format == "parquet":
         records = _read_parquet_rows(source, sl.start, sl.end, spec)
@@ -590,10 +612,11 @@ def _read_slice(sl: Slice, spec: InputSpec) -> list[Record]:
 
 def _read_parquet_rows(source: Source, start: int, end: int, spec: InputSpec) -> list[Record]:
     path = source.location
+    shared = shared_columns(source)
     # Only the row groups that overlap the slice are read.
     out: list[Record] = []
     with _parquet(source) as (pf, f):
-        columns = _parquet_columns(pf, path, spec)
+        columns = _file_columns(_parquet_columns(pf, path, spec, shared), shared)
         first_row = 0
         for g in range(pf.metadata.num_row_groups):
             n = pf.metadata.row_group(g).num_rows
@@ -605,7 +628,7 @@ def _read_parquet_rows(source: Source, start: int, end: int, spec: InputSpec) ->
             table = pf.read_row_group(g, columns=columns)
             lo, hi = max(start, group_start) - group_start, min(end, group_end) - group_start
             for i, obj in enumerate(table.slice(lo, hi - lo).to_pylist()):
-                out.append(_record(obj, path, group_start + lo + i + 1, spec))
+                out.append(_record({**obj, **shared}, path, group_start + lo + i + 1, spec))
     if len(out) != end - start:
         raise InputError(f"input changed since planning: {path} has fewer rows than {end}")
     return out

@@ -1,48 +1,124 @@
-"""Input sources: where a job's snapshot lives, behind one port (`base.Source`).
+"""Input sources: the families of the SOURCES table (batchline.registry), found by the
+location scheme they open or the input key they own (see `base`).
 
-A location in a spec is a local path (or a `file:` URI, as an Iceberg table names
-its data files) or an object URL (`s3://`, `gs://`); every reader (the planner's
-scan, a worker's slice, the OpenAI batch export's re-read, the invariant checks
-of the tests) goes through `open_source`. An Iceberg table's snapshot
-(`iceberg.py`) is pinned as a whole and read as its data files, wherever they lie.
+Every reader of a location (the planner's scan, a worker's slice, an export's re-read,
+the weights fetcher, an export's upload) reaches it through `location_family`, so the
+core never names a concrete source.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from batchline.sources.base import Pin, Source
-from batchline.sources.local import LocalFile
+from batchline.errors import BatchlineError
+from batchline.registry import SOURCES
+from batchline.sources.base import (
+    InputSource,
+    KeyedFamily,
+    LocationFamily,
+    ParseContext,
+    Pin,
+    Snapshot,
+    Source,
+    SourceContext,
+    SourceFamily,
+)
 
-__all__ = ["LocalFile", "Pin", "Source", "is_object_url", "open_source", "snapshot_digest"]
+if TYPE_CHECKING:
+    from batchline.spec.reader import SpecReader
+
+__all__ = ["FileSet", "InputSource", "KeyedFamily", "LocationFamily", "ParseContext", "Pin", "Snapshot", "Source",
+           "SourceContext", "SourceFamily", "families", "is_remote", "keyed_families", "location_family",
+           "open_source", "snapshot_digest"]
 
 
-def is_object_url(location: str) -> bool:
-    return location.startswith(("s3://", "gs://"))
+def families() -> list[SourceFamily]:
+    """Every family of the table, in its order (each module is batchline's own, and imports
+    what its extra brings only when used, so listing them needs no extra)."""
+    return [entry.load() for entry in SOURCES.values()]
+
+
+def keyed_families() -> dict[str, KeyedFamily]:
+    """Each input key a family owns, and the family."""
+    return {key: f for f in families() if isinstance(f, KeyedFamily) for key in f.keys}
+
+
+def location_family(location: str) -> LocationFamily:
+    """The family that opens `location`: the one whose scheme it starts with (the longest),
+    else the one that opens plain paths."""
+    best: tuple[int, LocationFamily] | None = None
+    for f in families():
+        if isinstance(f, LocationFamily):
+            for scheme in f.schemes:
+                if location.startswith(scheme) and (best is None or len(scheme) > best[0]):
+                    best = (len(scheme), f)
+    if best is None:
+        raise BatchlineError(f"{location}: no input source opens it")
+    return best[1]
+
+
+def is_remote(location: str) -> bool:
+    """Whether `location` is reached over the network (an object), not a path on this machine."""
+    return "" not in location_family(location).schemes
 
 
 def open_source(location: str, storage: Mapping[str, Any] | None = None, pin: Pin | None = None) -> Source:
-    """The source at `location`; an object is reached with the job's `input.storage`
-    settings (and the environment), and read conditional on `pin` when one is given."""
-    if is_object_url(location):
-        from batchline.lake import lake_settings
-        from batchline.sources.objects import ObjectSource
+    """The source at `location`, reached with the job's `input.storage` settings (and the
+    environment), read conditional on `pin` when one is given."""
+    return location_family(location).open(location, storage, pin)
 
-        return ObjectSource(location, lake_settings(storage), pin)
-    if location.startswith("file:"):
-        # An Iceberg table's data files are named by URI.
-        from urllib.parse import unquote, urlsplit
 
-        return LocalFile(unquote(urlsplit(location).path), named=location)
-    return LocalFile(location)
+def upload(path: Path, location: str, storage: Mapping[str, Any] | None = None) -> None:
+    """A local file to `location`, whole: readers there see the old content or all of the new."""
+    location_family(location).upload(path, location, storage)
+
+
+def download(location: str, dest: Path, storage: Mapping[str, Any] | None = None) -> Path:
+    """What is at `location` (a file, or a folder when it ends in `/`) copied to `dest`."""
+    return location_family(location).download(location, dest, storage)
 
 
 def snapshot_digest(pins: Sequence[Pin]) -> str:
     """The snapshot's digest: what each source guarantees about itself, in order."""
-    import hashlib
-
     outer = hashlib.sha256()
     for pin in pins:
         outer.update(pin.material().encode())
     return "sha256:" + outer.hexdigest()
+
+
+@dataclass(frozen=True)
+class FileSet:
+    """An input that is a list of files or objects (`input.path`, or a family's list such as
+    a manifest's), each pinned by the family that opens it."""
+
+    locations: tuple[str, ...]
+    format: str | None = None
+
+    def describe(self) -> str:
+        return ", ".join(self.locations)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": list(self.locations)}
+
+    def snapshot(self, ctx: SourceContext) -> Snapshot:
+        files = [open_source(location, ctx.input.storage) for location in self.locations]
+        pins = [s.pin() for s in files]
+        return Snapshot(self, files, pins, lambda: all(s.still(p) for s, p in zip(files, pins, strict=True)))
+
+
+def expand_paths(value: Any, r: SpecReader, ctx: ParseContext) -> FileSet:
+    """`input.path` (one location or a list), each expanded by the family that opens it;
+    a stored spec's are taken as they are."""
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        r.fail("input.path", "is empty")
+    locations: list[str] = []
+    for i, item in enumerate(items):
+        where = f"input.path[{i}]" if isinstance(value, list) else "input.path"
+        text = r.string(item, where)
+        locations.extend([text] if ctx.resolved else location_family(text).expand(text, where, r, ctx))
+    return FileSet(tuple(locations))

@@ -1,9 +1,35 @@
-"""The source port: what the planner and the workers need of an input's location."""
+"""The source ports: what the planner and the workers need of an input.
+
+Two kinds of plug-in make up the `SOURCES` table (batchline.registry), each a
+`SourceFamily`:
+
+- a family that opens *locations* (`schemes`): a local path, or an `s3://` or
+  `gs://` object. Each location is a `Source` (pinned, streamed, read in ranges).
+  `input.path` is a list of locations, each expanded (globs, listings) by the
+  family that opens it; every reader of a location (the planner's scan, a
+  worker's slice, an export's re-read, the weights fetcher) goes through the
+  family that claims its scheme;
+- a family that owns *input keys* (`keys`): `input.manifest` (a list of objects),
+  `input.table` (a table's snapshot). Its `parse` validates its own section and
+  returns an `InputSource`, which pins the snapshot at planning and lists the
+  locations it is read from.
+
+A source contributes to the job version only through its pins (the snapshot
+digest), never through how its section is written, so moving a key into a
+plug-in moves no version.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, BinaryIO, Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from batchline.spec.model import InputSpec
+    from batchline.spec.reader import Fields, SpecReader
 
 
 @dataclass(frozen=True)
@@ -63,3 +89,152 @@ class Source(Protocol):
         """The pin a shard's slice carries, so a worker's reads are conditional on it
         (None for a local file: its slices' digests are checked instead)."""
         ...
+
+
+@dataclass(frozen=True)
+class ParseContext:
+    """What a family's parser needs besides its own section."""
+
+    base_dir: Path  # relative paths in a spec are relative to its file
+    storage: Mapping[str, Any]  # input.storage: where the object store is
+    # The spec is a planned job's stored form: locations are already resolved, listed and
+    # expanded, and are taken as they are (nothing is read again).
+    resolved: bool = False
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What pinning or reopening a snapshot needs besides the source's own section."""
+
+    input: InputSpec  # the fields records are read by (a table checks that its columns hold them)
+    store_url: str | None = None  # the store's database, where a catalog may live
+
+
+@dataclass
+class Snapshot:
+    """A source as planning pinned it: the locations it is read from, in order, and what
+    the snapshot's digest is taken over."""
+
+    source: InputSource  # as pinned (a table's snapshot id written in)
+    files: list[Source]
+    pins: list[Pin]
+    # Whether what was read since the pins were taken is still what they describe.
+    still: Callable[[], bool] = field(default=lambda: True)
+
+
+class InputSource(Protocol):
+    """The part of a job's `input` section that says where its snapshot is."""
+
+    @property
+    def locations(self) -> tuple[str, ...]:
+        """The files or objects it names, where the section names them (a table's data
+        files are known only once its snapshot is read)."""
+        ...
+
+    @property
+    def format(self) -> str | None:
+        """The format its files are always read in (a table's Parquet), or None: the spec's
+        `input.format`, or else the files' suffixes, decide."""
+        ...
+
+    def describe(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its keys of the stored input section: what `parse` reads back, resolved."""
+        ...
+
+    def snapshot(self, ctx: SourceContext) -> Snapshot:
+        """Reads and pins the snapshot (at planning), or reopens the one the stored
+        section names (an export's re-read, a check of coverage)."""
+        ...
+
+
+class SourceFamily:
+    """What every member of the SOURCES table provides: its name, and what
+    `grants` and `launch k8s` say of the part of a spec it owns."""
+
+    name: ClassVar[str]
+
+    def access(self, section: Mapping[str, Any]) -> list[str]:
+        """What a worker (and the planner) must be able to read, as `batchline grants` prints
+        it, for the part of a stored input section this family owns."""
+        return []
+
+    def pod_refusal(self, section: Mapping[str, Any], where: str) -> str | None:
+        """Why pods elsewhere could not plan or read this part of a raw spec (a file on this
+        machine, a catalog only this machine reaches), or None: `launch k8s --schedule`
+        refuses a spec its pods would fail on."""
+        return None
+
+
+class LocationFamily(SourceFamily, ABC):
+    """A family that opens locations: local paths, objects."""
+
+    schemes: ClassVar[tuple[str, ...]]  # the location prefixes it opens ("" for a plain path)
+
+    @abstractmethod
+    def expand(self, location: str, where: str, r: SpecReader, ctx: ParseContext) -> list[str]:
+        """A location as a spec writes it (a glob, a relative path) as the locations it names."""
+
+    @abstractmethod
+    def open(self, location: str, storage: Mapping[str, Any] | None = None, pin: Pin | None = None) -> Source:
+        """The source at `location`, read conditional on `pin` when one is given."""
+
+    @abstractmethod
+    def upload(self, path: Path, location: str, storage: Mapping[str, Any] | None = None) -> None:
+        """A local file to `location`, whole: readers there see the old content or all of the new."""
+
+    @abstractmethod
+    def download(self, location: str, dest: Path, storage: Mapping[str, Any] | None = None) -> Path:
+        """What is at `location` (a file, or a folder when it ends in `/`) copied to `dest`."""
+
+    def location_access(self, locations: Sequence[str], what: str) -> list[str]:
+        """What `grants` prints for locations it opens (`what`: "input snapshot", "model weights")."""
+        return []
+
+    def location_refusal(self, location: str, where: str) -> str | None:
+        """Why pods elsewhere could not read this location, or None."""
+        return None
+
+
+class KeyedFamily(SourceFamily, ABC):
+    """A family that owns input keys: a manifest, a table."""
+
+    # The input keys that select it (a job's input names exactly one of all the families'
+    # keys, or `path`), each with the JSON Schema of its value.
+    keys: ClassVar[Fields]
+    # Other input fields only it reads (with their schema), allowed beside its key.
+    options: ClassVar[Fields] = {}
+
+    @abstractmethod
+    def parse(self, key: str, section: Mapping[str, Any], r: SpecReader, ctx: ParseContext) -> InputSource:
+        """Its part of the input section (`section[key]`, and its options), validated."""
+
+
+class WithColumns:
+    """A source whose rows all share values of columns its file does not hold (a table's
+    partition values, which its log keeps rather than its data files): readers add
+    `columns` to every row, and a shard's slice carries them to its worker."""
+
+    def __init__(self, source: Source, columns: Mapping[str, Any]) -> None:
+        self.source = source
+        self.columns = dict(columns)
+        self.location = source.location
+
+    def pin(self) -> Pin:
+        return self.source.pin()
+
+    def stream(self) -> BinaryIO:
+        return self.source.stream()
+
+    def read(self, start: int, end: int) -> bytes:
+        return self.source.read(start, end)
+
+    def random_access(self) -> BinaryIO:
+        return self.source.random_access()
+
+    def still(self, pin: Pin) -> bool:
+        return self.source.still(pin)
+
+    def slice_pin(self) -> Pin | None:
+        return self.source.slice_pin()

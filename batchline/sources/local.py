@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO, NoReturn
+from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
+from urllib.parse import unquote, urlsplit
 
 from batchline.errors import InputError
-from batchline.sources.base import Pin
+from batchline.sources.base import LocationFamily, ParseContext, Pin
+
+if TYPE_CHECKING:
+    from batchline.spec.reader import SpecReader
 
 _CHUNK = 1 << 20
 
@@ -59,3 +66,54 @@ class LocalFile:
 
     def slice_pin(self) -> Pin | None:
         return None
+
+
+class LocalFiles(LocationFamily):
+    """Paths on this machine (or on a filesystem every worker mounts), and `file:` URIs, as a
+    table names its data files. Globs are expanded at planning, relative to the spec's folder."""
+
+    name = "local"
+    schemes = ("", "file:")
+
+    def expand(self, location: str, where: str, r: SpecReader, ctx: ParseContext) -> list[str]:
+        if location.startswith("file:"):
+            return [location]
+        if any(ch in location for ch in "*?["):
+            matches = sorted(ctx.base_dir.glob(location)) if not Path(location).is_absolute() else sorted(
+                Path("/").glob(location.lstrip("/")))
+            if not matches:
+                r.fail("input.path", f"{location!r} matches no file")
+            return [str(m.resolve()) for m in matches]
+        return [str((ctx.base_dir / location).resolve())]
+
+    def open(self, location: str, storage: Mapping[str, Any] | None = None, pin: Pin | None = None) -> LocalFile:
+        if location.startswith("file:"):
+            return LocalFile(unquote(urlsplit(location).path), named=location)
+        return LocalFile(location)
+
+    def upload(self, path: Path, location: str, storage: Mapping[str, Any] | None = None) -> None:
+        dest = Path(location)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.upload")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, dest)
+
+    def download(self, location: str, dest: Path, storage: Mapping[str, Any] | None = None) -> Path:
+        source = Path(location)
+        if source.is_dir():
+            shutil.copytree(source, dest)
+        else:
+            shutil.copyfile(source, dest)
+        return dest
+
+    def location_access(self, locations: Sequence[str], what: str) -> list[str]:
+        return [f"{what} {path}: the database cannot guard it; mount it read-only into the worker (a volume of "
+                "its own, not a host path shared with other workloads), readable by the worker's user and writable "
+                "by no worker" for path in locations]
+
+    def location_refusal(self, location: str, where: str) -> str | None:
+        return (f"{location} is on this machine; a scheduled job's pods read the lake: give an object URL, "
+                "prefix or glob, or a table")
+
+
+LOCAL = LocalFiles()

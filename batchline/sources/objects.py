@@ -18,21 +18,25 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import logging
 import random
 import re
+import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, NoReturn, TypeVar, cast
 
-from batchline.errors import InputError, SourceUnavailable
-from batchline.lake import LakeSettings
-from batchline.sources.base import Pin
+from batchline.errors import InputError, SourceUnavailable, one_line
+from batchline.lake import LakeSettings, lake_settings
+from batchline.sources.base import InputSource, KeyedFamily, LocationFamily, ParseContext, Pin
 
 if TYPE_CHECKING:
     from obstore.store import GCSStore, S3Store
+
+    from batchline.spec.reader import Fields, SpecReader
 
     ObjectStore = S3Store | GCSStore
 
@@ -474,9 +478,151 @@ def put_if(url: str, data: bytes, settings: LakeSettings, expected: dict[str, An
     retrying(url, settings, put)
 
 
+def delete_object(url: str, settings: LakeSettings) -> None:
+    obs = _obstore()
+    store, key = _at(url, settings)
+    retrying(url, settings, lambda: obs.delete(store, key))
+
+
 def delete_prefix(url: str, settings: LakeSettings) -> None:
     obs = _obstore()
     keys = [split_url(k)[2] for k in list_prefix(url, settings)]
     if keys:
         store, _prefix = _at(url, settings)
         retrying(url, settings, lambda: obs.delete(store, keys))
+
+
+# --- the family ---------------------------------------------------------------------------
+
+
+class Objects(LocationFamily, KeyedFamily):
+    """Objects in S3 and GCS: `input.path` URLs (a glob is one prefix listing) and
+    `input.manifest`, a file or object listing objects one a line."""
+
+    name = "objects"
+    schemes = ("s3://", "gs://")
+    keys: ClassVar[Fields] = {"manifest": {"type": "string", "minLength": 1,
+                         "description": "A file or object listing the input's objects, one a line"}}
+
+    def expand(self, location: str, where: str, r: SpecReader, ctx: ParseContext) -> list[str]:
+        """An object URL as it is, or a glob's matches from one prefix listing."""
+        _scheme, _bucket, key = split_url(location)
+        if not key or key.endswith("/"):
+            r.fail("input.path", f"{location} names a bucket or a folder, not an object; add a glob such as "
+                                 f"{location.rstrip('/')}/*.jsonl")
+        if not has_glob(key):
+            return [location]
+        matches = expand_glob(location, lake_settings(ctx.storage))
+        if not matches:
+            r.fail("input.path", f"{location!r} matches no object")
+        return matches
+
+    def open(self, location: str, storage: Mapping[str, Any] | None = None, pin: Pin | None = None) -> ObjectSource:
+        return ObjectSource(location, lake_settings(storage), pin)
+
+    def upload(self, path: Path, location: str, storage: Mapping[str, Any] | None = None) -> None:
+        upload(path, location, lake_settings(storage))
+
+    def download(self, location: str, dest: Path, storage: Mapping[str, Any] | None = None) -> Path:
+        settings = lake_settings(storage)
+        keys = list_prefix(location, settings) if location.endswith("/") else [location]
+        if not keys:
+            raise InputError(f"{location}: no object under this prefix")
+        for key_url in keys:
+            out = dest / key_url[len(location):] if location.endswith("/") else dest
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with ObjectSource(key_url, settings).stream() as src, out.open("wb") as f:
+                shutil.copyfileobj(src, f, 1 << 20)
+        return dest
+
+    def parse(self, key: str, section: Mapping[str, Any], r: SpecReader, ctx: ParseContext) -> InputSource:
+        from batchline.sources import FileSet
+
+        manifest = r.string(section[key], "input.manifest")
+        if ctx.resolved:  # a stored spec names its objects under `path`
+            r.fail("input.manifest", "a planned job's spec lists its objects under input.path")
+        return FileSet(self._manifest(r, manifest, ctx))
+
+    def _manifest(self, r: SpecReader, manifest: str, ctx: ParseContext) -> tuple[str, ...]:
+        """The objects a manifest lists, one a line: an object URL, or (in a manifest that is
+        itself an object) a key in the manifest's bucket. Blank lines and `#` comments are skipped."""
+        bucket_url = None
+        if manifest.startswith(self.schemes):
+            scheme, bucket, _key = split_url(manifest)
+            bucket_url = f"{scheme}://{bucket}/"
+            data = read_object(manifest, lake_settings(ctx.storage))
+        else:
+            path = (ctx.base_dir / manifest).resolve()
+            manifest = str(path)
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                r.fail("input.manifest", f"cannot read {path}: {one_line(exc.strerror or exc)}")
+        try:
+            lines = data.decode("utf-8-sig").splitlines()
+        except UnicodeDecodeError:
+            r.fail("input.manifest", f"{manifest} is not UTF-8 text")
+        seen: dict[str, int] = {}
+        for line_no, raw in enumerate(lines, start=1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            if not line.startswith(self.schemes):
+                if bucket_url is None:
+                    r.fail("input.manifest", f"{manifest}:{line_no}: {line!r} is not an object URL (s3://bucket/key "
+                                             "or gs://bucket/key); a key alone needs a manifest in the same bucket")
+                line = bucket_url + line.lstrip("/")
+            if line in seen:
+                r.fail("input.manifest", f"{manifest}:{line_no}: {line} is listed again (first at line {seen[line]})")
+            seen[line] = line_no
+        if not seen:
+            r.fail("input.manifest", f"{manifest} lists no object")
+        return tuple(seen)
+
+    def location_access(self, locations: Sequence[str], what: str) -> list[str]:
+        """One read-only policy per bucket, over the prefix its objects share."""
+        buckets: dict[tuple[str, str], list[str]] = {}
+        for location in locations:
+            scheme, bucket, key = split_url(location)
+            buckets.setdefault((scheme, bucket), []).append(key)
+        return [_bucket_access(scheme, bucket, what, keys) for (scheme, bucket), keys in buckets.items()]
+
+    def pod_refusal(self, section: Mapping[str, Any], where: str) -> str | None:
+        manifest = section.get("manifest")
+        if manifest is not None and not str(manifest).startswith(self.schemes):
+            return f"input.manifest: {manifest} is on this machine; give a manifest in object storage"
+        return None
+
+
+def _bucket_access(scheme: str, bucket: str, what: str, names: list[str]) -> str:
+    if len(names) == 1 and not names[0].endswith("/"):
+        pattern = names[0]  # one object, exactly
+    else:
+        # A folder of weights, or many objects: the whole folders they share.
+        shared: list[str] = []
+        for segments in zip(*(n.split("/")[:-1] for n in names), strict=False):
+            if len(set(segments)) > 1:
+                break
+            shared.append(segments[0])
+        pattern = "".join(f"{s}/" for s in shared) + "*"
+    prefix = pattern.removesuffix("*")
+    count = "a folder of objects" if names[0].endswith("/") else (
+        f"{len(names)} object{'s' if len(names) != 1 else ''}")
+    head = f"{what}, {count} at {scheme}://{bucket}/{pattern}: the database cannot guard it;"
+    if scheme == "s3":
+        # Reads name the pinned version, which takes s3:GetObjectVersion besides s3:GetObject;
+        # a model that is a folder is listed to be fetched.
+        statements: list[dict[str, Any]] = [{"Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
+                                              "Resource": [f"arn:aws:s3:::{bucket}/{pattern}"]}]
+        if any(k.endswith("/") for k in names):
+            statements.append({"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{bucket}"],
+                               "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}})
+        policy = {"Version": "2012-10-17", "Statement": statements}
+        return f"{head} give the worker's IAM role read-only access, e.g. {json.dumps(policy, separators=(',', ':'))}"
+    name = f"projects/_/buckets/{bucket}/objects/{prefix}"
+    condition = f'resource.name == "{name}"' if pattern == prefix else f'resource.name.startsWith("{name}")'
+    return (f"{head} give the worker's service account roles/storage.objectViewer on gs://{bucket} with the IAM "
+            f"condition {condition}")
+
+
+OBJECTS = Objects()

@@ -1,15 +1,11 @@
-"""The job spec: YAML validated into typed objects, and the job version hash (I2).
-
-The names other modules use are taken from here; where each is defined is this
-package's own business.
-"""
+"""The job spec: its typed model and version hash (`model`), its parser (`parse`), the
+typed readers plug-ins parse their own sections with (`reader`), and its JSON Schema
+(`schema`). Other modules take the names they use from here."""
 
 from batchline.spec.model import (
     LOCAL_ROUTE,
-    OBJECT_SCHEMES,
     OPENAI_BATCH,
     PENALTY_DEFAULTS,
-    STORE_CATALOG,
     ChatRules,
     DecodingSpec,
     EvalSpec,
@@ -19,15 +15,10 @@ from batchline.spec.model import (
     ProviderSpec,
     RoutingSpec,
     ShardSpec,
-    TableRef,
     canonical_json,
-    load_spec,
-    parse_spec,
-    spec_from_store,
-    stop_sequences,
-    stored_spec,
 )
+from batchline.spec.parse import load_spec, parse_spec, spec_from_store, stop_sequences, stored_spec
 
-__all__ = ["LOCAL_ROUTE", "OBJECT_SCHEMES", "OPENAI_BATCH", "PENALTY_DEFAULTS", "STORE_CATALOG", "ChatRules",
-           "DecodingSpec", "EvalSpec", "InputSpec", "JobSpec", "ModelSpec", "ProviderSpec", "RoutingSpec", "ShardSpec", "TableRef",
-           "canonical_json", "load_spec", "parse_spec", "spec_from_store", "stop_sequences", "stored_spec"]
+__all__ = ["LOCAL_ROUTE", "OPENAI_BATCH", "PENALTY_DEFAULTS", "ChatRules", "DecodingSpec", "EvalSpec", "InputSpec",
+           "JobSpec", "ModelSpec", "ProviderSpec", "RoutingSpec", "ShardSpec", "canonical_json", "load_spec",
+           "parse_spec", "spec_from_store", "stop_sequences", "stored_spec"]

@@ -1,57 +1,30 @@
-"""Publication targets: where readers see the published version of a name.
-
-The store's own pointer (and the view that reads through it) is the truth:
-incremental runs (`base: published`), retention and rollback read it. A target
-is another place readers look (a Parquet dataset with a `CURRENT` file, a
-warehouse table) that follows the pointer, and the store records, with each
-publication, what the target showed readers after it (`Publication.targets`,
-by the target's `key`):
-
-- `stage` writes a sealed version there, where readers do not see it yet
-  (idempotent: a version staged before is not written again);
-- `show` makes a staged version the one readers see, in one atomic step, only
-  from the state the store recorded last (`recorded`; None before the first
-  publication with this target); it refuses, with one line, a target that
-  shows something else, so store and target never disagree silently; it
-  returns the state to record;
-- `restore` puts a target back to the state the store recorded, when the store's
-  own publish failed after `show` (only if the target still shows what `show` left);
-- `forget` removes a version's data once retention has dropped the version.
-
-A spec's `output.table` names an Iceberg table (`iceberg.py`); `targets_for`
-builds a version's targets from its stored spec.
-"""
+"""Publication targets: the families of the TARGETS table (batchline.registry), each owning
+keys of a job's `output` section (see `base`). A job may name several; `targets_for`
+builds a version's targets from its stored spec."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
-from batchline.spec import JobSpec
-from batchline.store import ReaderStore
+from batchline.registry import TARGETS
+from batchline.targets.base import PublicationTarget, TargetFamily, TargetSpec
+
+if TYPE_CHECKING:
+    from batchline.spec.model import JobSpec
+
+__all__ = ["PublicationTarget", "TargetFamily", "TargetSpec", "families", "keyed_families", "targets_for"]
 
 
-class PublicationTarget(Protocol):
-    @property
-    def key(self) -> str:
-        """Names the target in the store's publication records (no credentials in it)."""
-        ...
+def families() -> list[TargetFamily]:
+    return [entry.load() for entry in TARGETS.values()]
 
-    def describe(self) -> str: ...
 
-    def stage(self, store: ReaderStore, version: str) -> None: ...
-
-    def show(self, name: str, version: str, recorded: dict[str, Any] | None) -> dict[str, Any]: ...
-
-    def restore(self, name: str, recorded: dict[str, Any] | None, shown: dict[str, Any]) -> None: ...
-
-    def forget(self, name: str, version: str) -> None: ...
+def keyed_families() -> dict[str, TargetFamily]:
+    """Each output key a family owns, and the family."""
+    return {key: f for f in families() for key in f.keys}
 
 
 def targets_for(spec: JobSpec, store_url: str | None) -> list[PublicationTarget]:
-    """The targets a version's spec names (`output.table`); the catalog of `catalog: store`
-    is reached through `store_url`, a warehouse in object storage with the job's `input.storage`."""
-    if spec.output_table is None:
-        return []
-    from batchline.targets.iceberg import IcebergTable
-
-    return [IcebergTable(spec.output_table, store_url, spec.input.storage)]
+    """The targets a version's spec names, in the order it names them; a catalog in the
+    store's database is reached through `store_url`, object storage with `input.storage`."""
+    return [t.target(store_url, spec.input.storage) for t in spec.targets]

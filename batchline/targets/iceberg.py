@@ -26,14 +26,27 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import orjson
 
-from batchline.errors import BatchlineError, SpecError
-from batchline.sources.catalogs import load_table, one_line, open_catalog
-from batchline.spec import JobSpec, TableRef, stored_spec
+from batchline.errors import BatchlineError, SpecError, one_line
+from batchline.sources.base import ParseContext
+from batchline.sources.iceberg import (
+    STORE_CATALOG,
+    TABLE_FIELDS,
+    TableRef,
+    load_table,
+    open_catalog,
+    parse_table,
+    table_refusal,
+    table_schema,
+)
+from batchline.spec import JobSpec, stored_spec
+from batchline.spec.reader import Fields, SpecReader
 from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
+from batchline.targets.base import TargetFamily
 from batchline.targets.iceberg_schema import converter, iceberg_schema, output_node, schema_change
 
 BATCH_ROWS = 50_000
@@ -265,11 +278,9 @@ def _adds_columns(have: Any, want: Any) -> bool:
     return bool(names(want.as_struct()) - names(have.as_struct()))
 
 
-def check_table_schema(spec: JobSpec, store_url: str | None) -> None:
+def check_table_schema(ref: TableRef, spec: JobSpec, store_url: str | None) -> None:
     """At planning: a version whose output would change the table other than by adding
     columns is refused, with one line naming the column."""
-    ref = spec.output_table
-    assert ref is not None
     with open_catalog(ref, store_url, spec.input.storage) as catalog:
         table = load_table(catalog, ref)
         if table is None:
@@ -359,3 +370,56 @@ def _acls(rows: list[Any]) -> list[str | None]:
     # As the Parquet export writes them, so the two can be compared and joined alike.
     dumps = json.dumps
     return [None if r.acl is None else dumps(r.acl, sort_keys=True) for r in rows]
+
+
+
+# --- the family ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableOutput:
+    """`output.table`: the Iceberg table a published version's results go to."""
+
+    ref: TableRef
+
+    def describe(self) -> str:
+        return self.ref.describe()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": self.ref.to_dict()}
+
+    def target(self, store_url: str | None, storage: Mapping[str, Any]) -> IcebergTable:
+        return IcebergTable(self.ref, store_url, storage)
+
+    def check(self, spec: JobSpec, store_url: str | None) -> None:
+        check_table_schema(self.ref, spec, store_url)
+
+
+class IcebergOutput(TargetFamily):
+    """An Apache Iceberg table (write, audit, publish)."""
+
+    name = "iceberg"
+    keys: ClassVar[Fields] = {"table": table_schema(TABLE_FIELDS)}
+
+    def parse(self, key: str, section: Mapping[str, Any], r: SpecReader, ctx: ParseContext) -> TableOutput:
+        return TableOutput(parse_table(r, section[key], "output.table", ctx.base_dir))
+
+    def access(self, section: Mapping[str, Any]) -> list[str]:
+        output = section.get("table")
+        if not output:
+            return []
+        sql = output["catalog"] == STORE_CATALOG or not str(output.get("uri", "")).startswith(("http://", "https://"))
+        rights = ("SELECT, INSERT, UPDATE and DELETE on the catalog's tables iceberg_tables and "
+                  "iceberg_namespace_properties" + (" (in the store's database; the worker role made here has none)"
+                                                    if output["catalog"] == STORE_CATALOG else "")
+                  if sql else "the catalog's right to create, load and commit to that table")
+        return [f"output table {output['name']} (catalog {output['catalog']!r}): the worker needs nothing of it; the "
+                f"publisher (publish, rollback, retention) needs {rights}, and to write and delete files under the "
+                f"table's location{' in ' + output['warehouse'] if output.get('warehouse') else ''} (it writes each "
+                "version's data and metadata files and deletes pruned versions' files)"]
+
+    def pod_refusal(self, section: Mapping[str, Any], where: str) -> str | None:
+        return table_refusal(section.get("table"), "output.table")
+
+
+ICEBERG = IcebergOutput()

@@ -17,14 +17,20 @@ import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from batchline.errors import BatchlineError
 from batchline.store import ReaderStore
+from batchline.targets.base import TargetFamily
 
 if TYPE_CHECKING:
     from batchline.lake import LakeSettings
+    from batchline.sources.base import ParseContext
+    from batchline.spec.model import JobSpec
+    from batchline.spec.reader import Fields, SpecReader
 
 PART = "part-00000.parquet"
 
@@ -53,8 +59,20 @@ class _Dataset(ABC):
         self._write_current(name, version_folder(version), token)
         return {"current": version_folder(version)}
 
+    def restore(self, name: str, recorded: dict[str, Any] | None, shown: dict[str, Any]) -> None:
+        current, token = self._read_current(name)
+        if current != shown.get("current"):
+            return  # moved on since: not this publish's to undo
+        if recorded is None:
+            self._remove_current(name)
+        else:
+            self._write_current(name, str(recorded["current"]), token)
+
     @abstractmethod
     def _current_path(self, name: str) -> str: ...
+
+    @abstractmethod
+    def _remove_current(self, name: str) -> None: ...
 
     @abstractmethod
     def _read_current(self, name: str) -> tuple[str | None, Any]:
@@ -103,16 +121,8 @@ class ParquetDataset(_Dataset):
 
         atomic_write(self.root / name / "CURRENT", lambda tmp: tmp.write_text(text + "\n"))
 
-    def restore(self, name: str, recorded: dict[str, Any] | None, shown: dict[str, Any]) -> None:
-        from batchline.publish.files import atomic_write
-
-        if self.current(name) != shown.get("current"):
-            return  # moved on since: not this publish's to undo
-        path = self.root / name / "CURRENT"
-        if recorded is None:
-            path.unlink(missing_ok=True)
-        else:
-            atomic_write(path, lambda tmp: tmp.write_text(f"{recorded['current']}\n"))
+    def _remove_current(self, name: str) -> None:
+        (self.root / name / "CURRENT").unlink(missing_ok=True)
 
     def forget(self, name: str, version: str) -> None:
         shutil.rmtree(self.folder(name, version), ignore_errors=True)
@@ -171,18 +181,95 @@ class ObjectDataset(_Dataset):
             raise BatchlineError(f"{url} changed while this export replaced it (another exporter?): it now "
                                  f"names {now!r}; {text} was not made current") from None
 
+    def _remove_current(self, name: str) -> None:
+        from batchline.sources.objects import delete_object
+
+        delete_object(self._current_path(name), self.settings)
+
     def forget(self, name: str, version: str) -> None:
         from batchline.sources.objects import delete_prefix
 
         delete_prefix(self.folder(name, version) + "/", self.settings)
 
 
-def dataset_at(root: str | Path) -> ParquetDataset | ObjectDataset:
-    """The dataset flavour for a root: an object prefix (reached with the environment's lake
-    settings) or a local folder."""
+def dataset_at(root: str | Path, storage: Mapping[str, Any] | None = None) -> ParquetDataset | ObjectDataset:
+    """The dataset flavour for a root: an object prefix (reached with the job's lake settings
+    over the environment's) or a local folder."""
+    from batchline.sources import is_remote
+
     text = str(root)
-    if text.startswith(("s3://", "gs://")):
+    if is_remote(text):
         from batchline.lake import lake_settings
 
-        return ObjectDataset(text, lake_settings())
+        return ObjectDataset(text, lake_settings(storage))
     return ParquetDataset(Path(root))
+
+
+# --- the family ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetOutput:
+    """`output.dataset`: a folder or object prefix holding a Parquet dataset per version and
+    a `CURRENT` naming the published one."""
+
+    root: str
+
+    def describe(self) -> str:
+        return f"Parquet dataset under {self.root}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dataset": self.root}
+
+    def target(self, store_url: str | None, storage: Mapping[str, Any]) -> ParquetDataset | ObjectDataset:
+        return dataset_at(self.root, storage)
+
+    def check(self, spec: JobSpec, store_url: str | None) -> None:
+        return None  # a new version is a new folder: nothing there can refuse it
+
+
+class ParquetOutput(TargetFamily):
+    """A Parquet dataset per version under a root, and `CURRENT` naming the published one
+    (`output.dataset`); `export NAME --format parquet` writes one on demand."""
+
+    name = "parquet"
+    keys: ClassVar[Fields] = {"dataset": {"type": "string", "minLength": 1,
+                        "description": "A folder or s3:// or gs:// prefix: a Parquet dataset per version, and CURRENT"}}
+
+    def parse(self, key: str, section: Mapping[str, Any], r: SpecReader, ctx: ParseContext) -> DatasetOutput:
+        from batchline.sources import is_remote
+
+        root = r.string(section[key], "output.dataset")
+        return DatasetOutput(root if is_remote(root) else str((ctx.base_dir / root).resolve()))
+
+    def access(self, section: Mapping[str, Any]) -> list[str]:
+        root = section.get("dataset")
+        if not root:
+            return []
+        return [f"output dataset {root}: the worker needs nothing of it; the publisher writes each version's folder "
+                "and replaces CURRENT there (and deletes pruned versions' folders): give it write access under it, "
+                "and readers read access"]
+
+    def pod_refusal(self, section: Mapping[str, Any], where: str) -> str | None:
+        from batchline.sources import is_remote
+
+        root = section.get("dataset")
+        if root is not None and not is_remote(str(root)):
+            return f"output.dataset: {root} is a folder on this machine; give an s3:// or gs:// prefix"
+        return None
+
+
+    def export(self, store: ReaderStore, name: str, root: Path | str) -> tuple[str, str]:
+        """The published version of `name` as a dataset under `root`, with CURRENT naming it:
+        an export on demand, not a publication, so CURRENT follows the store's pointer,
+        whatever it named before. Returns the version and its folder."""
+        version = store.resolve_name(name)
+        if version is None:
+            raise BatchlineError(f"nothing is published under {name!r} in {store.url}")
+        dataset = dataset_at(root)
+        dataset.stage(store, version)
+        dataset.show(name, version, None)
+        return version, str(dataset.folder(name, version))
+
+
+PARQUET = ParquetOutput()

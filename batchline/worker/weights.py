@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from batchline.errors import EngineFatal, InputError
+from batchline.sources import download, is_remote
 
 
 def cache_dir() -> Path:
@@ -30,7 +31,7 @@ def cache_dir() -> Path:
 def local_weights(path: str | None, digest: str | None, storage: Mapping[str, Any] | None = None) -> str | None:
     """The path an engine loads: `path` itself, or for an object URL the node's cached copy
     of it (fetched first if this node has none)."""
-    if path is None or not path.startswith(("s3://", "gs://")):
+    if path is None or path.startswith("pkg:") or not is_remote(path):
         return path
     if digest is None:
         raise EngineFatal(f"model.digest is required for weights in object storage ({path})")
@@ -53,9 +54,6 @@ def fetch_weights(url: str, digest: str, storage: Mapping[str, Any] | None = Non
     """The weights at `url` in ``cache_dir()/weights/<digest>/``: downloaded beside their place,
     checked against `digest`, and only then renamed into place, so a download that was
     interrupted or corrupted is never loaded; what is in place was verified."""
-    from batchline.lake import lake_settings
-
-    settings = lake_settings(storage)
     folder = cache_dir() / "weights" / digest.removeprefix("sha256:")
     name = PurePosixPath(url.rstrip("/")).name
     target = folder / name
@@ -67,7 +65,7 @@ def fetch_weights(url: str, digest: str, storage: Mapping[str, Any] | None = Non
         scratch = Path(tempfile.mkdtemp(prefix=".fetch-", dir=folder))
         try:
             try:
-                local = _download(url, scratch / name, settings)
+                local = download(url, scratch / name, storage)
             except InputError as exc:
                 raise EngineFatal(f"model weights: {exc}") from None
             from batchline.digests import sha256_tree
@@ -80,17 +78,3 @@ def fetch_weights(url: str, digest: str, storage: Mapping[str, Any] | None = Non
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     return target
-
-
-def _download(url: str, dest: Path, settings: Any) -> Path:
-    from batchline.sources.objects import ObjectSource, list_prefix
-
-    keys = list_prefix(url, settings) if url.endswith("/") else [url]
-    if not keys:
-        raise InputError(f"{url}: no object under this prefix")
-    for key_url in keys:
-        out = dest / key_url[len(url):] if url.endswith("/") else dest
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with ObjectSource(key_url, settings).stream() as src, out.open("wb") as f:
-            shutil.copyfileobj(src, f, 1 << 20)
-    return dest

@@ -18,8 +18,8 @@ import yaml
 from batchline.errors import InputError, SpecError
 from batchline.plan.planner import plan
 from batchline.snapshot import Slice, file_digest
-from batchline.sources.catalogs import open_catalog, sqlalchemy_uri
-from batchline.spec import TableRef, load_spec, parse_spec, stored_spec
+from batchline.sources.iceberg import TableRef, TableSource, open_catalog, sqlalchemy_uri
+from batchline.spec import load_spec, parse_spec, stored_spec
 from batchline.store import Store
 from tests.helpers import make_records, run_to_seal
 from tests.integration.lake.support import S3StandIn
@@ -133,7 +133,7 @@ def test_a_catalog_address_with_a_credential_is_refused_in_a_spec(tmp_path: Path
             parse_spec({**base, "input": {"table": {"catalog": "c", "name": "a.b", "uri": uri}}}, tmp_path)
     spec = parse_spec({**base, "input": {"table": {"catalog": "c", "name": "a.b", "uri": "sqlite:///cat.db"}}},
                       tmp_path)
-    assert spec.input.table is not None and spec.input.table.uri == f"sqlite:///{tmp_path / 'cat.db'}"
+    assert isinstance(spec.input.source, TableSource) and spec.input.source.ref.uri == f"sqlite:///{tmp_path / 'cat.db'}"
     with pytest.raises(SpecError, match="give exactly one of 'path'"):
         parse_spec({**base, "input": {"table": {"catalog": "c", "name": "a.b"}, "path": "x.jsonl"}}, tmp_path)
 

@@ -16,11 +16,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
+import batchline
 from batchline.launch.k8s import NON_ROOT_UID
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -95,7 +95,10 @@ def test_the_install_script_gives_a_worker_with_llamacpp_postgres_lake_and_icebe
     found = subprocess.run([str(python), "-c", probe], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert found.returncode == 0, found.stderr
     facts = json.loads(found.stdout)
-    assert facts["version"] == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert facts["version"] == batchline.__version__
+    shown = subprocess.run([str(venv / "bin" / "batchline"), "--version"], env=env, capture_output=True, text=True,
+                           cwd=tmp_path)
+    assert shown.returncode == 0 and shown.stdout.strip() == f"batchline {batchline.__version__}", shown.stderr
     # The package is in the environment itself, not a link back to a source folder.
     assert Path(facts["file"]).is_relative_to(venv)
     assert facts["torch"] is False

@@ -4,6 +4,7 @@ environment's, as obstore, pyiceberg and DuckDB take them."""
 from __future__ import annotations
 
 from batchline.lake import lake_settings
+from batchline.sources.iceberg import pyiceberg_properties
 
 ENV = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_REGION": "eu-west-1",
        "AWS_SECRET_ACCESS_KEY": "never-copied", "STORAGE_EMULATOR_HOST": "127.0.0.1:4443"}
@@ -26,12 +27,12 @@ def test_each_client_gets_the_same_settings_and_no_credential() -> None:
     assert s3["client_options"]["allow_http"] is True and s3["retry_config"] == {"max_retries": 0}
     gcs = settings.obstore_kwargs("gs")
     assert gcs["config"] == {"base_url": "http://127.0.0.1:4443", "skip_signature": True}
-    assert settings.pyiceberg_properties() == {"s3.endpoint": "http://127.0.0.1:9000",
+    assert pyiceberg_properties(settings) == {"s3.endpoint": "http://127.0.0.1:9000",
                                                "s3.force-virtual-addressing": "false", "s3.region": "eu-west-1",
                                                "gcs.service.host": "http://127.0.0.1:4443"}
     assert settings.duckdb_settings() == {"s3_endpoint": "127.0.0.1:9000", "s3_use_ssl": "false",
                                           "s3_url_style": "path", "s3_region": "eu-west-1"}
-    for out in (s3, gcs, settings.pyiceberg_properties(), settings.duckdb_settings()):
+    for out in (s3, gcs, pyiceberg_properties(settings), settings.duckdb_settings()):
         assert "never-copied" not in repr(out)
     # AWS's own endpoint: nothing to set, and HTTPS only.
     aws = lake_settings(None, {"AWS_REGION": "eu-west-1"})

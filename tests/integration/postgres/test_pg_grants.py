@@ -26,7 +26,7 @@ from tests.helpers import (
     start_worker,
     wait_for,
 )
-from tests.integration.store.conftest import role_url
+from tests.stores import role_url
 
 pytestmark = pytest.mark.postgres
 

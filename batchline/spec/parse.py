@@ -1,0 +1,630 @@
+"""The job spec's parser: YAML into the typed model, each field checked where it is written.
+
+Every section's fields are declared once, with the JSON Schema of each value
+(`*_FIELDS`): the parser allows exactly those keys, and `batchline.spec.schema`
+makes the spec's JSON Schema from the same declarations. A source's or a target's
+section is declared and parsed by its plug-in (batchline.sources, batchline.targets),
+found by the key it owns.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import fields, replace
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+from typing import Any, NoReturn, Protocol
+
+import jsonschema
+import yaml
+
+from batchline.errors import SpecError, one_line
+from batchline.lake import STORAGE_FIELDS, check_storage_options
+from batchline.prompts.examples import DEFAULT_EXAMPLE_CHARS, Example
+from batchline.registry import ENGINES, PROVIDERS, unhonoured_knob
+from batchline.sources import ParseContext, expand_paths, is_remote
+from batchline.sources import keyed_families as source_keys
+from batchline.spec.model import (
+    COMPRESSED_SUFFIXES,
+    DEFAULT_MAX_BYTES_PER_TOKEN,
+    FORMATS,
+    LOCAL_ROUTE,
+    MAX_STOP_SEQUENCES,
+    NAME_PATTERN,
+    OPENAI_BATCH,
+    PENALTY_DEFAULTS,
+    ROUTE_NAME,
+    ChatRules,
+    DecodingSpec,
+    DriftSpec,
+    EvalSpec,
+    ExamplesSpec,
+    InputSpec,
+    JobSpec,
+    ModelSpec,
+    PromptSpec,
+    ProviderSpec,
+    RetentionSpec,
+    RoutingSpec,
+    ShardSpec,
+    ValidateSpec,
+)
+from batchline.spec.reader import Fields, SpecReader
+from batchline.targets import keyed_families as target_keys
+
+# --- each section's fields ---------------------------------------------------------------
+
+_STR: Mapping[str, Any] = {"type": "string", "minLength": 1}
+_STRS: Mapping[str, Any] = {"type": "array", "items": _STR}
+_INT: Mapping[str, Any] = {"type": "integer"}
+_NUM: Mapping[str, Any] = {"type": "number"}
+_BOOL: Mapping[str, Any] = {"type": "boolean"}
+_MAP: Mapping[str, Any] = {"type": "object"}  # a nested section; batchline.spec.schema fills it in
+
+
+def _doc(schema: Mapping[str, Any], description: str) -> dict[str, Any]:
+    return {**schema, "description": description}
+
+
+TOP_FIELDS: Fields = {
+    "name": _doc({**_STR, "pattern": NAME_PATTERN.pattern}, "What publish points at"),
+    "input": _MAP, "model": _MAP, "prompt": _MAP, "decoding": _MAP, "output": _MAP, "shards": _MAP,
+    "deadline": _doc(_STR, "ISO 8601; ETA and reports measure against it"),
+    "validate": _MAP,
+    "base": _doc(_STR, "published, or a version: carry unchanged records from it"),
+    "retention": _MAP, "routing": _MAP,
+}
+INPUT_FIELDS: Fields = {
+    "path": _doc({"anyOf": [_STR, _STRS]}, "A file, an object URL, a list or a glob"),
+    "id_field": _STR, "text_field": _STR, "acl_field": _STR,
+    "acl_missing": _doc(_STRS, "What a missing ACL means"),
+    "ids": {"enum": ["field", "content"]},
+    "max_input_tokens": {**_INT, "minimum": 1},
+    "max_bytes_per_token": {**_INT, "minimum": 1},
+    "format": {"enum": list(FORMATS)},
+    "storage": _MAP,
+}
+MODEL_FIELDS: Fields = {
+    "engine": {"enum": list(ENGINES)},
+    "path": _doc(_STR, "Weights (a file, a folder, pkg:, an object URL), or a server's base URL"),
+    "digest": {"type": "string", "pattern": "^sha256:[0-9a-fA-F]{64}$"},
+    "options": _doc(_MAP, "The engine's options"),
+}
+PROMPT_FIELDS: Fields = {"file": _STR, "text": _STR, "version": {"type": ["string", "number"]}, "examples": _MAP}
+EXAMPLES_FIELDS: Fields = {
+    "file": _STR, "items": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
+    "k": {**_INT, "minimum": 1}, "max_chars": {**_INT, "minimum": 1},
+    "id_field": _STR, "text_field": _STR, "label_field": _STR,
+}
+DECODING_FIELDS: Fields = {
+    "temperature": {**_NUM, "minimum": 0}, "max_tokens": {**_INT, "minimum": 1}, "seed": {**_INT, "minimum": 0},
+    "top_p": {**_NUM, "minimum": 0}, "stop": {"anyOf": [_STR, _STRS, {"type": "null"}]},
+    "repetition_penalty": {**_NUM, "exclusiveMinimum": 0},
+    "frequency_penalty": {**_NUM, "minimum": -2, "maximum": 2},
+    "presence_penalty": {**_NUM, "minimum": -2, "maximum": 2},
+}
+assert set(PENALTY_DEFAULTS) <= set(DECODING_FIELDS)
+OUTPUT_FIELDS: Fields = {
+    "schema": _doc({"anyOf": [_STR, {"type": "object"}]}, "A JSON Schema file, or the schema itself"),
+    "label_field": _STR,
+}
+_SHARD_TYPES = {"int": _INT, "float": _NUM, "bool": _BOOL, "int | None": _INT, "float | None": _NUM}
+# Every field of ShardSpec (a stored spec writes them all, size_auto among them).
+SHARD_FIELDS: Fields = {
+    f.name: {"anyOf": [{**_INT, "minimum": 1}, {"const": "auto"}]} if f.name == "size" else _SHARD_TYPES[str(f.type)]
+    for f in fields(ShardSpec)
+}
+VALIDATE_FIELDS: Fields = {"max_dead_letter_rate": {**_NUM, "minimum": 0, "maximum": 1},
+                           "schema_sample": {**_INT, "minimum": 1}, "drift": _MAP, "eval": _MAP}
+DRIFT_FIELDS: Fields = {"max_psi": {**_NUM, "minimum": 0}, "max_new_categories": {**_INT, "minimum": 0},
+                        "max_vanished_categories": {**_INT, "minimum": 0}}
+EVAL_FIELDS: Fields = {"labels": _STR, "id_field": _STR, "label_field": _STR, "field": _STR,
+                       "sample": {**_INT, "minimum": 1}, "min_accuracy": {**_NUM, "minimum": 0},
+                       "grader": {**_STR, "pattern": ":"}}
+RETENTION_FIELDS: Fields = {"versions": {**_INT, "minimum": 2}}
+ROUTING_FIELDS: Fields = {"class_field": _STR, "providers": _MAP}
+PROVIDER_FIELDS: Fields = {
+    "api": {"enum": list(PROVIDERS)}, "model": _STR, "classes": _STRS, "retention": _STR, "base_url": _STR,
+    "api_key_env": _STR, "completion_window": _STR, "poll_seconds": {**_NUM, "minimum": 0.01}, "prices": _MAP,
+    "shard_size": {**_INT, "minimum": 1}, "options": _MAP,
+}
+PRICES_FIELDS: Fields = {"input_per_mtok": {**_NUM, "minimum": 0}, "output_per_mtok": {**_NUM, "minimum": 0}}
+
+
+def input_fields() -> dict[str, Mapping[str, Any]]:
+    """The input section's fields: the core's, and each source family's keys and options."""
+    out: dict[str, Mapping[str, Any]] = dict(INPUT_FIELDS)
+    for family in source_keys().values():
+        out.update(family.keys)
+        out.update(family.options)
+    return out
+
+
+def output_fields() -> dict[str, Mapping[str, Any]]:
+    """The output section's fields: the core's, and each target family's keys."""
+    out: dict[str, Mapping[str, Any]] = dict(OUTPUT_FIELDS)
+    for family in target_keys().values():
+        out.update(family.keys)
+    return out
+
+
+# A nested section's fields, by where it is (`*` any name), for the JSON Schema; with
+# the keys each requires.
+SECTIONS: Mapping[str, tuple[Callable[[], Mapping[str, Mapping[str, Any]]], frozenset[str]]] = {
+    "": (lambda: TOP_FIELDS, frozenset({"name", "input", "model", "output"})),
+    "input": (input_fields, frozenset()),
+    "input.storage": (lambda: STORAGE_FIELDS, frozenset()),
+    "model": (lambda: MODEL_FIELDS, frozenset({"engine"})),
+    "prompt": (lambda: PROMPT_FIELDS, frozenset({"version"})),
+    "prompt.examples": (lambda: EXAMPLES_FIELDS, frozenset({"k"})),
+    "decoding": (lambda: DECODING_FIELDS, frozenset()),
+    "output": (output_fields, frozenset({"schema"})),
+    "shards": (lambda: SHARD_FIELDS, frozenset()),
+    "validate": (lambda: VALIDATE_FIELDS, frozenset()),
+    "validate.drift": (lambda: DRIFT_FIELDS, frozenset()),
+    "validate.eval": (lambda: EVAL_FIELDS, frozenset({"labels"})),
+    "retention": (lambda: RETENTION_FIELDS, frozenset()),
+    "routing": (lambda: ROUTING_FIELDS, frozenset({"class_field", "providers"})),
+    "routing.providers.*": (lambda: PROVIDER_FIELDS, frozenset({"api", "model", "classes", "retention"})),
+    "routing.providers.*.prices": (lambda: PRICES_FIELDS, frozenset()),
+}
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(f"{path}: job spec not found") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: not valid YAML: {one_line(exc)}") from None
+    return parse_spec(raw, base_dir=path.parent, source=path)
+
+
+def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved: bool = False) -> JobSpec:
+    """`resolved`: the spec is a planned job's stored form, whose input locations are
+    already resolved, listed and expanded, and are taken as they are."""
+    where = str(source) if source else "spec"
+    r = SpecReader(where)
+    # prompt is required below unless the input is openai-batch, whose lines carry their prompts.
+    top = r.section(raw, "", TOP_FIELDS, required=set(SECTIONS[""][1]))
+    name = r.string(top["name"], "name")
+    if not NAME_PATTERN.match(name):
+        r.fail("name", f"{name!r} must be lower-case letters, digits, '-' or '_', starting with a letter")
+    input_spec = _parse_input(r, top, base_dir, resolved)
+    chat = input_spec.format == OPENAI_BATCH
+    model_spec = _parse_model(r, top["model"], base_dir)
+    prompt_spec = _parse_prompt(r, top, base_dir, chat)
+    decoding = _parse_decoding(r, top.get("decoding", {}) or {}, model_spec.engine)
+    out = r.section(top["output"], "output", output_fields(), required=set(SECTIONS["output"][1]))
+    schema, schema_path = _load_schema(r, out["schema"], base_dir)
+    label_field = r.optional_string(out.get("label_field"), "output.label_field")
+    if prompt_spec.examples is not None and label_field is None:
+        r.fail("prompt.examples", "needs output.label_field: the output field an example's label answers")
+    ctx = ParseContext(base_dir, input_spec.storage, resolved)
+    targets = target_keys()
+    # In the order the section names them: publish stages and shows them in that order.
+    named = tuple(targets[key].parse(key, out, r, ctx) for key in out if key in targets and out[key] is not None)
+    shards = _parse_shards(r, top.get("shards", {}) or {})
+    deadline = _parse_deadline(r, top.get("deadline"))
+    validate = _parse_validate(r, top.get("validate", {}) or {}, base_dir, label_field)
+    base = r.optional_string(top.get("base"), "base")
+    ret = r.section(top.get("retention", {}) or {}, "retention", RETENTION_FIELDS)
+    retention = RetentionSpec(versions=r.integer(ret.get("versions", 5), "retention.versions", 2))
+    routing = _parse_routing(r, top["routing"]) if top.get("routing") is not None else None
+    for provider in routing.providers if routing is not None else ():
+        refusal = unhonoured_knob(PROVIDERS[provider.api], decoding.knobs(), "provider")
+        if refusal:
+            raise SpecError(f"{r.where}: routing.providers.{provider.route}: {refusal}")
+    if chat:
+        input_spec = replace(input_spec, chat_rules=ChatRules(decoding=decoding, output_schema=schema))
+    if routing is not None:
+        input_spec = replace(input_spec, class_field=routing.class_field)
+    return JobSpec(name=name, input=input_spec, model=model_spec, prompt=prompt_spec,
+                   decoding=decoding, output_schema=schema, schema_path=schema_path,
+                   shards=shards, deadline=deadline, validate=validate, source=source,
+                   label_field=label_field, base=base, retention=retention, routing=routing,
+                   targets=named)
+
+
+def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved: bool) -> InputSpec:
+    keyed = source_keys()
+    inp = r.section(top["input"], "input", input_fields())
+    storage = check_storage_options(inp.get("storage"), r.where)
+    given = [key for key in ("path", *keyed) if inp.get(key) is not None]
+    if len(given) != 1:
+        choices = [f"'{key}' ({(input_fields()[key].get('description') or '').lower() or key})"
+                   for key in ("path", *keyed)]
+        r.fail("input", f"give exactly one of {', '.join(choices[:-1])} or {choices[-1]}")
+    key = given[0]
+    for family in keyed.values():
+        for option in family.options:
+            if inp.get(option) is not None and keyed.get(key) is not family:
+                r.fail(f"input.{option}", f"goes with input.{next(iter(family.keys))}")
+    ctx = ParseContext(base_dir, storage, resolved)
+    source = expand_paths(inp["path"], r, ctx) if key == "path" else keyed[key].parse(key, inp, r, ctx)
+    for location in source.locations:
+        suffix = PurePosixPath(location).suffix.lower()
+        if suffix in COMPRESSED_SUFFIXES:
+            r.fail("input.path", f"{location} is compressed ({suffix}); batchline reads byte ranges of each "
+                                 "shard directly, so decompress it (or convert it to Parquet) first")
+    fmt = inp.get("format")
+    if source.format is not None:
+        if fmt not in (None, source.format):
+            r.fail("input.format", f"{source.describe()} is read from its {source.format} files; leave format out")
+        fmt = source.format
+    elif fmt is None:
+        fmt = _format_of(r, source.locations)
+    elif fmt not in FORMATS:
+        r.fail("input.format", f"{fmt!r} is not one of {', '.join(FORMATS)}")
+    chat = fmt == OPENAI_BATCH
+    if chat:
+        _check_chat_input(r, inp, top)
+    elif top.get("prompt") is None:
+        r.fail("prompt", "is required")
+    ids = r.string(inp.get("ids", "field"), "input.ids")
+    if ids not in ("field", "content"):
+        r.fail("input.ids", f"{ids!r} is not field (the id_field) or content (a digest of each row)")
+    if ids == "content" and inp.get("id_field") is not None:
+        r.fail("input.id_field", "goes with input.ids: field; with ids: content each id is a digest of its row")
+    acl_field = r.optional_string(inp.get("acl_field"), "input.acl_field")
+    acl_missing = None
+    if inp.get("acl_missing") is not None:
+        if acl_field is None:
+            r.fail("input.acl_missing", "says what a missing ACL means; it needs input.acl_field")
+        acl_missing = tuple(r.string_list(inp["acl_missing"], "input.acl_missing"))
+    return InputSpec(
+        source=source,
+        ids=ids,
+        acl_missing=acl_missing,
+        id_field=(r.string(inp.get("id_field", "custom_id" if chat else "id"), "input.id_field")
+                  if ids == "field" else "id"),
+        text_field=r.string(inp.get("text_field", "messages" if chat else "text"), "input.text_field"),
+        acl_field=acl_field,
+        max_input_tokens=r.optional_int(inp.get("max_input_tokens"), "input.max_input_tokens", 1),
+        max_bytes_per_token=r.integer(
+            inp.get("max_bytes_per_token", DEFAULT_MAX_BYTES_PER_TOKEN), "input.max_bytes_per_token", 1
+        ),
+        format=fmt,
+        storage=storage,
+    )
+
+
+def _parse_model(r: SpecReader, raw: Any, base_dir: Path) -> ModelSpec:
+    mod = r.section(raw, "model", MODEL_FIELDS, required={"engine"})
+    engine = r.string(mod["engine"], "model.engine")
+    if engine not in ENGINES:
+        r.fail("model.engine", f"{engine!r} is not one of {', '.join(ENGINES)}")
+    digest = r.optional_string(mod.get("digest"), "model.digest")
+    if digest is not None and not re.fullmatch(r"sha256:[0-9a-fA-F]{64}", digest):
+        r.fail("model.digest", "must be 'sha256:' followed by 64 hex digits")
+    model_path = r.optional_string(mod.get("path"), "model.path")
+    remote_weights = bool(model_path) and is_remote(str(model_path))
+    if model_path and not ENGINES[engine].remote and not model_path.startswith(("pkg:", "/")) and not remote_weights:
+        model_path = str((base_dir / model_path).resolve())
+    if model_path and not ENGINES[engine].remote and remote_weights and digest is None:
+        r.fail("model.digest", f"is required when model.path is an object ({model_path}): each node "
+                               "fetches the weights once and keeps them under their digest")
+    options = mod.get("options", {}) or {}
+    if not isinstance(options, dict):
+        r.fail("model.options", "must be a mapping")
+    return ModelSpec(engine=engine, path=model_path, digest=digest.lower() if digest else None, options=options)
+
+
+def _parse_prompt(r: SpecReader, top: Mapping[str, Any], base_dir: Path, chat: bool) -> PromptSpec:
+    pr = {} if chat else r.section(top["prompt"], "prompt", PROMPT_FIELDS, required={"version"})
+    if not chat and ("file" in pr) == ("text" in pr):
+        r.fail("prompt", "give exactly one of 'file' or 'text'")
+    prompt_file: Path | None = None
+    if chat:
+        prompt_text = ""
+    elif "file" in pr:
+        prompt_file = (base_dir / r.string(pr["file"], "prompt.file")).resolve()
+        try:
+            prompt_text = prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            r.fail("prompt.file", f"cannot read {prompt_file}: {one_line(exc)}")
+    else:
+        prompt_text = r.string(pr["text"], "prompt.text")
+    examples = _parse_examples(r, pr["examples"], base_dir) if pr.get("examples") is not None else None
+    return PromptSpec(file=prompt_file, version=OPENAI_BATCH if chat else str(pr["version"]), text=prompt_text,
+                      examples=examples)
+
+
+def _parse_examples(r: SpecReader, raw: Any, base_dir: Path) -> ExamplesSpec:
+    ex = r.section(raw, "prompt.examples", EXAMPLES_FIELDS, required={"k"})
+    k = r.integer(ex["k"], "prompt.examples.k", 1)
+    max_chars = r.integer(ex.get("max_chars", DEFAULT_EXAMPLE_CHARS), "prompt.examples.max_chars", 1)
+    if ("file" in ex) == ("items" in ex):
+        r.fail("prompt.examples", "give exactly one of 'file' or 'items'")
+    if "items" in ex:  # a planned job's stored form
+        rows = ex["items"]
+        if not isinstance(rows, list) or not all(
+                isinstance(row, list) and len(row) == 3 and all(isinstance(x, str) for x in row) for row in rows):
+            r.fail("prompt.examples.items", "must be a list of [id, text, label] string triples")
+        return ExamplesSpec(items=tuple(Example(*row) for row in rows), k=k, max_chars=max_chars)
+    path = (base_dir / r.string(ex["file"], "prompt.examples.file")).resolve()
+    fields = {name: r.string(ex.get(f"{name}_field", name), f"prompt.examples.{name}_field")
+              for name in ("id", "text", "label")}
+    items: list[Example] = []
+    seen: set[str] = set()
+    try:
+        with path.open("rb") as f:
+            for line_no, raw in enumerate(f, 1):
+                where = f"{path}, line {line_no}"
+                try:
+                    line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+                except UnicodeDecodeError as exc:
+                    raise SpecError(f"{where}: not valid UTF-8 (byte {exc.start + 1} of the line)") from None
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise SpecError(f"{where}: not valid JSON: {exc.msg} at column {exc.colno}") from None
+                values: list[str] = []
+                for name in ("id", "text", "label"):
+                    value = row.get(fields[name]) if isinstance(row, dict) else None
+                    if not isinstance(value, str) or not value:
+                        raise SpecError(f"{where}: example field {fields[name]!r} must be a non-empty string")
+                    values.append(value)
+                if values[0] in seen:
+                    raise SpecError(f"{where}: example id {values[0]!r} appears twice")
+                seen.add(values[0])
+                items.append(Example(*values))
+    except OSError as exc:
+        r.fail("prompt.examples.file", f"cannot read {path}: {one_line(exc)}")
+    if not items:
+        r.fail("prompt.examples.file", f"{path} holds no examples")
+    return ExamplesSpec(items=tuple(items), k=k, max_chars=max_chars, file=path)
+
+
+def _parse_decoding(r: SpecReader, raw: Any, engine: str) -> DecodingSpec:
+    dec = r.section(raw, "decoding", DECODING_FIELDS)
+    repetition = dec.get("repetition_penalty")
+    if repetition is not None:
+        repetition = r.number(repetition, "decoding.repetition_penalty", float("-inf"))
+        if repetition <= 0:
+            r.fail("decoding.repetition_penalty", f"must be greater than 0 (1 is none), not {repetition:g}")
+    decoding = DecodingSpec(
+        temperature=r.number(dec.get("temperature", 0.0), "decoding.temperature", 0.0),
+        max_tokens=r.integer(dec.get("max_tokens", 256), "decoding.max_tokens", 1),
+        seed=r.integer(dec.get("seed", 0), "decoding.seed", 0),
+        top_p=r.number(dec.get("top_p", 1.0), "decoding.top_p", 0.0),
+        repetition_penalty=repetition,
+        frequency_penalty=_openai_penalty(r, dec, "frequency_penalty"),
+        presence_penalty=_openai_penalty(r, dec, "presence_penalty"),
+        stop=stop_sequences(dec.get("stop"), lambda message: r.fail("decoding.stop", message)),
+    )
+    refusal = unhonoured_knob(ENGINES[engine], decoding.knobs(), "engine")
+    if refusal:
+        raise SpecError(f"{r.where}: {refusal}")
+    return decoding
+
+
+def _openai_penalty(r: SpecReader, dec: Mapping[str, Any], name: str) -> float | None:
+    value = dec.get(name)
+    return None if value is None else r.number(value, f"decoding.{name}", -2.0, 2.0)
+
+
+def stop_sequences(value: Any, fail: Callable[[str], NoReturn]) -> tuple[str, ...]:
+    """A stop setting as the spec and OpenAI requests write it (a string, a list of them
+    or null), normalised to a tuple; `fail` is called with a one-line reason."""
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        fail(f"must be a non-empty string or a list of them, not {value!r}")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        fail(f"has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES} are allowed")
+    return tuple(stops)
+
+
+def _parse_shards(r: SpecReader, raw: Any) -> ShardSpec:
+    sh = r.section(raw, "shards", SHARD_FIELDS)
+    defaults = ShardSpec()
+    size_auto = sh.get("size") == "auto"
+    if size_auto:
+        for needed in ("interruptions_per_hour", "workers", "records_per_second"):
+            if sh.get(needed) is None:
+                r.fail(f"shards.{needed}", "is required with shards.size: auto")
+    shards = ShardSpec(
+        size=defaults.size if size_auto else r.integer(sh.get("size", defaults.size), "shards.size", 1),
+        size_auto=size_auto,
+        interruptions_per_hour=(r.number(sh["interruptions_per_hour"], "shards.interruptions_per_hour", 0.0)
+                                if sh.get("interruptions_per_hour") is not None else None),
+        workers=r.optional_int(sh.get("workers"), "shards.workers", 1),
+        records_per_second=(r.number(sh["records_per_second"], "shards.records_per_second", 1e-6)
+                            if sh.get("records_per_second") is not None else None),
+        max_attempts=r.integer(sh.get("max_attempts", defaults.max_attempts), "shards.max_attempts", 1),
+        lease_seconds=r.number(sh.get("lease_seconds", defaults.lease_seconds), "shards.lease_seconds", 0.1),
+        renew_seconds=r.number(sh.get("renew_seconds", defaults.renew_seconds), "shards.renew_seconds", 0.05),
+        batch_size=r.integer(sh.get("batch_size", defaults.batch_size), "shards.batch_size", 1),
+        record_timeout_seconds=r.number(
+            sh.get("record_timeout_seconds", defaults.record_timeout_seconds), "shards.record_timeout_seconds", 0.01
+        ),
+        batch_timeout_seconds=r.number(
+            sh.get("batch_timeout_seconds", defaults.batch_timeout_seconds), "shards.batch_timeout_seconds", 0.0
+        ),
+        grace_seconds=r.number(sh.get("grace_seconds", defaults.grace_seconds), "shards.grace_seconds", 0.0),
+        tail_split=r.boolean(sh.get("tail_split", defaults.tail_split), "shards.tail_split"),
+    )
+    if shards.renew_seconds >= shards.lease_seconds:
+        r.fail("shards.renew_seconds", "must be shorter than shards.lease_seconds")
+
+    return shards
+
+
+def _parse_deadline(r: SpecReader, value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        r.fail("deadline", f"{value!r} is not an ISO 8601 time")
+
+
+def _parse_routing(r: SpecReader, raw: Any) -> RoutingSpec:
+    ro = r.section(raw, "routing", ROUTING_FIELDS, required={"class_field", "providers"})
+    class_field = r.string(ro["class_field"], "routing.class_field")
+    providers_raw = r.mapping(ro["providers"], "routing.providers", allowed=set(ro["providers"] or {}))
+    if not providers_raw:
+        r.fail("routing.providers", "names no provider; leave routing out to keep every record local")
+    providers: list[ProviderSpec] = []
+    cleared: dict[str, str] = {}
+    for route, body in providers_raw.items():
+        where = f"routing.providers.{route}"
+        if not isinstance(route, str) or not ROUTE_NAME.match(route) or route == LOCAL_ROUTE:
+            r.fail(where, f"route name {route!r} must be lower-case letters, digits, '-' or '_' "
+                          f"and not {LOCAL_ROUTE!r}")
+        pv = r.section(body, where, PROVIDER_FIELDS, required={"api", "model", "classes", "retention"})
+        api = r.string(pv["api"], f"{where}.api")
+        if api not in PROVIDERS:
+            r.fail(f"{where}.api", f"{api!r} is not one of {', '.join(PROVIDERS)}")
+        classes = pv["classes"]
+        if not isinstance(classes, list) or not classes:
+            r.fail(f"{where}.classes", "must be a non-empty list of class names")
+        for i, cls in enumerate(classes):
+            name = r.string(cls, f"{where}.classes[{i}]")
+            if name in cleared:
+                r.fail(f"{where}.classes[{i}]", f"class {name!r} is already cleared for {cleared[name]!r}; "
+                                                "a class goes to one provider")
+            cleared[name] = route
+        prices = r.section(pv.get("prices", {}) or {}, f"{where}.prices", PRICES_FIELDS)
+        options = pv.get("options", {}) or {}
+        if not isinstance(options, dict):
+            r.fail(f"{where}.options", "must be a mapping")
+        providers.append(ProviderSpec(
+            route=route, api=api, model=r.string(pv["model"], f"{where}.model"),
+            classes=tuple(str(c) for c in classes),
+            retention=r.string(pv["retention"], f"{where}.retention"),
+            base_url=r.optional_string(pv.get("base_url"), f"{where}.base_url"),
+            api_key_env=r.optional_string(pv.get("api_key_env"), f"{where}.api_key_env"),
+            completion_window=r.string(pv.get("completion_window", "24h"), f"{where}.completion_window"),
+            poll_seconds=r.number(pv.get("poll_seconds", 60.0), f"{where}.poll_seconds", 0.01),
+            input_price_per_mtok=(r.number(prices["input_per_mtok"], f"{where}.prices.input_per_mtok", 0.0)
+                                  if prices.get("input_per_mtok") is not None else None),
+            output_price_per_mtok=(r.number(prices["output_per_mtok"], f"{where}.prices.output_per_mtok", 0.0)
+                                   if prices.get("output_per_mtok") is not None else None),
+            shard_size=r.optional_int(pv.get("shard_size"), f"{where}.shard_size", 1),
+            options=options,
+        ))
+    return RoutingSpec(class_field=class_field, providers=tuple(providers))
+
+
+def _parse_validate(r: SpecReader, raw: Any, base_dir: Path, label_field: str | None) -> ValidateSpec:
+    val = r.section(raw, "validate", VALIDATE_FIELDS)
+    dr = r.section(val.get("drift", {}) or {}, "validate.drift", DRIFT_FIELDS)
+    drift = DriftSpec(
+        max_psi=r.number(dr.get("max_psi", 0.25), "validate.drift.max_psi", 0.0),
+        max_new_categories=r.integer(dr.get("max_new_categories", 0), "validate.drift.max_new_categories", 0),
+        max_vanished_categories=r.optional_int(dr.get("max_vanished_categories"),
+                                               "validate.drift.max_vanished_categories", 0),
+    )
+    evaluation = None
+    if val.get("eval") is not None:
+        ev = r.section(val["eval"], "validate.eval", EVAL_FIELDS, required={"labels"})
+        field_name = r.optional_string(ev.get("field"), "validate.eval.field") or label_field
+        if field_name is None:
+            r.fail("validate.eval.field", "is required when output.label_field is not set")
+        grader = r.optional_string(ev.get("grader"), "validate.eval.grader")
+        if grader is not None and ":" not in grader:
+            r.fail("validate.eval.grader", f"{grader!r} must be 'module:function'")
+        evaluation = EvalSpec(
+            labels=(base_dir / r.string(ev["labels"], "validate.eval.labels")).resolve(),
+            id_field=r.string(ev.get("id_field", "id"), "validate.eval.id_field"),
+            label_field=r.string(ev.get("label_field", "label"), "validate.eval.label_field"),
+            field=field_name,
+            sample=r.integer(ev.get("sample", 300), "validate.eval.sample", 1),
+            min_accuracy=r.number(ev.get("min_accuracy", 0.0), "validate.eval.min_accuracy", 0.0),
+            grader=grader,
+        )
+    return ValidateSpec(
+        max_dead_letter_rate=r.number(val.get("max_dead_letter_rate", 0.01), "validate.max_dead_letter_rate", 0.0,
+                                      1.0),
+        schema_sample=r.optional_int(val.get("schema_sample"), "validate.schema_sample", 1),
+        drift=drift,
+        eval=evaluation,
+    )
+
+
+def _check_chat_input(r: SpecReader, inp: Mapping[str, Any], top: Mapping[str, Any]) -> None:
+    """An openai-batch line has fixed fields and carries its whole conversation."""
+    for key, fixed in (("id_field", "custom_id"), ("text_field", "messages")):
+        if inp.get(key, fixed) != fixed:
+            r.fail(f"input.{key}", f"is always {fixed!r} with input.format {OPENAI_BATCH}; leave it out")
+    if inp.get("acl_field") is not None:
+        r.fail("input.acl_field", f"an {OPENAI_BATCH} line has no field for an ACL; convert the file to "
+                                  "jsonl to carry one")
+    if top.get("prompt") is not None:
+        r.fail("prompt", f"is not used with input.format {OPENAI_BATCH}: each line's messages are its whole "
+                         "prompt; put shared instructions in a system message of each line")
+    if top.get("routing") is not None:
+        # Hosted routes are sent a rendered prompt, which would drop all but the last turn.
+        r.fail("routing", f"is not supported with input.format {OPENAI_BATCH} yet: hosted providers are "
+                          "sent one prompt, not a conversation")
+
+
+def _format_of(r: SpecReader, locations: tuple[str, ...]) -> str:
+    formats: set[str] = set()
+    for p in locations:
+        suffix = PurePosixPath(p).suffix.lower()
+        fmt = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}.get(suffix)
+        if fmt is None:
+            r.fail("input.path", f"{p}: cannot tell the format from {suffix or 'no suffix'!r}; "
+                                 "set input.format to jsonl, csv or parquet")
+        formats.add(fmt)
+    if len(formats) > 1:
+        r.fail("input.path", f"mixes formats {sorted(formats)}; one job reads one format")
+    return formats.pop()
+
+
+def _load_schema(r: SpecReader, value: Any, base_dir: Path) -> tuple[dict[str, Any], Path | None]:
+    schema_path: Path | None = None
+    if isinstance(value, dict):
+        schema = value
+    else:
+        schema_path = (base_dir / r.string(value, "output.schema")).resolve()
+        try:
+            schema = json.loads(schema_path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            r.fail("output.schema", f"cannot read {schema_path}: {one_line(exc)}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            r.fail("output.schema", f"{schema_path} is not JSON: {one_line(exc)}")
+    if not isinstance(schema, dict):
+        r.fail("output.schema", "must be a JSON object")
+    validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator_cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        path = "/".join(str(p) for p in exc.path) or "(root)"
+        r.fail("output.schema", f"not a valid JSON Schema at {path}: {one_line(exc.message)}")
+    return schema, schema_path
+
+
+STORE_ONLY_KEYS = ("base_version",)
+
+
+def spec_from_store(data: Mapping[str, Any]) -> JobSpec:
+    """The spec a version was planned with, from its self-contained stored form."""
+    spec = parse_spec({k: v for k, v in data.items() if k not in STORE_ONLY_KEYS}, base_dir=Path("/"),
+                      resolved=True)
+    return replace(spec, base_version=data.get("base_version"))
+
+
+class _PlannedJob(Protocol):
+    @property
+    def spec(self) -> Mapping[str, Any]: ...
+
+
+def stored_spec(job: _PlannedJob) -> JobSpec:
+    """The spec of a planned job (a store's JobInfo), as every reader of it should see it:
+    parsed, with every default applied once, here."""
+    return spec_from_store(job.spec)

@@ -1,0 +1,97 @@
+"""The target ports: where readers see the published version of a name, besides the store.
+
+The store's own pointer (and the view that reads through it) is the truth:
+incremental runs (`base: published`), retention and rollback read it. A target
+is another place readers look (a Parquet dataset with a `CURRENT` file, a
+warehouse table, a vector index) that follows the pointer, and the store records,
+with each publication, what the target showed readers after it
+(`Publication.targets`, by the target's `key`, which never changes for a target
+once it has been recorded):
+
+- `stage` writes a sealed version there, where readers do not see it yet
+  (idempotent: a version staged before is not written again);
+- `show` makes a staged version the one readers see, in one atomic step, only
+  from the state the store recorded last (`recorded`; None before the first
+  publication with this target); it refuses, with one line, a target that
+  shows something else, so store and target never disagree silently; it
+  returns the state to record;
+- `restore` puts a target back to the state the store recorded, when the store's
+  own publish failed or was refused after `show` (only if the target still shows
+  what `show` left);
+- `forget` removes a version's data once retention has dropped the version.
+
+Each member of the TARGETS table (batchline.registry) is a `TargetFamily`: it owns
+keys of the job's `output` section, parses them into a `TargetSpec`, and builds
+the `PublicationTarget` from it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from batchline.sources.base import ParseContext
+    from batchline.spec.model import JobSpec
+    from batchline.spec.reader import Fields, SpecReader
+    from batchline.store import ReaderStore
+
+
+class PublicationTarget(Protocol):
+    @property
+    def key(self) -> str:
+        """Names the target in the store's publication records (no credentials in it)."""
+        ...
+
+    def describe(self) -> str: ...
+
+    def stage(self, store: ReaderStore, version: str) -> None: ...
+
+    def show(self, name: str, version: str, recorded: dict[str, Any] | None) -> dict[str, Any]: ...
+
+    def restore(self, name: str, recorded: dict[str, Any] | None, shown: dict[str, Any]) -> None: ...
+
+    def forget(self, name: str, version: str) -> None: ...
+
+
+class TargetSpec(Protocol):
+    """The part of a job's `output` section that names one target."""
+
+    def describe(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its keys of the stored output section: what its family's `parse` reads back."""
+        ...
+
+    def target(self, store_url: str | None, storage: Mapping[str, Any]) -> PublicationTarget:
+        """The target, reached with the store URL the command was given (a catalog in the
+        store's database) and the job's lake settings (`input.storage`)."""
+        ...
+
+    def check(self, spec: JobSpec, store_url: str | None) -> None:
+        """Refuses, at planning, a job whose results this target could not take (a table
+        whose columns the output schema would change), so nothing is run for nothing."""
+        ...
+
+
+class TargetFamily(ABC):
+    """One member of the TARGETS table."""
+
+    name: ClassVar[str]
+    # The output keys that name it (a job may name several targets), each with the JSON
+    # Schema of its value.
+    keys: ClassVar[Fields]
+
+    @abstractmethod
+    def parse(self, key: str, section: Mapping[str, Any], r: SpecReader, ctx: ParseContext) -> TargetSpec:
+        """Its part of the output section (`section[key]`), validated."""
+
+    def access(self, section: Mapping[str, Any]) -> list[str]:
+        """What the publisher (and the worker, which usually needs nothing) must be able to
+        reach, as `batchline grants` prints it, for its part of a stored output section."""
+        return []
+
+    def pod_refusal(self, section: Mapping[str, Any], where: str) -> str | None:
+        """Why a scheduled job's pods could not publish into this part of a raw spec, or None."""
+        return None
