@@ -14,7 +14,7 @@ EXTRAS := dev,postgres,fleet,sizing,metrics,llamacpp,transformers,embedding,open
 export CMAKE_ARGS ?= $(shell sed -n 's/^PORTABLE_CMAKE_ARGS="\(.*\)"$$/\1/p' container/install.sh)
 DEMO_STORE ?= sqlite:///demo/batchline.db
 
-.PHONY: setup demo demo-iceberg demo-lake test lint typecheck services browser bench drill clean vllm-check readme
+.PHONY: setup demo demo-iceberg demo-lake test lint typecheck contracts services browser bench drill clean vllm-check readme
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -85,9 +85,13 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy batchline
 
+# The import contracts of pyproject.toml: the core imports no plug-in, the layers only downward.
+contracts: setup
+	$(BIN)/lint-imports
+
 # Two test processes, a file each at a time (a file's module fixtures, such as a loaded model,
 # are made once): most tests wait on worker processes, servers and leases, not on a core.
-test: setup services browser lint typecheck
+test: setup services browser lint typecheck contracts
 	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q -n 2 --dist loadfile
 
 # vLLM with its CUDA build of torch (several GB) in a virtual environment of its own: vLLM pins

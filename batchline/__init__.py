@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from batchline.errors import BatchlineError, EngineFatal, InputError, SpecError, StoreError
+from batchline.version import __version__
 
 if TYPE_CHECKING:
     from batchline.api import ExportResult, JobListing, Jobs, RunResult
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BatchlineError", "EngineFatal", "ExportResult", "InputError", "JobListing", "Jobs", "RunResult", "SpecError",

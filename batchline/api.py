@@ -279,9 +279,10 @@ class Jobs:
         `out` and error file at `errors`, one line per input line, in the input's order).
         A version that is not sealed yet is refused unless `partial` asks for the outcomes
         there are (a reader of a file cannot tell it is half)."""
-        from batchline.publish import export, files
+        from batchline.publish import export
         from batchline.registry import TARGETS
         from batchline.sources import is_remote
+        from batchline.targets import files
 
         out_path = Path(out) if out is not None else None
         with self._opened() as s:

@@ -10,9 +10,17 @@ run from inside the directory (paths without the leading ``./``).
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from batchline.errors import EngineFatal
+
+
+def cache_dir() -> Path:
+    """The node's cache, where weights are kept under their digest (`$BATCHLINE_CACHE_DIR`,
+    else ~/.cache/batchline)."""
+    base = os.environ.get("BATCHLINE_CACHE_DIR")
+    return Path(base) if base else Path.home() / ".cache" / "batchline"
 
 _CHUNK = 1 << 20
 

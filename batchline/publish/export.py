@@ -1,5 +1,5 @@
 """Exports of a version as OpenAI's batch output and error files (JSONL and Parquet files of
-a version are `batchline.publish.files`; a published name as a Parquet dataset is the
+a version are `batchline.targets.files`; a published name as a Parquet dataset is the
 Parquet target's).
 
 Files are written beside their destination and renamed into place, so a
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from batchline.errors import BatchlineError, InputError
-from batchline.publish.files import atomic_write, finished
 from batchline.registry import ENGINES
 from batchline.store import ReaderStore
+from batchline.targets.files import atomic_write, finished
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from batchline import __version__
+from batchline.version import __version__
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 

@@ -93,7 +93,7 @@ class ParquetDataset(_Dataset):
         return self.root / name / version_folder(version)
 
     def stage(self, store: ReaderStore, version: str) -> None:
-        from batchline.publish.files import export_parquet
+        from batchline.targets.files import export_parquet
 
         info = store.job(version)
         assert info is not None
@@ -117,7 +117,7 @@ class ParquetDataset(_Dataset):
         return (path.read_text().strip() if path.exists() else None), None
 
     def _write_current(self, name: str, text: str, token: Any) -> None:
-        from batchline.publish.files import atomic_write
+        from batchline.targets.files import atomic_write
 
         atomic_write(self.root / name / "CURRENT", lambda tmp: tmp.write_text(text + "\n"))
 
@@ -142,8 +142,8 @@ class ObjectDataset(_Dataset):
         return f"{self.root}/{name}/{version_folder(version)}"
 
     def stage(self, store: ReaderStore, version: str) -> None:
-        from batchline.publish.files import export_parquet
         from batchline.sources.objects import object_exists, upload
+        from batchline.targets.files import export_parquet
 
         info = store.job(version)
         assert info is not None

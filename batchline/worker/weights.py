@@ -19,13 +19,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from batchline.digests import cache_dir
 from batchline.errors import EngineFatal, InputError
 from batchline.sources import download, is_remote
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("BATCHLINE_CACHE_DIR")
-    return Path(base) if base else Path.home() / ".cache" / "batchline"
 
 
 def local_weights(path: str | None, digest: str | None, storage: Mapping[str, Any] | None = None) -> str | None:

@@ -20,9 +20,9 @@ import pytest
 from batchline.ops.report.data import collect
 from batchline.ops.report.page import write_report
 from batchline.plan.planner import plan
-from batchline.publish.files import export_jsonl
 from batchline.spec import load_spec
 from batchline.store import Store
+from batchline.targets.files import export_jsonl
 from batchline.worker.supervisor import Worker
 from batchline.worker.telemetry import WorkerTelemetry
 from tests.fakes.provider_servers import anthropic_batch_server, openai_batch_server

@@ -84,5 +84,5 @@ def test_importing_batchline_loads_neither_readers_nor_stores_nor_drivers() -> N
     probe = ("import sys, batchline; print(sorted(m for m in sys.modules if m.startswith("
              "('batchline.', 'pyarrow', 'yaml', 'psycopg', 'jsonschema', 'orjson'))))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert loaded.strip() == "['batchline.errors']"
+    assert loaded.strip() == "['batchline.errors', 'batchline.version']"
     assert batchline.Jobs is __import__("batchline.api").api.Jobs

@@ -14,9 +14,9 @@ import yaml
 from batchline.check.validate import population_stability, validate
 from batchline.engines.synthetic import synthetic_instance
 from batchline.errors import BatchlineError, StoreError
-from batchline.publish.files import export_jsonl, export_parquet
 from batchline.publish.pointer import publish, rollback
 from batchline.store import Store
+from batchline.targets.files import export_jsonl, export_parquet
 from batchline.targets.parquet import PARQUET
 from tests.helpers import (
     Database,

@@ -174,7 +174,7 @@ class _Stored:
 
 def _exported_ids(store: Store, version: str, work_dir: Path | None) -> Counter[str]:
     """What a reader downstream would get: the export, counted again on its own."""
-    from batchline.publish.files import export_jsonl
+    from batchline.targets.files import export_jsonl
 
     counts: Counter[str] = Counter()
     if work_dir is not None:
