@@ -7,7 +7,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS := dev,postgres,fleet,sizing,metrics,llamacpp,transformers,embedding,openai,iceberg,lake
+# Every extra but vllm (which pins its own torch; `make vllm-check` has its own environment): a new
+# extra is installed here by being declared in pyproject.toml.
+EXTRAS := $(shell $(PYTHON) -c "import tomllib; print(','.join(k for k in tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies'] if k != 'vllm'))")
 # llama.cpp must be built portably: a native build dies with "Illegal instruction"
 # on machines whose CPU differs from the builder's. The flags are the worker image's
 # (PORTABLE_CMAKE_ARGS in container/install.sh), so both builds make the same wheel.
