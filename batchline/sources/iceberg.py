@@ -80,7 +80,7 @@ SNAPSHOT_FIELDS: Fields = {**TABLE_FIELDS, "snapshot_id": {"type": "integer", "m
 def table_schema(fields: Fields) -> dict[str, Any]:
     """The JSON Schema of a table section with these fields."""
     return {"type": "object", "properties": dict(fields), "required": ["catalog", "name"],
-            "additionalProperties": False}
+            "additionalProperties": False, "examples": [{"catalog": "store", "name": "lake.tickets"}]}
 
 
 def parse_table(r: SpecReader, raw: Any, where: str, base_dir: Path, *, snapshot: bool = False) -> TableRef:

@@ -45,9 +45,12 @@ def rich_specs(folder: Path) -> list[dict[str, Any]]:
     }
     files = {**copy.deepcopy(common), "input": {"path": "in.jsonl", "acl_field": "acl",
                                                 "storage": {"region": "eu-west-1"}}}
-    table = {**copy.deepcopy(common), "input": {"table": {"catalog": "store", "name": "src.t", "snapshot_id": 1},
-                                                "acl_field": "acl"}}
-    return [files, table]
+    # One spec more for each source family's own key, with the example its schema gives.
+    declared = {key: value.get("anyOf", [value])[0] for key, value in spec_schema()["properties"]["input"]
+                ["properties"].items()}
+    keyed = [{**copy.deepcopy(common), "input": {key: copy.deepcopy(value["examples"][0]), "acl_field": "acl"}}
+             for key, value in declared.items() if "examples" in value]
+    return [files, *keyed]
 
 
 def sections(schema: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
