@@ -98,6 +98,7 @@ SOURCES = _table(
     Plugin("local", "batchline.sources.local:LOCAL"),
     Plugin("objects", "batchline.sources.objects:OBJECTS", "lake"),
     Plugin("iceberg", "batchline.sources.iceberg:ICEBERG", "iceberg"),
+    Plugin("delta", "batchline.sources.delta:DELTA", "delta"),
 )
 
 # Where readers see a published version besides the store's own view.
