@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from batchline.store import Store, open_store
-from batchline.store.ports import OutcomeWriter, ProviderParking, ShardLeases
+from batchline.store.ports import OutcomeWriter, ProviderParking, RuntimePins, ShardLeases
 from tests.helpers import PG_ADMIN_URL, fresh_pg_database
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres),
@@ -26,7 +26,7 @@ BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres),
 
 # What a worker may call, from the port itself rather than a list kept by hand.
 WORKER_METHODS = frozenset(
-    name for port in (ShardLeases, OutcomeWriter, ProviderParking) for name in vars(port)
+    name for port in (ShardLeases, OutcomeWriter, ProviderParking, RuntimePins) for name in vars(port)
     if not name.startswith("_"))
 
 
