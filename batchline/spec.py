@@ -21,7 +21,7 @@ import yaml
 from batchline.errors import SpecError
 from batchline.fewshot import DEFAULT_EXAMPLE_CHARS, Example, examples_digest
 from batchline.lake import check_storage_options, lake_settings
-from batchline.registry import ENGINES, PROVIDERS, unhonoured_knob
+from batchline.registry import ENGINES, PROVIDERS, unhonoured_knob, unknown_option
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 TEXT_FORMATS = ("jsonl", "csv")
@@ -626,6 +626,9 @@ def _parse_model(r: _Reader, raw: Any, base_dir: Path) -> ModelSpec:
     options = mod.get("options", {}) or {}
     if not isinstance(options, dict):
         r.fail("model.options", "must be a mapping")
+    unknown = unknown_option(ENGINES[engine], options)
+    if unknown:
+        r.fail(*unknown)
     return ModelSpec(engine=engine, path=model_path, digest=digest.lower() if digest else None, options=options)
 
 
