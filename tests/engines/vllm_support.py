@@ -11,7 +11,7 @@ ENDING_SCHEMA: dict[str, Any] = {
     "properties": {
         "category": {"enum": ["Hardware", "Access", "Storage", "Purchase", "Miscellaneous"]},
         "urgent": {"type": "boolean"},
-        "tag": {"type": "string", "maxLength": 8},
+        "tag": {"type": "string", "maxLength": 4},
     },
     "required": ["category", "urgent", "tag"],
     "additionalProperties": False,
@@ -29,17 +29,29 @@ CPU_OPTIONS: dict[str, Any] = {
 }
 
 
-def engine_core_pids() -> list[int]:
-    """Processes vLLM started as its engine core (they name themselves VLLM::EngineCore)."""
+def engine_core_pids() -> set[int]:
+    """Live processes vLLM started as its engine core (they name themselves VLLM::EngineCore;
+    the kernel keeps 15 characters of it). A zombie is gone: it holds no memory."""
     from pathlib import Path
 
-    found: list[int] = []
+    from batchline.drill import gone
+
+    found: set[int] = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if "EngineCor" in (proc / "comm").read_text() or b"EngineCore" in (proc / "cmdline").read_bytes():
-                found.append(int(proc.name))
+            named = "EngineCor" in (proc / "comm").read_text() or b"EngineCore" in (proc / "cmdline").read_bytes()
         except OSError:
             continue
+        if named and not gone(int(proc.name)):
+            found.add(int(proc.name))
     return found
+
+
+def no_engine_core_but(before: set[int]) -> None:
+    """Waits until no vLLM engine core is alive but those in `before` (a killed process
+    group's members take a moment to be reaped), failing the test if one stays."""
+    from tests.helpers import wait_for
+
+    wait_for(lambda: engine_core_pids() <= before, timeout=30, what="no vLLM engine core left behind")
