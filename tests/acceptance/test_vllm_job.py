@@ -16,7 +16,12 @@ from batchline.digests import sha256_tree
 from batchline.drill import gone
 from batchline.store import Store, open_store
 from tests.engines.support import save_tiny_llama
-from tests.engines.vllm_support import CPU_OPTIONS, ENDING_SCHEMA, engine_core_pids, no_engine_core_but
+from tests.engines.vllm_support import (
+    CPU_OPTIONS,
+    ENDING_SCHEMA,
+    engine_core_pids,
+    no_engine_core_but,
+)
 from tests.helpers import ROOT, check_invariants, planned, start_worker, stop_all, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.acceptance]
