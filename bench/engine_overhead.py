@@ -26,8 +26,10 @@ import yaml
 
 from batchline.engines import create_engine
 from batchline.engines.base import EngineConfig, EngineRequest, ListRequestSource
-from batchline.prompt import render, split_template
+from batchline.outputs import OutputChecker
+from batchline.prompt import split_template
 from batchline.spec import load_spec
+from batchline.worker.shard import JobContext
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,10 +38,13 @@ def raw_loop(spec_path: Path) -> float:
     spec = load_spec(spec_path)
     records = [json.loads(line) for line in Path(spec.input.locations[0]).read_text().splitlines() if line.strip()]
     prefix, suffix = split_template(spec.prompt.text)
+    # The worker's own rendering, retrieved examples included, so both sides send the same prompts.
+    job = JobContext(spec, OutputChecker(spec.output_schema), prefix, suffix)
     start = time.perf_counter()
     engine = create_engine(EngineConfig(spec.model, spec.decoding, spec.output_schema))
     engine.load()
-    requests = [EngineRequest(str(r[spec.input.id_field]), render(prefix, suffix, r[spec.input.text_field]),
+    requests = [EngineRequest(str(r[spec.input.id_field]), job.prompt(str(r[spec.input.id_field]),
+                                                                      r[spec.input.text_field]),
                               prefix, r[spec.input.text_field]) for r in records]
     answered = sum(1 for _ in engine.generate(ListRequestSource(requests)))
     seconds = time.perf_counter() - start
@@ -74,6 +79,9 @@ def main() -> int:
         spec = dict(base)
         spec["input"] = {**base["input"], "path": str(data)}
         spec["prompt"] = {**base["prompt"], "file": str(args.spec.parent / base["prompt"]["file"])}
+        if "examples" in base["prompt"]:
+            examples = base["prompt"]["examples"]
+            spec["prompt"]["examples"] = {**examples, "file": str(args.spec.parent / examples["file"])}
         spec["output"] = {**base["output"], "schema": str(args.spec.parent / base["output"]["schema"])}
         spec.pop("validate", None)
         path = tmp / f"job-{i}.yaml"
