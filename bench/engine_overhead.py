@@ -62,8 +62,8 @@ def round_spec(base: dict[str, Any], spec_dir: Path, data: Path) -> dict[str, An
 
 def raw_loop(spec_path: Path) -> float:
     spec = load_spec(spec_path)
-    requests = raw_requests(spec_path)
     start = time.perf_counter()
+    requests = raw_requests(spec_path)  # timed: the pipeline renders them (and retrieves the examples) too
     engine = create_engine(EngineConfig(spec.model, spec.decoding, spec.output_schema))
     engine.load()
     answered = sum(1 for _ in engine.generate(ListRequestSource(requests)))
