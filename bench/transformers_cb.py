@@ -4,7 +4,8 @@ Measures, on the CPU and the tiny random Llama of the engine tests (example tick
 the example prompt, about 2,540 prompt tokens, greedy), the engine's own loop (refill:
 finished rows replaced, the prefix computed once) against `generate_batch` (transformers'
 ContinuousBatchingManager with paged attention, "paged|sdpa"), both unconstrained: records/s,
-decode slots (rows decoded, summed over the steps), and whether the tokens agree. Then
+decode slots (rows decoded, summed over the steps), and whether the tokens agree (EOS
+ignored, so both decode exactly --max-tokens). Then
 asks `generate_batch` to keep the schema: its logits processors are the ones its generation
 config implies, and a processor that is not of its per-request kind is called with the whole
 packed batch's token ids, so no per-record grammar state can be kept (printed with what
@@ -52,7 +53,8 @@ def main() -> None:
         save_tiny_llama(path)
         engine = TransformersEngine(EngineConfig(
             model=ModelSpec(engine="transformers", path=str(path), digest="sha256:" + sha256_tree(path),
-                            options={"device": "cpu", "batch_size": args.batch_size, "constrained": False}),
+                            options={"device": "cpu", "batch_size": args.batch_size, "constrained": False,
+                                     "ignore_eos": True}),
             decoding=DecodingSpec(temperature=0.0, max_tokens=args.max_tokens, seed=0),
             output_schema={"type": "object"},
         ))
@@ -71,11 +73,16 @@ def main() -> None:
         started = time.perf_counter()
         batch = model.generate_batch(inputs=prompts, generation_config=config)
         cb_seconds = time.perf_counter() - started
-        # Request ids are req_<index of the prompt>; each live request decodes one token a step.
+        # Request ids are req_<index of the prompt>. Each live request decodes one token a step,
+        # and its first token comes from its prefill (as the engine counts: decode forwards only).
         generated = {requests[int(rid.split("_")[1])].record_id: out.generated_tokens for rid, out in batch.items()}
-        cb_slots = sum(len(tokens) for tokens in generated.values())
-        same = all(tokenizer.decode(generated[rid], skip_special_tokens=True).strip() == (o.output or "")
-                   for rid, o in outcomes.items())
+        cb_slots = sum(len(tokens) - 1 for tokens in generated.values())
+        differ = [rid for rid, o in outcomes.items()
+                  if tokenizer.decode(generated[rid], skip_special_tokens=True).strip() != (o.output or "")]
+        same = not differ
+        for rid in differ[:2]:
+            print(f"  {rid}: the engine wrote {outcomes[rid].output!r}, generate_batch "
+                  f"{tokenizer.decode(generated[rid], skip_special_tokens=True).strip()!r}")
         print(f"engine's own loop (refill): {len(outcomes) / own_seconds:.2f} records/s, decode slots "
               f"{counts.decode_rows} ({counts.idle_rows} on finished rows)")
         print(f"generate_batch (paged|sdpa): {len(batch) / cb_seconds:.2f} records/s, decode slots {cb_slots}")
