@@ -174,7 +174,8 @@ class VllmEngine:
             import vllm
         except ImportError:
             raise EngineFatal(
-                "the vllm engine needs vLLM (pip install vllm) on a machine with an NVIDIA GPU"
+                "the vllm engine needs vLLM: run the worker from the vLLM environment (make vllm-env for "
+                "vLLM's CPU build, the image container/Containerfile.vllm-cuda on NVIDIA GPUs)"
             ) from None
         args = engine_kwargs(self.config, path)
         from vllm.config import StructuredOutputsConfig
