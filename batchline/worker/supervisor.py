@@ -23,6 +23,7 @@ from batchline.providers.base import BatchProvider
 from batchline.spec import LOCAL_ROUTE, ProviderSpec, stored_spec
 from batchline.store import Lease, WorkerStore
 from batchline.telemetry import WorkerTelemetry
+from batchline.worker.build import batchline_build
 from batchline.worker.engine_process import EngineProcess, EngineStopped
 from batchline.worker.hosted import HostedShardRun
 from batchline.worker.local import LocalShardRun
@@ -62,6 +63,9 @@ class Worker:
         self.identity = process_identity()
         self.pod_lookup = kubernetes_pod_lookup() if self.identity.get("pod") else None
         self.handle = WorkerHandle(store, self.worker_id, self.stop, self.telemetry, log)
+        # The build this process loaded, taken now rather than at the first engine start, so
+        # source changed on disk after the worker started is refused in its engine child.
+        batchline_build()
 
     # --- the claim loop -------------------------------------------------------
 
