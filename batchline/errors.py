@@ -44,6 +44,13 @@ class EngineFatal(BatchlineError):
     exit_code = 5
 
 
+class EngineCrashed(Exception):
+    """The engine died under the records in flight (vLLM's engine core killed by a signal,
+    a native crash in it) after it had loaded. Not fatal: the engine child exits and the
+    supervisor restarts it and bisects the records in flight, as after a segfault, so a
+    record that kills the engine costs only itself (I4)."""
+
+
 class SourceUnavailable(BatchlineError):
     """The input's store cannot be read now (throttled, unreachable, timing out) for
     longer than its bound. Nothing is wrong with the input: a worker gives its shard

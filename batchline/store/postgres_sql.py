@@ -238,6 +238,17 @@ CREATE TABLE plan_keys (
     PRIMARY KEY (name, key)
 );
 """),
+    # The engine runtime (its packages and versions) the first worker of a version loaded:
+    # a worker whose engine differs refuses the version, so it never mixes engine builds.
+    (9, "engine runtimes pinned per version", """
+CREATE TABLE engine_runtimes (
+    version text PRIMARY KEY,
+    runtime text NOT NULL,
+    worker text NOT NULL,
+    pinned_at float8 NOT NULL
+);
+ALTER TABLE engine_runtimes ENABLE ROW LEVEL SECURITY;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -707,6 +718,11 @@ IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = %(v)s)"
 KEY_PLAN = ("INSERT INTO plan_keys (name, key, version, created_at) VALUES (%(name)s, %(key)s, %(v)s, batchline_now()) "
             "ON CONFLICT (name, key) DO NOTHING")
 KEYED_VERSION = "SELECT version FROM plan_keys WHERE name = %(name)s AND key = %(key)s"
+PIN_RUNTIME = WorkerStatement(
+    "INSERT INTO engine_runtimes (version, runtime, worker, pinned_at) VALUES (%(v)s, %(runtime)s, %(w)s, "
+    "batchline_now()) ON CONFLICT (version) DO NOTHING", inserts("engine_runtimes"), *reads("clock"))
+PINNED_RUNTIME = WorkerStatement("SELECT runtime, worker FROM engine_runtimes WHERE version = %(v)s",
+                                 *reads("engine_runtimes"))
 CANCEL_JOB = "UPDATE jobs SET state = 'cancelled' WHERE version = %(v)s AND state IN ('ready', 'sealed')"
 # The epoch moves on, so the owner's next renewal or write is refused and it leaves the shard.
 END_LEASES = ("UPDATE shards SET state = 'ready', owner = NULL, epoch = epoch + 1, lease_expires = NULL "
@@ -716,6 +732,6 @@ REMOVE_VERSION = (
     """DELETE FROM results r WHERE r.version = %(v)s
 AND NOT EXISTS (SELECT 1 FROM results c WHERE c.origin = %(v)s AND c.record_id = r.record_id)""",
     *(f"DELETE FROM {table} WHERE version = %(v)s" for table in (
-        "shards", "records", "attempts", "dead_letters", "validations")),
+        "shards", "records", "attempts", "dead_letters", "validations", "engine_runtimes")),
     "UPDATE jobs SET state = 'removed' WHERE version = %(v)s",
 )

@@ -192,6 +192,16 @@ CREATE TABLE IF NOT EXISTS plan_keys (
     PRIMARY KEY (name, key)
 );
 """),
+    # The engine runtime (its packages and versions) the first worker of a version loaded:
+    # a worker whose engine differs refuses the version, so it never mixes engine builds.
+    (7, "engine runtimes pinned per version", """
+CREATE TABLE IF NOT EXISTS engine_runtimes (
+    version TEXT PRIMARY KEY,
+    runtime TEXT NOT NULL,
+    worker TEXT NOT NULL,
+    pinned_at REAL NOT NULL
+);
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -460,6 +470,9 @@ IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = :v)"
 KEY_PLAN = (f"INSERT INTO plan_keys (name, key, version, created_at) VALUES (:name, :key, :v, {NOW_EXPR}) "
             "ON CONFLICT (name, key) DO NOTHING")
 KEYED_VERSION = "SELECT version FROM plan_keys WHERE name = :name AND key = :key"
+PIN_RUNTIME = (f"INSERT INTO engine_runtimes (version, runtime, worker, pinned_at) VALUES (:v, :runtime, :w, {NOW_EXPR}) "
+               "ON CONFLICT (version) DO NOTHING")
+PINNED_RUNTIME = "SELECT runtime, worker FROM engine_runtimes WHERE version = :v"
 CANCEL_JOB = "UPDATE jobs SET state = 'cancelled' WHERE version = :v AND state IN ('ready', 'sealed')"
 # The epoch moves on, so the owner's next renewal or write is refused and it leaves the shard.
 END_LEASES = ("UPDATE shards SET state = 'ready', owner = NULL, epoch = epoch + 1, lease_expires = NULL "
@@ -469,6 +482,6 @@ REMOVE_VERSION = (
     "DELETE FROM results WHERE version = :v AND NOT EXISTS (SELECT 1 FROM results c "
     "WHERE c.origin = :v AND c.record_id = results.record_id)",
     *(f"DELETE FROM {table} WHERE version = :v" for table in (
-        "shards", "records", "attempts", "dead_letters", "validations")),
+        "shards", "records", "attempts", "dead_letters", "validations", "engine_runtimes")),
     "UPDATE jobs SET state = 'removed' WHERE version = :v",
 )

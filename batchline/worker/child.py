@@ -1,9 +1,17 @@
 """The engine child: loads the engine and streams outcomes for the requests it is sent.
 
-It speaks JSON lines: an `init` message, then `req` messages on stdin; a
-`ready` (or `fatal`) message, then one `out` message per request on stdout.
-It dies with its supervisor (PR_SET_PDEATHSIG), so a killed worker never leaves
-a model holding a GPU.
+It speaks JSON lines: an `init` message, then `req` messages on what was its
+stdin; a `ready` (or `fatal`) message, then one `out` message per request on
+what was its stdout. Both move to descriptors of their own at once, before any
+engine is loaded: processes an engine starts (vLLM's engine core and its
+workers) inherit descriptors 0 to 2 and log to 1, which is then the stderr
+pipe, so nothing they write can reach the protocol.
+
+The child leads a process group of its own (the supervisor starts it so) and
+forks a reaper into it first: when the child ends, however it ends (its
+supervisor killed and PR_SET_PDEATHSIG, a crash, a normal exit), the reaper
+kills the whole group, so no process the engine started outlives it holding
+memory or a GPU.
 """
 
 from __future__ import annotations
@@ -19,20 +27,57 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
-from batchline.engines import create_engine
+from batchline.engines import create_engine, engine_runtime
 from batchline.engines.base import Engine, EngineConfig, EngineOutcome, EngineRequest, chat_prompt
-from batchline.errors import EngineFatal
+from batchline.errors import EngineCrashed, EngineFatal
 from batchline.spec import DecodingSpec, ModelSpec
+from batchline.worker.build import batchline_build
 
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def _on_parent_death(sig: signal.Signals) -> bool:
+    """Asks the kernel for `sig` when this process's parent dies; False where it cannot."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux: the child still exits when its stdin closes
+        return bool(libc.prctl(_PR_SET_PDEATHSIG, sig) == 0)
+    except (OSError, AttributeError):
+        return False  # not Linux: the child still exits when its input closes
+
+
+def _start_reaper() -> None:
+    """Forks the process that kills this process group once this process is gone.
+    Forked before any thread exists, so the fork is safe, and idle, so the signal is
+    acted on at once."""
+    if os.getpgrp() != os.getpid():
+        return  # started by hand, not by a supervisor: the group is someone else's
+    parent = os.getpid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    if os.fork() != 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+        return
+    try:
+        # The protocol's pipes must close when the child goes, not when the reaper does.
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        if _on_parent_death(signal.SIGHUP) and os.getppid() == parent:
+            signal.sigwait({signal.SIGHUP})
+    finally:
+        os.killpg(os.getpgrp(), signal.SIGKILL)  # this process too
+        os._exit(0)
+
+
+def _protocol_streams() -> tuple[IO[str], IO[str]]:
+    """The protocol's own descriptors (non-inheritable copies of 0 and 1); descriptor 1
+    becomes stderr and 0 /dev/null, which is all that processes started from here inherit."""
+    requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return requests, replies
 
 
 class _Writer:
@@ -144,16 +189,24 @@ def _read_requests(stdin: IO[str], source: _Source) -> None:
 
 
 def main() -> int:
-    _die_with_parent()
+    _on_parent_death(signal.SIGKILL)
+    _start_reaper()
     # The supervisor decides when to stop; a terminal's Ctrl-C reaches the whole
     # process group and must not kill the engine under records being written.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    stdout = sys.stdout
+    requests, replies = _protocol_streams()
+    sys.stdin = requests
     # Engines that print (llama.cpp does) must not corrupt the protocol stream.
     sys.stdout = sys.stderr
-    writer = _Writer(stdout)
-    init = json.loads(sys.stdin.readline())
+    writer = _Writer(replies)
+    init = json.loads(requests.readline())
+    build = batchline_build()
+    if init.get("batchline") not in (None, build):
+        writer.send({"op": "fatal", "error": f"the engine child runs batchline {build} from "
+                     f"{Path(__file__).parents[1]}, its supervisor batchline {init['batchline']}: "
+                     "run the worker where one batchline serves both"})
+        return 1
     config = EngineConfig(
         model=ModelSpec(**init["model"]),
         decoding=DecodingSpec(**init["decoding"]),
@@ -169,12 +222,16 @@ def main() -> int:
     except Exception as exc:
         writer.send({"op": "fatal", "error": f"engine failed to load: {type(exc).__name__}: {exc}"})
         return 1
-    writer.send({"op": "ready"})
+    writer.send({"op": "ready", "runtime": engine_runtime(config.model.engine)})
     source = _Source(engine, writer, init.get("max_input_tokens"))
-    threading.Thread(target=_read_requests, args=(sys.stdin, source), daemon=True).start()
+    threading.Thread(target=_read_requests, args=(requests, source), daemon=True).start()
     try:
         for outcome in engine.generate(source):
             writer.outcome(outcome)
+    except EngineCrashed as exc:
+        # As if this process had died: the supervisor restarts it and bisects what was in flight.
+        writer.send({"op": "crash", "error": str(exc)})
+        return 70
     except EngineFatal as exc:
         writer.send({"op": "fatal", "error": str(exc)})
         return 1

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
+import os
 import queue
 import signal
 import subprocess
@@ -14,6 +16,7 @@ import time
 from typing import IO, Any, cast
 
 from batchline.errors import EngineFatal
+from batchline.worker.build import batchline_build
 
 EOF_MESSAGE: dict[str, Any] = {"op": "eof"}
 
@@ -59,14 +62,18 @@ def _relay_stderr(stream: IO[bytes]) -> None:
 
 class EngineProcess:
     """Starts the child, sends it requests without ever blocking the supervisor,
-    and delivers its messages through a queue (`eof` when it is gone)."""
+    and delivers its messages through a queue (`eof` when it is gone).
+
+    The child leads a process group of its own, and killing it kills the group: the
+    processes an engine starts (vLLM's engine core and its workers) die with it."""
 
     def __init__(self, init: dict[str, Any], load_timeout: float) -> None:
-        self.init = init
+        self.init = {**init, "batchline": batchline_build()}
         self.load_timeout = load_timeout
         self.proc: subprocess.Popen[str] | None = None
         self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
         self._outbox: queue.Queue[str | None] = queue.Queue()
+        self.runtime: str | None = None  # the engine's packages and versions, as the child reported them
 
     def start(self, stop: threading.Event | None = None) -> None:
         self.messages = queue.Queue()
@@ -74,6 +81,7 @@ class EngineProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "batchline.worker.child"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+            process_group=0,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
         stderr = cast(io.TextIOWrapper, self.proc.stderr).buffer  # bytes: a native library's output need not be UTF-8
@@ -95,6 +103,7 @@ class EngineProcess:
             except queue.Empty:
                 continue
             if msg["op"] == "ready":
+                self.runtime = msg.get("runtime")
                 return
             if msg["op"] == "fatal":
                 self.kill()
@@ -142,8 +151,10 @@ class EngineProcess:
             return None
         proc, self.proc = self.proc, None
         self._outbox.put(None)
-        if proc.poll() is None:
-            proc.kill()
+        # The group, not the child alone: what the engine started goes too, even once the
+        # child has exited (its reaper may not have had its turn yet).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
         code = proc.wait()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             try:

@@ -106,6 +106,9 @@ class LocalShardRun:
                 elif msg["op"] == "fatal":
                     # The engine says it cannot go on (CUDA error, server gone): no record is to blame.
                     raise EngineFatal(msg["error"])
+                elif msg["op"] == "crash":
+                    # The engine died under its records and says how; the child exits as it would on a crash.
+                    self._failure("crash", msg["error"])
                 elif msg["op"] == "eof":
                     self._failure("crash", None)
             now = time.monotonic()

@@ -21,6 +21,7 @@ from batchline.prompts.render import split_template
 from batchline.providers.base import BatchProvider
 from batchline.spec import LOCAL_ROUTE, ProviderSpec, stored_spec
 from batchline.store import Lease, WorkerStore
+from batchline.worker.build import batchline_build
 from batchline.worker.engine_process import EngineProcess, EngineStopped
 from batchline.worker.hosted import HostedShardRun
 from batchline.worker.liveness import kubernetes_pod_lookup, process_identity, take_back_dead
@@ -62,6 +63,9 @@ class Worker:
         self.identity = process_identity()
         self.pod_lookup = kubernetes_pod_lookup() if self.identity.get("pod") else None
         self.handle = WorkerHandle(store, self.worker_id, self.stop, self.telemetry, log)
+        # The build this process loaded, taken now rather than at the first engine start, so
+        # source changed on disk after the worker started is refused in its engine child.
+        batchline_build()
 
     # --- the claim loop -------------------------------------------------------
 
@@ -249,7 +253,23 @@ class Worker:
         self._engine = EngineProcess(self._engine_init(job), LOAD_TIMEOUT_SECONDS)
         self._engine_version = version
         self._engine.start(self.stop)
+        self._check_runtime()
         return self._engine
+
+    def _check_runtime(self) -> None:
+        """The version keeps the engine runtime its first worker loaded (I2): a worker whose
+        engine is another build refuses it before it computes anything."""
+        assert self._engine is not None and self._engine_version is not None
+        runtime = self._engine.runtime
+        if runtime is None:
+            return
+        pinned, by = self.store.pin_runtime(self._engine_version, runtime, self.worker_id)
+        if pinned != runtime:
+            self._engine.close()
+            self._engine = None
+            raise EngineFatal(f"version {self._engine_version} is computed with the engine runtime {pinned} "
+                              f"(first loaded by worker {by}), and this worker's engine is {runtime}: run its "
+                              f"workers where {pinned} is installed")
 
     @staticmethod
     def _engine_init(job: JobContext) -> dict[str, Any]:
@@ -265,4 +285,6 @@ class Worker:
         assert self._engine is not None
         self._engine.kill()
         self._engine.start()
+        self._check_runtime()  # the packages may have changed on disk since the last start
+        assert self._engine is not None
         return self._engine

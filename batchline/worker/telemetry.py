@@ -1,7 +1,7 @@
 """What a worker reports about itself while it runs (metrics, structured logs).
 
 The supervisor calls these hooks; the default does nothing, so the core needs
-no metrics library. `batchline.metrics` implements them for Prometheus.
+no metrics library. `batchline.ops.metrics` implements them for Prometheus.
 """
 
 from __future__ import annotations

@@ -47,9 +47,10 @@ class ListSource:
             return batch
 
 
-def save_tiny_llama(path: Path, max_positions: int = 4096) -> None:
+def save_tiny_llama(path: Path, max_positions: int = 4096, hidden_size: int = 64) -> None:
     """A 2-layer Llama with random weights and a byte-level BPE tokenizer trained on the
-    example prompt, saved as a model directory: nothing is downloaded."""
+    example prompt, saved as a model directory: nothing is downloaded. Its 4 heads are
+    hidden_size / 4 wide: vLLM's CPU attention needs 64 (hidden_size 256)."""
     import tokenizers
     import torch
     import transformers as transformers_module
@@ -70,7 +71,7 @@ def save_tiny_llama(path: Path, max_positions: int = 4096) -> None:
         tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
     )
     config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=max_positions, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,

@@ -1,11 +1,9 @@
-"""The vLLM engine: the requests it builds, its streaming loop on a stand-in, and
-(where vLLM is installed: `make vllm-check` installs vllm==0.33.0 into .venv-vllm)
-both checked against the real package wherever no GPU is needed."""
+"""The vLLM engine: the requests it builds and its streaming loop, on a stand-in for
+vLLM's LLMEngine (a fake: these run where vLLM is not installed). The same engine runs
+the real vLLM in test_vllm_conformance.py and test_vllm_cpu.py (`make test-vllm`)."""
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,18 +13,18 @@ import pytest
 
 from batchline.digests import sha256_tree
 from batchline.engines import create_engine
-from batchline.engines.base import EngineConfig, EngineRequest
+from batchline.engines.base import EngineConfig
 from batchline.engines.vllm_engine import (
     VllmEngine,
     _InFlight,
     _outcome,
+    _require_devices,
     engine_kwargs,
-    make_sampling_params,
     sampling_kwargs,
 )
-from batchline.errors import EngineFatal
-from batchline.spec import DecodingSpec, ModelSpec
-from tests.integration.engines.support import EXAMPLES, ListSource, make_request, save_tiny_llama
+from batchline.errors import EngineCrashed, EngineFatal, SpecError
+from batchline.spec import DecodingSpec, ModelSpec, parse_spec
+from tests.integration.engines.support import ListSource, make_request
 
 SCHEMA = {"type": "object", "properties": {"label": {"enum": ["a", "b"]}}, "required": ["label"]}
 
@@ -90,14 +88,15 @@ class _Output:
     finished: bool
     outputs: list[_Completion]
     prompt_token_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int | None = None
 
 
 class FakeLLMEngine:
     """Finishes each request after as many steps as its prompt has tokens, one token per step."""
 
-    def __init__(self, events: list[str], too_long: int = 10**9) -> None:
+    def __init__(self, events: list[str], refuse: str = "") -> None:
         self.events = events
-        self.too_long = too_long
+        self.refuse = refuse
         self.running: dict[str, tuple[int, int]] = {}
         self.steps = 0
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
@@ -106,8 +105,8 @@ class FakeLLMEngine:
         self.calls.append(("add_request", args, kwargs))
         request_id, prompt, _ = args
         ids = prompt["prompt_token_ids"]
-        if len(ids) >= self.too_long:
-            raise ValueError(f"prompt of {len(ids)} tokens is longer than max_model_len")
+        if self.refuse and request_id.startswith(self.refuse):
+            raise ValueError("this request's sampling parameters are not supported")
         self.events.append(f"add {request_id.split('#')[0]}")
         self.running[request_id] = (len(ids), 0)
 
@@ -129,8 +128,9 @@ class FakeLLMEngine:
 
 def _stub_engine(events: list[str], **options: Any) -> tuple[VllmEngine, FakeLLMEngine]:
     engine = VllmEngine(_config(**options))
-    fake = FakeLLMEngine(events, too_long=int(options.get("too_long", 10**9)))
+    fake = FakeLLMEngine(events, refuse=str(options.get("refuse", "")))
     engine._llm = fake
+    engine._max_model_len = int(options.get("max_model_len", 10**9))
     engine._params = object()
     # One token per word keeps the expected step counts readable.
     engine.tokenize = lambda text: list(range(len(text.split())))  # type: ignore[method-assign]
@@ -165,14 +165,26 @@ def test_new_records_are_polled_while_others_run() -> None:
     assert fake.running == {}
 
 
-def test_a_record_vllm_refuses_is_that_records_error() -> None:
+def test_a_prompt_over_the_model_length_was_an_engine_error_charged_three_times() -> None:
+    # It is too_long at once (a dead letter without a charge), costing no other record.
     events: list[str] = []
-    engine, _ = _stub_engine(events, too_long=8)
-    source = ListSource([make_request("ok", "p", "w"), make_request("huge", "p", "w " * 20)])
+    engine, _ = _stub_engine(events, max_model_len=8)
+    source = ListSource([make_request("ok", "p", "w"), make_request("huge", "p", "w " * 20),
+                         make_request("edge", "p", "w " * 6)])
     outcomes = {o.record_id: o for o in engine.generate(source)}
     assert outcomes["ok"].error is None
-    assert outcomes["huge"].error_kind == "engine_error"
-    assert "max_model_len" in (outcomes["huge"].error or "")
+    # 8 prompt tokens leave vLLM no room for one output token: too long as well.
+    assert (outcomes["huge"].error_kind, outcomes["edge"].error_kind) == ("too_long", "too_long")
+    assert outcomes["huge"].input_tokens == 22 and "max_model_len is 8" in (outcomes["huge"].error or "")
+    assert [c for c in events if c.startswith("add")] == ["add ok"]
+
+
+def test_a_request_vllm_refuses_for_another_reason_is_that_records_engine_error() -> None:
+    engine, _ = _stub_engine([], refuse="bad")
+    outcomes = {o.record_id: o for o in engine.generate(ListSource([make_request("ok", "p", "w"),
+                                                                    make_request("bad", "p", "w")]))}
+    assert outcomes["ok"].error is None
+    assert outcomes["bad"].error_kind == "engine_error" and "not supported" in (outcomes["bad"].error or "")
 
 
 def test_output_cut_at_max_tokens_is_an_error() -> None:
@@ -213,145 +225,65 @@ def test_close_stops_the_engine_core() -> None:
     assert stopped == ["core"] and engine._llm is None
 
 
-def test_engine_step_failure_is_fatal() -> None:
+def test_an_engine_core_dying_mid_batch_was_reported_fatal_instead_of_a_crash_to_bisect() -> None:
     engine, fake = _stub_engine([])
 
     def dead() -> list[_Output]:
-        raise RuntimeError("EngineDeadError: engine core died")
+        raise RuntimeError("EngineCore encountered an issue")
 
     fake.step = dead  # type: ignore[method-assign]
-    with pytest.raises(EngineFatal, match="engine core died"):
-        list(engine.generate(ListSource([make_request("r", "p", "w")])))
+    with pytest.raises(EngineCrashed, match="2 records in flight: RuntimeError: EngineCore encountered") as info:
+        list(engine.generate(ListSource([make_request("r", "p", "w"), make_request("s", "p", "w")])))
+    assert not isinstance(info.value, EngineFatal)
 
 
-# --- the same against the real vLLM, where it is installed ---------------------------
-
-
-def _vllm() -> Any:
-    return pytest.importorskip("vllm", reason="vLLM is not installed here; `make vllm-check` "
-                                              "runs these against vllm==0.33.0 in .venv-vllm")
-
-
-TRIAGE_SCHEMA: dict[str, Any] = json.loads((EXAMPLES / "triage.schema.json").read_text(encoding="utf-8"))
-
-
-def _triage_config(**options: Any) -> EngineConfig:
-    return EngineConfig(
-        model=ModelSpec(engine="vllm", path="/models/llama", options=options),
-        # Sampled: vLLM sets top_p to 1 for greedy decoding, whatever it is given.
-        decoding=DecodingSpec(temperature=0.7, max_tokens=200, seed=3, top_p=0.95),
-        output_schema=TRIAGE_SCHEMA,
-    )
-
-
-@pytest.mark.engine
-def test_vllm_engine_args_take_every_argument_the_engine_passes() -> None:
-    vllm = _vllm()
-    kwargs = engine_kwargs(_triage_config(tensor_parallel_size=2, max_model_len=4096, dtype="bfloat16",
-                                          enforce_eager=True, gpu_memory_utilization=0.5),
-                           Path("/models/llama"))
-    fields = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
-    assert set(kwargs) <= fields, set(kwargs) - fields
-    args = vllm.EngineArgs(**kwargs)
-    assert {key: getattr(args, key) for key in kwargs} == kwargs
-    inspect.signature(vllm.LLMEngine.from_engine_args).bind(args)
-
-
-@pytest.mark.engine
-def test_vllm_sampling_params_with_structured_outputs_build_from_the_jobs_schema() -> None:
-    vllm = _vllm()
-    from vllm.v1.structured_output.backend_xgrammar import (
-        has_xgrammar_unsupported_json_features,
-        validate_xgrammar_grammar,
-    )
-
-    params = make_sampling_params(vllm, sampling_kwargs(_triage_config()))
-    assert isinstance(params, vllm.SamplingParams)
-    assert params.structured_outputs.json == TRIAGE_SCHEMA
-    assert (params.n, params.temperature, params.top_p, params.max_tokens, params.seed, params.ignore_eos) == (
-        1, 0.7, 0.95, 200, 3, False)
-    # vLLM's default backend ("auto") takes xgrammar for a schema it supports, and
-    # xgrammar compiles this one.
-    assert not has_xgrammar_unsupported_json_features(TRIAGE_SCHEMA)
-    validate_xgrammar_grammar(params)
-    plain = make_sampling_params(vllm, sampling_kwargs(_triage_config(constrained=False, ignore_eos=True)))
-    assert plain.structured_outputs is None and plain.ignore_eos is True
-
-
-@pytest.mark.engine
-def test_the_engines_calls_bind_to_the_real_llm_engine() -> None:
-    vllm = _vllm()
-    from vllm.inputs import TokensPrompt
-
-    engine, fake = _stub_engine([])
-    outcomes = list(engine.generate(ListSource([make_request("r", "p", "w w")])))
-    assert [o.record_id for o in outcomes] == ["r"]
-    assert {name for name, _, _ in fake.calls} == {"add_request", "step"}
-    for name, args, kwargs in fake.calls:
-        inspect.signature(getattr(vllm.LLMEngine, name)).bind(object(), *args, **kwargs)
-    _, (request_id, prompt, _), _ = fake.calls[0]
-    assert isinstance(request_id, str)
-    assert TokensPrompt.__required_keys__ <= set(prompt) <= set(TokensPrompt.__annotations__)
-    # What the engine reads from step()'s outputs, and how close() stops vLLM.
-    output_params = inspect.signature(vllm.RequestOutput.__init__).parameters
-    assert {"request_id", "outputs", "finished"} <= set(output_params)
-    assert {"text", "token_ids", "finish_reason"} <= {f.name for f in dataclasses.fields(vllm.CompletionOutput)}
-    from vllm.v1.engine import FinishReason
-    from vllm.v1.engine.core_client import EngineCoreClient
-
-    assert {"stop", "length"} <= {str(reason) for reason in FinishReason}
-    assert callable(EngineCoreClient.shutdown) and not hasattr(vllm.LLMEngine, "shutdown")
-    assert "self.engine_core = " in inspect.getsource(vllm.LLMEngine.__init__)
-
-
-@pytest.mark.engine
-def test_conversations_render_through_the_chat_template_under_vllms_transformers(tmp_path: Path) -> None:
-    _vllm()
-    from transformers import AutoTokenizer
-
-    save_tiny_llama(tmp_path)
-    template = ("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-                "{% if add_generation_prompt %}[assistant] {% endif %}")
-    engine = VllmEngine(_config(str(tmp_path), chat_template=template))
-    engine._tokenizer = AutoTokenizer.from_pretrained(str(tmp_path))  # what load() does after vLLM starts
-    messages = ({"role": "system", "content": "Triage."}, {"role": "user", "content": "printer jammed"})
-    prompt = engine.chat_prompt(messages)
-    assert prompt == "<s>[system] Triage.\n[user] printer jammed\n[assistant] "
-    ids = engine._prompt_ids(EngineRequest("c", prompt, "", "printer jammed", messages))
-    # The template wrote the BOS; the tokenizer adds no second one.
-    assert ids == engine._tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    assert ids.count(engine._tokenizer.bos_token_id) == 1
-
-
-@pytest.mark.engine
-def test_the_tiny_model_runs_through_vllm(tmp_path: Path) -> None:
-    _vllm()
+def test_require_gpus_refused_vllms_cpu_platform() -> None:
+    _require_devices(4, on_cpu=True)
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU: the vllm wheel on the index is built for CUDA only "
-                    "(bench/vllm_cpu.py shows its CPU platform stopping)")
-    save_tiny_llama(tmp_path)
-    engine = VllmEngine(EngineConfig(
-        model=ModelSpec(engine="vllm", path=str(tmp_path), digest="sha256:" + sha256_tree(tmp_path),
-                        options={"max_model_len": 4096, "enforce_eager": True, "gpu_memory_utilization": 0.2,
-                                 "max_num_seqs": 4}),
-        decoding=DecodingSpec(temperature=0.0, max_tokens=300, seed=0),
-        output_schema=TRIAGE_SCHEMA,
-    ))
-    engine.load()
-    try:
-        outcomes = list(engine.generate(ListSource(
-            make_request(f"t-{i}", "Triage the ticket as JSON.\n", text)
-            for i, text in enumerate(["laptop charger broken", "password reset please", "new monitor"]))))
-    finally:
-        engine.close()
-    import jsonschema
+        with pytest.raises(EngineFatal, match="needs 1 CUDA GPU"):
+            _require_devices(1, on_cpu=False)
 
-    assert sorted(o.record_id for o in outcomes) == ["t-0", "t-1", "t-2"]
-    for outcome in outcomes:
-        assert outcome.error is None, outcome.error
-        jsonschema.validate(json.loads(outcome.output or ""), TRIAGE_SCHEMA)
-        assert (outcome.finish_reason, outcome.constrained) == ("stop", True)
+
+def test_structured_outputs_config_and_the_executor_backend_reach_vllm() -> None:
+    kwargs = engine_kwargs(_config(distributed_executor_backend="uni",
+                                   logits_processors=["pkg.mod:Proc"]), Path("/models/llama"))
+    assert kwargs["distributed_executor_backend"] == "uni"
+    assert kwargs["logits_processors"] == ["pkg.mod:Proc"]
+    assert "distributed_executor_backend" not in engine_kwargs(_config(), Path("/m"))
+
+    @dataclass
+    class Config:  # vLLM's StructuredOutputsConfig refuses unknown fields the same way
+        backend: str = "auto"
+        disable_any_whitespace: bool = False
+
+    from batchline.engines.vllm_engine import structured_outputs_config
+
+    made = structured_outputs_config(Config, {"structured_outputs_config": {"backend": "xgrammar",
+                                                                            "disable_any_whitespace": True}})
+    assert made == Config("xgrammar", True)
+    assert structured_outputs_config(Config, {}) is None
+    with pytest.raises(EngineFatal, match=r"structured_outputs_config: .*disable_any_whitespaces"):
+        structured_outputs_config(Config, {"structured_outputs_config": {"disable_any_whitespaces": True}})
+    with pytest.raises(EngineFatal, match="must be a mapping"):
+        structured_outputs_config(Config, {"structured_outputs_config": "xgrammar"})
+
+
+def test_an_unknown_vllm_option_name_is_refused_when_the_spec_is_read_and_when_the_engine_is_made(
+        tmp_path: Path) -> None:
+    (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
+    raw = {"name": "j", "input": {"path": "in.jsonl", "id_field": "id"},
+           "model": {"engine": "vllm", "path": "/m", "options": {"max_num_seq": 8}},
+           "prompt": {"text": "Classify.\n", "version": "v1"}, "output": {"schema": "schema.json"}}
+    with pytest.raises(SpecError) as info:
+        parse_spec(raw, tmp_path)
+    assert str(info.value).endswith("model.options.max_num_seq: the vllm engine has no such option (it takes "
+                                    "chat_template, constrained, distributed_executor_backend, dtype, "
+                                    "enforce_eager, gpu_memory_utilization, ignore_eos, logits_processors, "
+                                    "max_inflight, max_model_len, max_num_seqs, structured_outputs_config, "
+                                    "tensor_parallel_size)")
+    with pytest.raises(EngineFatal, match=r"model\.options\.max_num_seq: the vllm engine has no such option"):
+        create_engine(_config(max_num_seq=8))
 
 
 def test_sampling_params_carry_the_knobs_that_are_set_and_only_those() -> None:
