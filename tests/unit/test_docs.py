@@ -122,7 +122,15 @@ REPO_PATH = re.compile(r"`((?:batchline|tests|bench|examples|container|docs)/[\w
 
 
 def test_every_path_in_the_checkout_the_docs_name_is_there() -> None:
-    texts = {page: page.read_text(encoding="utf-8") for page in docs.pages(DOCS)}
+    texts = {page: page.read_text(encoding="utf-8") for page in [*docs.pages(DOCS), ROOT / "README.md"]}
     named = {(page.relative_to(ROOT), path) for page, text in texts.items() for path in REPO_PATH.findall(text)}
     assert named
     assert [(str(page), path) for page, path in sorted(named) if not (ROOT / path).exists()] == []
+
+
+def test_the_readme_is_what_a_newcomer_reads_first_and_links_into_the_docs() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    assert "docs/getting-started.md" in links and "docs/reference/cli.md" in links
+    assert [link for link in links if not (ROOT / link).exists()] == []
