@@ -52,7 +52,8 @@ demo-lake: setup
 	$(BIN)/python -m examples.lake_demo --out demo/lake
 
 # The docs' generated parts (the command line, the spec's fields, the
-# registry, the import contracts' layers), rendered from the code; a test fails when they differ.
+# engines' options, the registry, the import contracts' layers), rendered from the code; a test fails
+# when they differ.
 docs: setup
 	$(BIN)/python -m batchline.cli.usage --write docs
 

@@ -17,9 +17,60 @@ at all (where results are published cannot change them).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+# What an engine option takes: how to recognise it, and how to say it in a refusal.
+OPTION_TYPES: Mapping[str, tuple[Callable[[Any], bool], str]] = {
+    "integer": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "number": (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
+    "boolean": (lambda v: isinstance(v, bool), "true or false"),
+    "string": (lambda v: isinstance(v, str), "a string"),
+    "strings": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "record ids": (lambda v: isinstance(v, list) and all(isinstance(x, str | int) and not isinstance(x, bool)
+                                                         for x in v), "a list of record ids"),
+    "mapping": (lambda v: isinstance(v, dict), "a mapping"),
+}
+
+
+@dataclass(frozen=True)
+class EngineOption:
+    """One of an engine's options (`model.options.NAME`), declared in the engine's own module
+    (its `OPTIONS`): a job that sets another is refused when it is planned."""
+
+    name: str
+    type: str  # a key of OPTION_TYPES
+    description: str  # one line
+    # What the engine uses when the option is not set; None: unset, and null may be written.
+    default: Any = None
+    default_text: str | None = None  # the default in words, where the engine computes it
+    choices: tuple[str, ...] = ()  # the values allowed, where only some are
+
+    def __post_init__(self) -> None:
+        assert self.type in OPTION_TYPES, self.type
+
+    def refusal(self, value: Any) -> str | None:
+        """Why `value` cannot be this option, in words, or None."""
+        if value is None and self.default is None and self.default_text is None:
+            return None
+        accepts, words = OPTION_TYPES[self.type]
+        if self.choices and value not in self.choices:
+            return f"must be one of {', '.join(self.choices)}, not {value!r}"
+        if not accepts(value):
+            return f"must be {words}, not {value!r}"
+        return None
+
+
+class EngineOptions(dict[str, EngineOption]):
+    """An engine's options by name."""
+
+    def __init__(self, *options: EngineOption) -> None:
+        super().__init__((o.name, o) for o in options)
+
+    def of(self, given: Mapping[str, Any], name: str) -> Any:
+        """The option as the job's `model.options` set it, else the engine's default."""
+        return given.get(name, self[name].default)
 
 
 @dataclass(frozen=True)
@@ -40,6 +91,12 @@ class Extension:
 
     def load(self) -> Any:
         return _load(self.target)
+
+    def options(self) -> EngineOptions:
+        """The options its module declares (`OPTIONS`); the module imports what its extra brings
+        only when the engine loads, so this needs no extra."""
+        declared: EngineOptions = _load(f"{self.target.split(':')[0]}:OPTIONS")
+        return declared
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,14 @@ A page under docs/ holds each generated part between two markers that name it:
 `make docs` (`python -m batchline.cli.usage --write docs`) renders every part; `--check`
 exits 1 when a page holds a part that differs. The command line's parts are rendered by
 batchline.cli.usage, which sits above this layer with the parser; the others are here:
-the job spec's fields (the parser's declarations), the registry's members and the
-import contracts' layers (pyproject.toml).
+the job spec's fields (the parser's declarations), each engine's options (its module's
+`OPTIONS`), the registry's members and the import contracts' layers (pyproject.toml).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -177,6 +179,30 @@ def registry_members() -> str:
     return "\n".join(lines)
 
 
+# --- each engine's options ---------------------------------------------------------------------
+
+
+def _default(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list | dict):
+        return f"`{json.dumps(value)}`" if value else "none"
+    return _value(value)
+
+
+def engine_options(engine: str) -> str:
+    """The options an engine's module declares (its `OPTIONS`): each one's value, default and
+    what it does."""
+    from batchline.registry import ENGINES
+
+    lines = ["| option | value | default | what it does |", "| --- | --- | --- | --- |"]
+    for o in ENGINES[engine].options().values():
+        kind = "one of " + ", ".join(f"`{c}`" for c in o.choices) if o.choices else o.type
+        default = o.default_text if o.default_text is not None else _default(o.default)
+        lines.append(f"| `{o.name}` | {kind} | {default} | {o.description.replace('|', chr(92) + '|')} |")
+    return "\n".join(lines)
+
+
 # --- the layers the import contracts enforce -------------------------------------------------
 
 
@@ -216,8 +242,11 @@ def _names(modules: Iterable[str]) -> str:
 
 def renderers(root: Path) -> dict[str, Callable[[], str]]:
     """This layer's parts, for the checkout at `root`."""
+    from batchline.registry import ENGINES
+
     return {
         "spec-reference": spec_reference,
         "registry": registry_members,
         "layers": lambda: layers(root / "pyproject.toml"),
+        **{f"engine-options:{name}": functools.partial(engine_options, name) for name in ENGINES},
     }

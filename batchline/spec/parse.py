@@ -20,7 +20,7 @@ from typing import Any, NoReturn, Protocol
 import jsonschema
 import yaml
 
-from batchline.errors import SpecError, one_line
+from batchline.errors import EngineFatal, SpecError, one_line
 from batchline.lake import STORAGE_FIELDS, check_storage_options
 from batchline.prompts.examples import DEFAULT_EXAMPLE_CHARS, Example
 from batchline.registry import ENGINES, PROVIDERS, unhonoured_knob
@@ -285,7 +285,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
         r.fail("name", f"{name!r} must be lower-case letters, digits, '-' or '_', starting with a letter")
     input_spec = _parse_input(r, top, base_dir, resolved)
     chat = input_spec.format == OPENAI_BATCH
-    model_spec = _parse_model(r, top["model"], base_dir)
+    model_spec = _parse_model(r, top["model"], base_dir, resolved)
     prompt_spec = _parse_prompt(r, top, base_dir, chat)
     decoding = _parse_decoding(r, top.get("decoding", {}) or {}, model_spec.engine)
     out = r.section(top["output"], "output", output_fields(), required=set(SECTIONS["output"][1]))
@@ -384,7 +384,7 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
     )
 
 
-def _parse_model(r: SpecReader, raw: Any, base_dir: Path) -> ModelSpec:
+def _parse_model(r: SpecReader, raw: Any, base_dir: Path, resolved: bool) -> ModelSpec:
     mod = r.section(raw, "model", MODEL_FIELDS, required={"engine"})
     engine = r.string(mod["engine"], "model.engine")
     if engine not in ENGINES:
@@ -402,7 +402,28 @@ def _parse_model(r: SpecReader, raw: Any, base_dir: Path) -> ModelSpec:
     options = mod.get("options", {}) or {}
     if not isinstance(options, dict):
         r.fail("model.options", "must be a mapping")
+    if not resolved:
+        # A planned job's stored options are read as they were planned: versions planned before
+        # an engine declared its options keep reading.
+        _check_options(r, engine, options)
     return ModelSpec(engine=engine, path=model_path, digest=digest.lower() if digest else None, options=options)
+
+
+def _check_options(r: SpecReader, engine: str, options: Mapping[str, Any]) -> None:
+    """Each option is one the engine declares, of the type it takes: a typo would otherwise run
+    with the engine's default and enter the version."""
+    try:
+        declared = ENGINES[engine].options()
+    except ImportError as exc:
+        raise EngineFatal(f"the {engine} engine's options cannot be read: {one_line(exc)}") from None
+    for name, value in options.items():
+        option = declared.get(name)
+        if option is None:
+            r.fail(f"model.options.{name}", f"not an option of the {engine} engine "
+                                            f"(its options: {', '.join(sorted(declared)) or 'none'})")
+        refusal = option.refusal(value)
+        if refusal:
+            r.fail(f"model.options.{name}", refusal)
 
 
 def _parse_prompt(r: SpecReader, top: Mapping[str, Any], base_dir: Path, chat: bool) -> PromptSpec:
