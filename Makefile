@@ -1,7 +1,9 @@
 # make demo: set up everything and run the ticket-triage example end to end.
 # make demo-iceberg, make demo-lake: the example published into an Iceberg table (on local disk;
 # with input and table in an S3 stand-in), read back by DuckDB.
-# make test: set up everything and run lint, type checks and the whole test suite.
+# make test: set up everything and run lint, type checks, the import contracts, the docs' build and the
+# whole test suite, the real-vLLM tests among it (in their own environment, .venv-vllm).
+# make docs: render the docs' generated parts (docs/) from the code.
 # make vllm-env: the vLLM environment (.venv-vllm, vLLM's CPU build); make test-vllm: the vLLM tests in it.
 # make vllm-check: the vLLM engine's tests against vLLM's CUDA build (not part of make test).
 
@@ -17,7 +19,7 @@ EXTRAS := $(shell $(PYTHON) -c "import tomllib; print(','.join(k for k in tomlli
 export CMAKE_ARGS ?= $(shell sed -n 's/^PORTABLE_CMAKE_ARGS="\(.*\)"$$/\1/p' container/install.sh)
 DEMO_STORE ?= sqlite:///demo/batchline.db
 
-.PHONY: setup demo demo-iceberg demo-lake test lint typecheck contracts services browser bench drill clean vllm-check vllm-env test-vllm readme
+.PHONY: setup demo demo-iceberg demo-lake test lint typecheck contracts services browser bench drill clean vllm-check vllm-env test-vllm docs docs-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,9 +53,17 @@ demo-iceberg: setup
 demo-lake: setup
 	$(BIN)/python -m examples.lake_demo --out demo/lake
 
-# The README's table of commands, rendered from the parser (a test fails when they differ).
-readme: setup
-	$(BIN)/python -m batchline.cli.usage --write README.md
+# The docs' generated parts (the command line, the spec's fields, the
+# engines' options, the registry, the import contracts' layers), rendered from the code; a test fails
+# when they differ.
+docs: setup
+	$(BIN)/python -m batchline.cli.usage --write docs
+
+# The site built as readers get it, offline; --strict fails on a broken link or a missing page
+# (not with --quiet, which hides the warnings --strict counts).
+docs-check: setup
+	@site=$$(mktemp -d); NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $$site; \
+	status=$$?; rm -rf $$site; exit $$status
 
 # The report's browser test needs Debian's chromium; without it that test skips, saying why.
 browser:
@@ -95,7 +105,7 @@ contracts: setup
 # Two test processes, a file each at a time (a file's module fixtures, such as a loaded model,
 # are made once): most tests wait on worker processes, servers and leases, not on a core. Then
 # the tests of the real vLLM, in its own environment (test-vllm).
-test: setup services browser lint typecheck contracts vllm-env
+test: setup services browser lint typecheck contracts docs-check vllm-env
 	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q -n 2 --dist loadfile -m 'not vllm'
 	$(MAKE) --no-print-directory test-vllm
 
@@ -143,4 +153,4 @@ bench: setup
 	$(BIN)/python bench/store_throughput.py
 
 clean:
-	rm -rf demo drill .pytest_cache .mypy_cache .ruff_cache
+	rm -rf demo drill site .pytest_cache .mypy_cache .ruff_cache

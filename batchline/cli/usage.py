@@ -1,8 +1,9 @@
-"""The README's table of commands, rendered from the parser so the two cannot drift.
+"""The documentation's generated parts: the command line's, rendered from the parser, and
+the others batchline.ops.docs renders from the code, so that the docs cannot drift from it.
 
-`python -m batchline.cli.usage` prints the block; `--write README.md` puts it
-between the README's markers (`make readme`); `--check README.md` exits 1 when
-the README's block differs from the parser's.
+`python -m batchline.cli.usage` prints the commands; `--write docs` renders every part of
+every page under docs/ (`make docs`); `--check docs` exits 1 when a page's part differs
+from the code, or when a part is on no page.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-BEGIN = "<!-- commands: rendered from the parser by `make readme`; a test fails when they differ -->"
-END = "<!-- end of commands -->"
+from batchline.ops import docs
+
 WIDTH = 100
+ROOT = Path(__file__).resolve().parents[2]
 
 # Every BATCHLINE_ variable the package reads (a test finds them in the source), and what it sets.
 ENVIRONMENT = {
@@ -54,51 +56,46 @@ def usage(parser: argparse.ArgumentParser) -> str:
     return formatter.format_help().strip("\n")
 
 
-def render(parser: argparse.ArgumentParser | None = None) -> str:
+def commands(parser: argparse.ArgumentParser | None = None) -> str:
+    """Every command's usage and help line, as the parser has them."""
     if parser is None:
         from batchline.cli import build_parser
 
         parser = build_parser()
-    lines = [BEGIN, "", "```"]
+    lines = ["```"]
     for sub, help_text in _subcommands(parser):
         lines.append(usage(sub))
         lines.extend(textwrap.wrap(help_text, WIDTH, initial_indent="    ", subsequent_indent="    "))
-    lines += ["```", "", "Environment:", ""]
-    lines += [f"- `{name}`: {what}" for name, what in ENVIRONMENT.items()]
-    lines += ["", END]
-    return "\n".join(lines)
+    return "\n".join([*lines, "```"])
 
 
-def replaced(text: str, block: str, where: str) -> str:
-    """`text` with its block between the markers replaced by `block`."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise SystemExit(f"{where}: no {BEGIN!r} ... {END!r} block to replace")
-    return text[:start] + block + text[end + len(END):]
+def environment() -> str:
+    return "\n".join(f"- `{name}`: {what}" for name, what in ENVIRONMENT.items())
+
+
+def renderers(root: Path = ROOT) -> dict[str, Callable[[], str]]:
+    """Every generated part of the docs, by name."""
+    return {"commands": commands, "environment": environment, **docs.renderers(root)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m batchline.cli.usage", description=__doc__)
     action = parser.add_mutually_exclusive_group()
-    action.add_argument("--write", type=Path, metavar="README", help="replace the README's block")
-    action.add_argument("--check", type=Path, metavar="README", help="exit 1 when the README's block differs")
+    action.add_argument("--write", type=Path, metavar="DOCS", help="render every generated part of the pages in DOCS")
+    action.add_argument("--check", type=Path, metavar="DOCS", help="exit 1 when a page's generated part differs")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose pyproject.toml is drawn")
     args = parser.parse_args(argv)
-    block = render()
-    path: Path | None = args.write or args.check
-    if path is None:
-        print(block)
+    folder: Path | None = args.write or args.check
+    if folder is None:
+        print(commands())
         return 0
-    text = path.read_text(encoding="utf-8")
-    updated = replaced(text, block, str(path))
-    if args.check:
-        if updated != text:
-            print(f"{path}: the command table differs from the parser; run `make readme`", file=sys.stderr)
-            return 1
-        return 0
-    if updated != text:
-        path.write_text(updated, encoding="utf-8")
-        print(f"{path}: command table rendered from the parser", file=sys.stderr)
-    return 0
+    outcome = docs.render_pages(folder, renderers(args.root), write=bool(args.write))
+    for name in outcome.unplaced:
+        print(f"{folder}: no page holds the generated part {name!r}", file=sys.stderr)
+    for page in outcome.stale:
+        print(f"{page}: {'rendered from the code' if args.write else 'differs from the code; run `make docs`'}",
+              file=sys.stderr)
+    return 1 if outcome.unplaced or (args.check and outcome.stale) else 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from batchline.engines.base import Engine, EngineConfig
 from batchline.errors import EngineFatal
-from batchline.registry import ENGINES, unhonoured_knob, unknown_option
+from batchline.registry import ENGINES, unhonoured_knob
 
 
 def create_engine(config: EngineConfig) -> Engine:
@@ -15,9 +15,6 @@ def create_engine(config: EngineConfig) -> Engine:
     refusal = unhonoured_knob(entry, config.decoding.knobs(), "engine")
     if refusal:
         raise EngineFatal(refusal)
-    unknown = unknown_option(entry, config.model.options)
-    if unknown:
-        raise EngineFatal(": ".join(unknown))
     try:
         engine_class = entry.load()
     except ImportError as exc:

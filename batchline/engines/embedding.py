@@ -6,9 +6,8 @@ is the JSON text ``{"embedding": [...]}``. Texts longer than the model's
 ``max_seq_length`` (256 tokens for MiniLM) are truncated by the model, as
 sentence-transformers does.
 
-Model options (``model.options``), all part of the job version:
-  device ("auto"), batch_size (32), normalize (true: unit-length vectors, so a
-  dot product is the cosine), decimals (round each component; default: none).
+Model options (``model.options``), all part of the job version: `OPTIONS`
+below.
 """
 
 from __future__ import annotations
@@ -28,16 +27,24 @@ from batchline.engines.base import (
 )
 from batchline.engines.models import MINILM_PACKAGE, resolve_model_path
 from batchline.errors import EngineFatal
+from batchline.registry import EngineOption, EngineOptions
+
+OPTIONS = EngineOptions(
+    EngineOption("device", "string", "A torch device, or auto: cuda when a GPU is visible, else cpu", "auto"),
+    EngineOption("batch_size", "integer", "Texts embedded together", 32),
+    EngineOption("normalize", "boolean", "Unit-length vectors, so a dot product is the cosine", True),
+    EngineOption("decimals", "integer", "Round each component to this many decimals (default: no rounding)"),
+)
 
 
 class EmbeddingEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         opts = dict(config.model.options)
-        self.device_option = str(opts.get("device", "auto"))
-        self.batch_size = int(opts.get("batch_size", 32))
-        self.normalize = bool(opts.get("normalize", True))
-        decimals = opts.get("decimals")
+        self.device_option = str(OPTIONS.of(opts, "device"))
+        self.batch_size = int(OPTIONS.of(opts, "batch_size"))
+        self.normalize = bool(OPTIONS.of(opts, "normalize"))
+        decimals = OPTIONS.of(opts, "decimals")
         self.decimals = None if decimals is None else int(decimals)
         self.model: Any = None
 

@@ -12,13 +12,10 @@ times slower on Gemma's 262k vocabulary. The loop asks llguidance for the mask
 only when the model's own choice breaks the schema, and feeds tokens the schema
 forces (keys, quotes, separators) in one batch, as cheap as prompt tokens.
 
-Model options (``model.options``), all part of the job version:
-  n_ctx (4096), n_threads, n_threads_batch, n_batch (512), constrained (true),
-  stop (strings that end an unconstrained output; default a blank line; the
-  job's decoding.stop ends constrained and unconstrained outputs alike),
-  calibrate_choices (true) and calibration_strength (0.8): see below,
-  chat_template (a Jinja chat template used instead of the GGUF's own, for a
-  file that has none, as base models' files often do).
+Model options (``model.options``), all part of the job version: `OPTIONS`
+below. Its stop option ends unconstrained outputs only; the job's
+decoding.stop ends constrained and unconstrained outputs alike. A chat_template
+is for a GGUF file that has none, as base models' files often do.
 
 Calibrated choices: a small base model carries strong priors over the values
 of an enum (Gemma 3 270M answers "Storage" for nearly every ticket, whatever
@@ -67,6 +64,7 @@ from batchline.engines.decoding import TokenPenalties, cut_at_stop, stop_window
 from batchline.engines.grammar import GrammarSession, json_schema_grammar, pick_token, record_rng
 from batchline.engines.models import GEMMA_PACKAGE, resolve_model_path
 from batchline.errors import EngineFatal
+from batchline.registry import EngineOption, EngineOptions
 
 # Measured on the 2-core machine (bench/prefix_cache.py, Gemma 3 270M Q4_K_M):
 # 2 threads decode ~1.6x faster than 1 and prefill ~1.9x; more threads than
@@ -84,6 +82,20 @@ PRIOR_FLOOR = -8.0
 DEFAULT_STRENGTH = 0.8
 
 
+OPTIONS = EngineOptions(
+    EngineOption("n_ctx", "integer", "The context's size in tokens", 4096),
+    EngineOption("n_threads", "integer", "Threads that decode", default_text=f"the machine's cores, at most {_MAX_DEFAULT_THREADS}"),
+    EngineOption("n_threads_batch", "integer", "Threads that evaluate prompts", default_text="n_threads"),
+    EngineOption("n_batch", "integer", "Prompt tokens evaluated per call", 512),
+    EngineOption("constrained", "boolean", "Hold every output to the job's schema (llguidance)", True),
+    EngineOption("stop", "strings", "Strings that end an unconstrained output", ["\n\n"]),
+    EngineOption("calibrate_choices", "boolean", "Subtract the model's lean on content-free records when it "
+                 "chooses an enum value", True),
+    EngineOption("calibration_strength", "number", "How much of that lean is subtracted", DEFAULT_STRENGTH),
+    EngineOption("chat_template", "string", "A Jinja chat template used instead of the GGUF's own"),
+)
+
+
 def default_threads() -> int:
     try:
         cores = len(os.sched_getaffinity(0))
@@ -96,15 +108,15 @@ class LlamaCppEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         opts = dict(config.model.options)
-        self.n_ctx = int(opts.get("n_ctx", 4096))
+        self.n_ctx = int(OPTIONS.of(opts, "n_ctx"))
         self.n_threads = int(opts.get("n_threads", default_threads()))
         self.n_threads_batch = int(opts.get("n_threads_batch", self.n_threads))
-        self.n_batch = int(opts.get("n_batch", 512))
-        self.constrained = bool(opts.get("constrained", True))
-        self.stop: list[str] = [str(s) for s in opts.get("stop", ["\n\n"])]
-        self.calibrate = bool(opts.get("calibrate_choices", True)) and self.constrained
-        self.calibration_strength = float(opts.get("calibration_strength", DEFAULT_STRENGTH))
-        self.chat_template: str | None = opts.get("chat_template")
+        self.n_batch = int(OPTIONS.of(opts, "n_batch"))
+        self.constrained = bool(OPTIONS.of(opts, "constrained"))
+        self.stop: list[str] = [str(s) for s in OPTIONS.of(opts, "stop")]
+        self.calibrate = bool(OPTIONS.of(opts, "calibrate_choices")) and self.constrained
+        self.calibration_strength = float(OPTIONS.of(opts, "calibration_strength"))
+        self.chat_template: str | None = OPTIONS.of(opts, "chat_template")
         self._llm: Any = None
         self._lltokenizer: Any = None
         self._grammar: str | None = None

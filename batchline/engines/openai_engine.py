@@ -16,14 +16,9 @@ Failures are sorted by whose they are:
     it is gone: fatal, and the supervisor releases the shard instead of
     charging its records.
 
-Model options (``model.options``), part of the job version (credentials are
-not: the key is read from the environment variable named by ``api_key_env``):
-  model (default: the first the server lists), api ("chat" or "completions"),
-  response_format ("json_schema" as OpenAI and vLLM take it; "json_object" for
-  llama-cpp-python's server, which takes the schema beside the type; "none"),
-  concurrency (8), timeout_seconds (120), max_retries (5), backoff_seconds (0.5),
-  max_backoff_seconds (30), unreachable_seconds (300), api_key_env
-  ("OPENAI_API_KEY"), extra_body (merged into every request body).
+Model options (``model.options``), part of the job version: `OPTIONS` below.
+Credentials are not: the key is read from the environment variable named by
+``api_key_env``.
 
 The job's decoding.frequency_penalty, presence_penalty and stop go in every
 request body when set; decoding.repetition_penalty is not part of the OpenAI API
@@ -48,6 +43,25 @@ from typing import Any
 
 from batchline.engines.base import EngineConfig, EngineOutcome, EngineRequest, RequestSource
 from batchline.errors import EngineFatal
+from batchline.registry import EngineOption, EngineOptions
+
+OPTIONS = EngineOptions(
+    EngineOption("model", "string", "The served model's name", default_text="the first the server lists"),
+    EngineOption("api", "string", "Chat completions, or completions of a rendered prompt", "chat",
+                 choices=("chat", "completions")),
+    EngineOption("response_format", "string", "json_schema as OpenAI and vLLM take it; json_object for "
+                 "llama-cpp-python's server (the schema beside the type); none", "json_schema",
+                 choices=("json_schema", "json_object", "none")),
+    EngineOption("concurrency", "integer", "Requests in flight at once", 8),
+    EngineOption("timeout_seconds", "number", "How long one request may take", 120.0),
+    EngineOption("max_retries", "integer", "Retries of a 429, a 5xx, a timeout or a refused connection", 5),
+    EngineOption("backoff_seconds", "number", "The first retry's back-off (then doubled, with jitter)", 0.5),
+    EngineOption("max_backoff_seconds", "number", "The longest back-off", 30.0),
+    EngineOption("unreachable_seconds", "number", "Without one success for this long the server is gone (fatal)",
+                 300.0),
+    EngineOption("api_key_env", "string", "The environment variable holding the key", "OPENAI_API_KEY"),
+    EngineOption("extra_body", "mapping", "Merged into every request body", {}),
+)
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 FATAL_STATUS = frozenset({401, 403})
@@ -78,20 +92,21 @@ class OpenAIEngine:
         self.base_url = config.model.path.rstrip("/")
         opts = dict(config.model.options)
         self.model_name: str | None = opts.get("model")
-        self.api = str(opts.get("api", "chat"))
-        if self.api not in ("chat", "completions"):
-            raise EngineFatal(f"model.options.api must be 'chat' or 'completions', not {self.api!r}")
-        self.response_format = str(opts.get("response_format", "json_schema"))
-        if self.response_format not in ("json_schema", "json_object", "none"):
-            raise EngineFatal("model.options.response_format must be json_schema, json_object or none")
-        self.concurrency = max(1, int(opts.get("concurrency", 8)))
-        self.timeout = float(opts.get("timeout_seconds", 120.0))
-        self.max_retries = int(opts.get("max_retries", 5))
-        self.backoff = float(opts.get("backoff_seconds", 0.5))
-        self.max_backoff = float(opts.get("max_backoff_seconds", 30.0))
-        self.unreachable = float(opts.get("unreachable_seconds", 300.0))
-        self.api_key_env = str(opts.get("api_key_env", "OPENAI_API_KEY"))
-        self.extra_body: dict[str, Any] = dict(opts.get("extra_body", {}) or {})
+        # Planning refuses another value already; this holds for an engine built from elsewhere.
+        for name in ("api", "response_format"):
+            refusal = OPTIONS[name].refusal(OPTIONS.of(opts, name))
+            if refusal:
+                raise EngineFatal(f"model.options.{name} {refusal}")
+        self.api = str(OPTIONS.of(opts, "api"))
+        self.response_format = str(OPTIONS.of(opts, "response_format"))
+        self.concurrency = max(1, int(OPTIONS.of(opts, "concurrency")))
+        self.timeout = float(OPTIONS.of(opts, "timeout_seconds"))
+        self.max_retries = int(OPTIONS.of(opts, "max_retries"))
+        self.backoff = float(OPTIONS.of(opts, "backoff_seconds"))
+        self.max_backoff = float(OPTIONS.of(opts, "max_backoff_seconds"))
+        self.unreachable = float(OPTIONS.of(opts, "unreachable_seconds"))
+        self.api_key_env = str(OPTIONS.of(opts, "api_key_env"))
+        self.extra_body: dict[str, Any] = dict(OPTIONS.of(opts, "extra_body") or {})
         self._client: Any = None
         self._httpx: Any = None
         self._tokenize_url: str | None = None

@@ -2,27 +2,15 @@
 
 It exists for tests, benchmarks and fault drills. Its output is a valid
 instance of the job's schema derived from the record's text, so a pipeline
-run over it exercises validation like a real model would. Options:
-
-- ``seconds_per_record``, ``seconds_per_token``: the time one record costs
-  (the token part counts output tokens). The environment variable
-  ``BATCHLINE_SYNTHETIC_SLOWDOWN`` (a factor, default 1) slows one worker's
-  engine down without changing the job, as a slow or shared machine would:
-  for tests, drills and benchmarks of the scheduler.
-- ``chars_per_token``: its tokenizer (default 4 characters per token).
-- ``crash_on``, ``error_on``, ``invalid_on``, ``hang_on``: record ids that make
-  the engine process die (SIGKILL, as a segfault or the OOM killer would),
-  fail with a per-record error, return output that fails the schema, or never
-  return.
-- ``truncate_on``: record ids whose output is cut off as at ``decoding.max_tokens``
-  (its first half, finish reason ``length``), as a model that repeats itself
-  until the limit is.
-- ``call_log``: a file to which every record id the engine is asked about is
-  appended, one per line, so tests can count how often each was computed.
-- ``fail_load``: raise a fatal error when loading (a broken model).
-- ``load_seconds``: how long loading takes (a large model).
-- ``stderr_message``: written to file descriptor 2 while loading, as a native
-  library prints (tests that the worker's logs carry the child's stderr).
+run over it exercises validation like a real model would. Its options are
+`OPTIONS` below: the time one record costs, its tokenizer, and fault injection
+by record id (the engine process dies as on a segfault or the OOM killer,
+fails the record, returns output that fails the schema, never returns, or cuts
+the output off as at ``decoding.max_tokens``, its first half with finish
+reason ``length``, as a model that repeats itself until the limit does). The
+environment variable ``BATCHLINE_SYNTHETIC_SLOWDOWN`` (a factor, default 1)
+slows one worker's engine down without changing the job, as a slow or shared
+machine would: for tests, drills and benchmarks of the scheduler.
 
 Decoding: ``decoding.stop`` cuts the output before the first stop sequence in
 it, as a model's output is cut; the penalties are accepted and change nothing,
@@ -47,8 +35,26 @@ from typing import Any
 from batchline.engines.base import EngineConfig, EngineOutcome, RequestSource, one_at_a_time
 from batchline.engines.decoding import cut_at_stop
 from batchline.errors import EngineFatal
+from batchline.registry import EngineOption, EngineOptions
 
 SLOWDOWN_ENV = "BATCHLINE_SYNTHETIC_SLOWDOWN"
+
+OPTIONS = EngineOptions(
+    EngineOption("seconds_per_record", "number", "Seconds each record costs", 0.0),
+    EngineOption("seconds_per_token", "number", "Seconds each output token costs, on top", 0.0),
+    EngineOption("chars_per_token", "number", "Its tokenizer: characters per token", 4.0),
+    EngineOption("crash_on", "record ids", "Records whose call kills the engine process (SIGKILL)", []),
+    EngineOption("error_on", "record ids", "Records that fail with a per-record engine error", []),
+    EngineOption("invalid_on", "record ids", "Records whose output fails the schema", []),
+    EngineOption("hang_on", "record ids", "Records whose call never returns", []),
+    EngineOption("truncate_on", "record ids", "Records whose output is cut off as at max_tokens (finish length)",
+                 []),
+    EngineOption("call_log", "string", "A file every record id asked about is appended to, one a line"),
+    EngineOption("fail_load", "boolean", "Loading raises a fatal error (a broken model)", False),
+    EngineOption("load_seconds", "number", "Seconds loading takes (a large model)", 0.0),
+    EngineOption("stderr_message", "string", "Written to file descriptor 2 while loading, as a native library "
+                 "prints"),
+)
 
 
 class SyntheticEngine:
@@ -58,18 +64,18 @@ class SyntheticEngine:
         self.schema = config.output_schema
         self.stop = config.decoding.stop
         slowdown = float(os.environ.get(SLOWDOWN_ENV, "1"))
-        self.seconds_per_record = float(opts.get("seconds_per_record", 0.0)) * slowdown
-        self.seconds_per_token = float(opts.get("seconds_per_token", 0.0)) * slowdown
-        self.chars_per_token = float(opts.get("chars_per_token", 4.0))
-        self.crash_on = {str(x) for x in opts.get("crash_on", ())}
-        self.error_on = {str(x) for x in opts.get("error_on", ())}
-        self.invalid_on = {str(x) for x in opts.get("invalid_on", ())}
-        self.hang_on = {str(x) for x in opts.get("hang_on", ())}
-        self.truncate_on = {str(x) for x in opts.get("truncate_on", ())}
-        self.call_log = opts.get("call_log")
-        self.fail_load = bool(opts.get("fail_load", False))
-        self.load_seconds = float(opts.get("load_seconds", 0.0))
-        self.stderr_message = opts.get("stderr_message")
+        self.seconds_per_record = float(OPTIONS.of(opts, "seconds_per_record")) * slowdown
+        self.seconds_per_token = float(OPTIONS.of(opts, "seconds_per_token")) * slowdown
+        self.chars_per_token = float(OPTIONS.of(opts, "chars_per_token"))
+        self.crash_on = {str(x) for x in OPTIONS.of(opts, "crash_on")}
+        self.error_on = {str(x) for x in OPTIONS.of(opts, "error_on")}
+        self.invalid_on = {str(x) for x in OPTIONS.of(opts, "invalid_on")}
+        self.hang_on = {str(x) for x in OPTIONS.of(opts, "hang_on")}
+        self.truncate_on = {str(x) for x in OPTIONS.of(opts, "truncate_on")}
+        self.call_log = OPTIONS.of(opts, "call_log")
+        self.fail_load = bool(OPTIONS.of(opts, "fail_load"))
+        self.load_seconds = float(OPTIONS.of(opts, "load_seconds"))
+        self.stderr_message = OPTIONS.of(opts, "stderr_message")
         self._log_fd: int | None = None
 
     def load(self) -> None:

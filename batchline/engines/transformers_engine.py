@@ -39,14 +39,8 @@ device idles while the host works. ``counts.grammar_seconds`` and
 vLLM (paged attention, prefix caching without copies) is the engine for
 throughput on GPUs; this one is the portable one.
 
-Model options (``model.options``), all part of the job version:
-  device ("auto": cuda when available, else cpu), dtype ("auto": bfloat16 on
-  cuda, float32 on cpu), batch_size (8 on cpu, 64 on cuda), constrained (true),
-  ignore_eos (false; benchmarks set it to decode exactly max_tokens),
-  attn_implementation (passed to from_pretrained, e.g. "sdpa"), chat_template
-  (a Jinja chat template used instead of the tokenizer's own), prefix_cache
-  (true: the shared prefix computed once), refill (true: continuous refill for
-  greedy decoding; false: static batches).
+Model options (``model.options``), all part of the job version: `OPTIONS`
+below.
 
 The decoding knobs: the penalties (decoding.repetition_penalty as
 transformers' RepetitionPenaltyLogitsProcessor computes it, frequency_penalty
@@ -85,6 +79,20 @@ from batchline.engines.decoding import TokenPenalties, cut_at_stop, stop_window
 from batchline.engines.grammar import GrammarSession, import_llguidance, json_schema_grammar
 from batchline.engines.models import resolve_model_path
 from batchline.errors import EngineFatal
+from batchline.registry import EngineOption, EngineOptions
+
+OPTIONS = EngineOptions(
+    EngineOption("device", "string", "A torch device, or auto: cuda when a GPU is visible, else cpu", "auto"),
+    EngineOption("dtype", "string", "A torch dtype, or auto: bfloat16 on cuda, float32 on cpu", "auto"),
+    EngineOption("batch_size", "integer", "Records decoded together", default_text="8 on cpu, 64 on cuda"),
+    EngineOption("constrained", "boolean", "Hold every output to the job's schema (llguidance)", True),
+    EngineOption("ignore_eos", "boolean", "Decode past the end of sequence to max_tokens (benchmarks)", False),
+    EngineOption("attn_implementation", "string", "Passed to from_pretrained (e.g. sdpa)"),
+    EngineOption("chat_template", "string", "A Jinja chat template used instead of the tokenizer's own"),
+    EngineOption("prefix_cache", "boolean", "Compute the shared prefix once and reuse its keys and values", True),
+    EngineOption("refill", "boolean", "Replace finished rows with new records while greedy decoding goes on "
+                 "(false: static batches)", True),
+)
 
 # A running batch takes new records once this share of its rows is free: each
 # admission runs a prefill and copies the batch's keys and values once, so it
@@ -145,15 +153,15 @@ class TransformersEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         opts = dict(config.model.options)
-        self.device_option = str(opts.get("device", "auto"))
-        self.dtype_option = str(opts.get("dtype", "auto"))
-        self.batch_size_option = opts.get("batch_size")
-        self.constrained = bool(opts.get("constrained", True))
-        self.ignore_eos = bool(opts.get("ignore_eos", False))
-        self.attn_implementation = opts.get("attn_implementation")
-        self.chat_template: str | None = opts.get("chat_template")
-        self.prefix_cache = bool(opts.get("prefix_cache", True))
-        self.refill = bool(opts.get("refill", True))
+        self.device_option = str(OPTIONS.of(opts, "device"))
+        self.dtype_option = str(OPTIONS.of(opts, "dtype"))
+        self.batch_size_option = OPTIONS.of(opts, "batch_size")
+        self.constrained = bool(OPTIONS.of(opts, "constrained"))
+        self.ignore_eos = bool(OPTIONS.of(opts, "ignore_eos"))
+        self.attn_implementation = OPTIONS.of(opts, "attn_implementation")
+        self.chat_template: str | None = OPTIONS.of(opts, "chat_template")
+        self.prefix_cache = bool(OPTIONS.of(opts, "prefix_cache"))
+        self.refill = bool(OPTIONS.of(opts, "refill"))
         self.model: Any = None
         self.tokenizer: Any = None
         self.device: Any = None

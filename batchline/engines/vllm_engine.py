@@ -58,8 +58,29 @@ from batchline.engines.base import (
 )
 from batchline.engines.models import resolve_model_path
 from batchline.errors import EngineCrashed, EngineFatal
+from batchline.registry import EngineOption, EngineOptions
 
 DEFAULT_MAX_NUM_SEQS = 512
+
+# The options a job may set (planning refuses any other), each part of the job version.
+OPTIONS = EngineOptions(
+    EngineOption("tensor_parallel_size", "integer", "GPUs one model is split over", 1),
+    EngineOption("max_num_seqs", "integer", "Sequences vLLM runs in one batch", DEFAULT_MAX_NUM_SEQS),
+    EngineOption("max_inflight", "integer", "Records added to vLLM at a time", default_text="twice max_num_seqs"),
+    EngineOption("gpu_memory_utilization", "number", "The share of GPU memory vLLM may take", 0.9),
+    EngineOption("max_model_len", "integer", "The longest prompt and output in tokens (default: the model's)"),
+    EngineOption("dtype", "string", "The weights' dtype, or auto", "auto"),
+    EngineOption("enforce_eager", "boolean", "Run eagerly, without CUDA graphs", False),
+    EngineOption("constrained", "boolean", "Hold every output to the job's schema (structured outputs)", True),
+    EngineOption("ignore_eos", "boolean", "Decode past the end of sequence to max_tokens (benchmarks)", False),
+    EngineOption("chat_template", "string", "A Jinja chat template used instead of the tokenizer's own"),
+    EngineOption("structured_outputs_config", "mapping", "vLLM's structured outputs settings (its backend), "
+                 "for its engine (default: vLLM's)"),
+    EngineOption("distributed_executor_backend", "string", "How vLLM runs its workers (mp, ray, uni; "
+                 "default: vLLM's choice)"),
+    EngineOption("logits_processors", "strings", "vLLM logits processor classes ('module:Class') the engine "
+                 "is built with"),
+)
 
 
 def engine_kwargs(config: EngineConfig, path: Path) -> dict[str, Any]:

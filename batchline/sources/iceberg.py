@@ -74,13 +74,15 @@ TABLE_FIELDS: Fields = {
     "uri": {**_TABLE, "description": "the catalog's address, without credentials"},
     "warehouse": {**_TABLE, "description": "where a table made by batchline keeps its files"},
 }
-SNAPSHOT_FIELDS: Fields = {**TABLE_FIELDS, "snapshot_id": {"type": "integer", "minimum": 0}}
+SNAPSHOT_FIELDS: Fields = {**TABLE_FIELDS, "snapshot_id": {
+    "type": "integer", "minimum": 0, "description": "the snapshot read (the current one at planning when left out)"}}
 
 
-def table_schema(fields: Fields) -> dict[str, Any]:
+def table_schema(fields: Fields, description: str) -> dict[str, Any]:
     """The JSON Schema of a table section with these fields."""
     return {"type": "object", "properties": dict(fields), "required": ["catalog", "name"],
-            "additionalProperties": False, "examples": [{"catalog": "store", "name": "lake.tickets"}]}
+            "additionalProperties": False, "description": description,
+            "examples": [{"catalog": "store", "name": "lake.tickets"}]}
 
 
 def parse_table(r: SpecReader, raw: Any, where: str, base_dir: Path, *, snapshot: bool = False) -> TableRef:
@@ -352,7 +354,7 @@ class IcebergInput(KeyedFamily):
     """An Apache Iceberg table's snapshot as the input (`input.table`)."""
 
     name = "iceberg"
-    keys: ClassVar[Fields] = {"table": table_schema(SNAPSHOT_FIELDS)}
+    keys: ClassVar[Fields] = {"table": table_schema(SNAPSHOT_FIELDS, "An Apache Iceberg table's snapshot")}
 
     def parse(self, key: str, section: Mapping[str, Any], r: SpecReader, ctx: ParseContext) -> TableSource:
         return TableSource(parse_table(r, section[key], "input.table", ctx.base_dir, snapshot=True))

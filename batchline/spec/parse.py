@@ -20,10 +20,10 @@ from typing import Any, NoReturn, Protocol
 import jsonschema
 import yaml
 
-from batchline.errors import SpecError, one_line
+from batchline.errors import EngineFatal, SpecError, one_line
 from batchline.lake import STORAGE_FIELDS, check_storage_options
 from batchline.prompts.examples import DEFAULT_EXAMPLE_CHARS, Example
-from batchline.registry import ENGINES, PROVIDERS, unhonoured_knob, unknown_option
+from batchline.registry import ENGINES, PROVIDERS, unhonoured_knob
 from batchline.sources import ParseContext, expand_paths, is_remote
 from batchline.sources import keyed_families as source_keys
 from batchline.spec.model import (
@@ -64,73 +64,160 @@ _BOOL: Mapping[str, Any] = {"type": "boolean"}
 _MAP: Mapping[str, Any] = {"type": "object"}  # a nested section; batchline.spec.schema fills it in
 
 
-def _doc(schema: Mapping[str, Any], description: str) -> dict[str, Any]:
-    return {**schema, "description": description}
+_NO_DEFAULT = object()
+
+
+def _doc(schema: Mapping[str, Any], description: str, default: Any = _NO_DEFAULT) -> dict[str, Any]:
+    """A field's schema with its description and, where the parser has one, its default
+    (taken from the typed model's own default, which the parser applies)."""
+    return {**schema, "description": description, **({} if default is _NO_DEFAULT else {"default": default})}
 
 
 TOP_FIELDS: Fields = {
-    "name": _doc({**_STR, "pattern": NAME_PATTERN.pattern}, "What publish points at"),
-    "input": _MAP, "model": _MAP, "prompt": _MAP, "decoding": _MAP, "output": _MAP, "shards": _MAP,
+    "name": _doc({**_STR, "pattern": NAME_PATTERN.pattern},
+                 "What publish points at: lower-case letters, digits, '-' or '_', starting with a letter"),
+    "input": _doc(_MAP, "Where the records are and how to read them"),
+    "model": _doc(_MAP, "The engine, its weights and its options"),
+    "prompt": _doc(_MAP, "The shared instruction prefix (not with input.format openai-batch)"),
+    "decoding": _doc(_MAP, "How the output is sampled"),
+    "output": _doc(_MAP, "The output's JSON Schema, and where a published version is shown"),
+    "shards": _doc(_MAP, "How the input is cut and leased (scheduling: not part of the version)"),
     "deadline": _doc(_STR, "ISO 8601; ETA and reports measure against it"),
-    "validate": _MAP,
+    "validate": _doc(_MAP, "The gate a sealed version must pass before it is published"),
     "base": _doc(_STR, "published, or a version: carry unchanged records from it"),
-    "retention": _MAP, "routing": _MAP,
+    "retention": _doc(_MAP, "How many versions of the name are kept"),
+    "routing": _doc(_MAP, "Records of cleared classes sent to hosted batch APIs"),
 }
 INPUT_FIELDS: Fields = {
     "path": _doc({"anyOf": [_STR, _STRS]}, "A file, an object URL, a list or a glob"),
-    "id_field": _STR, "text_field": _STR, "acl_field": _STR,
-    "acl_missing": _doc(_STRS, "What a missing ACL means"),
-    "ids": {"enum": ["field", "content"]},
-    "max_input_tokens": {**_INT, "minimum": 1},
-    "max_bytes_per_token": {**_INT, "minimum": 1},
-    "format": {"enum": list(FORMATS)},
-    "storage": _MAP,
+    "id_field": _doc(_STR, "The field holding each record's id (custom_id for openai-batch)", "id"),
+    "text_field": _doc(_STR, "The field holding the text the prompt shows (messages for openai-batch)", "text"),
+    "acl_field": _doc(_STR, "A list of groups (or one) on every record, copied onto its result or dead letter"),
+    "acl_missing": _doc(_STRS, "What a missing ACL means; without it a record without one stops planning"),
+    "ids": _doc({"enum": ["field", "content"]}, "field: the id_field; content: a digest of each whole row", "field"),
+    "max_input_tokens": _doc({**_INT, "minimum": 1}, "A record over this many tokens is a dead letter, uncharged"),
+    "max_bytes_per_token": _doc({**_INT, "minimum": 1}, "The planner's cheap bound: longer than max_input_tokens "
+                                "times this many UTF-8 bytes is surely over the cap", DEFAULT_MAX_BYTES_PER_TOKEN),
+    "format": _doc({"enum": list(FORMATS)}, "How the files are read; default from their suffix "
+                   "(openai-batch is never guessed)"),
+    "storage": _doc(_MAP, "Where the object store is and how long to wait on it; never a credential"),
 }
 MODEL_FIELDS: Fields = {
-    "engine": {"enum": list(ENGINES)},
+    "engine": _doc({"enum": list(ENGINES)}, "The engine that answers each record"),
     "path": _doc(_STR, "Weights (a file, a folder, pkg:, an object URL), or a server's base URL"),
-    "digest": {"type": "string", "pattern": "^sha256:[0-9a-fA-F]{64}$"},
-    "options": _doc(_MAP, "The engine's options"),
+    "digest": _doc({"type": "string", "pattern": "^sha256:[0-9a-fA-F]{64}$"},
+                   "The weights' digest, verified before the first record; required for weights in object storage"),
+    "options": _doc(_MAP, "The engine's options (see the engines page); an unknown one is refused"),
 }
-PROMPT_FIELDS: Fields = {"file": _STR, "text": _STR, "version": {"type": ["string", "number"]}, "examples": _MAP}
+PROMPT_FIELDS: Fields = {
+    "file": _doc(_STR, "A file holding the instruction prefix (or text)"),
+    "text": _doc(_STR, "The instruction prefix itself (or file)"),
+    "version": _doc({"type": ["string", "number"]}, "The prompt's version, part of the job version"),
+    "examples": _doc(_MAP, "Labelled examples: each record is shown the k nearest to its text"),
+}
 EXAMPLES_FIELDS: Fields = {
-    "file": _STR, "items": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
-    "k": {**_INT, "minimum": 1}, "max_chars": {**_INT, "minimum": 1},
-    "id_field": _STR, "text_field": _STR, "label_field": _STR,
+    "file": _doc(_STR, "A JSONL file of labelled examples"),
+    "items": _doc({"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
+                  "The examples as [id, text, label] (a planned job's stored form)"),
+    "k": _doc({**_INT, "minimum": 1}, "How many examples each record is shown"),
+    "max_chars": _doc({**_INT, "minimum": 1}, "The characters of each example's text shown", ExamplesSpec.max_chars),
+    "id_field": _doc(_STR, "The examples' id field", "id"),
+    "text_field": _doc(_STR, "The examples' text field", "text"),
+    "label_field": _doc(_STR, "The examples' label field", "label"),
 }
 DECODING_FIELDS: Fields = {
-    "temperature": {**_NUM, "minimum": 0}, "max_tokens": {**_INT, "minimum": 1}, "seed": {**_INT, "minimum": 0},
-    "top_p": {**_NUM, "minimum": 0}, "stop": {"anyOf": [_STR, _STRS, {"type": "null"}]},
-    "repetition_penalty": {**_NUM, "exclusiveMinimum": 0},
-    "frequency_penalty": {**_NUM, "minimum": -2, "maximum": 2},
-    "presence_penalty": {**_NUM, "minimum": -2, "maximum": 2},
+    "temperature": _doc({**_NUM, "minimum": 0}, "Sampling temperature; 0 is greedy", DecodingSpec.temperature),
+    "max_tokens": _doc({**_INT, "minimum": 1}, "The most tokens an output may have", DecodingSpec.max_tokens),
+    "seed": _doc({**_INT, "minimum": 0}, "The sampling seed", DecodingSpec.seed),
+    "top_p": _doc({**_NUM, "minimum": 0}, "Nucleus sampling's probability mass", DecodingSpec.top_p),
+    "stop": _doc({"anyOf": [_STR, _STRS, {"type": "null"}]},
+                 f"The output ends before the first of these (at most {MAX_STOP_SEQUENCES})"),
+    "repetition_penalty": _doc({**_NUM, "exclusiveMinimum": 0},
+                               "Divides the logit of every token already in the prompt or output; 1 is none"),
+    "frequency_penalty": _doc({**_NUM, "minimum": -2, "maximum": 2},
+                              "Minus this times a token's count in the output (the OpenAI API's)"),
+    "presence_penalty": _doc({**_NUM, "minimum": -2, "maximum": 2},
+                             "Minus this once a token is in the output (the OpenAI API's)"),
 }
 assert set(PENALTY_DEFAULTS) <= set(DECODING_FIELDS)
 OUTPUT_FIELDS: Fields = {
     "schema": _doc({"anyOf": [_STR, {"type": "object"}]}, "A JSON Schema file, or the schema itself"),
-    "label_field": _STR,
+    "label_field": _doc(_STR, "The output field that drift, evaluation and the report count as a label"),
 }
 _SHARD_TYPES = {"int": _INT, "float": _NUM, "bool": _BOOL, "int | None": _INT, "float | None": _NUM}
-# Every field of ShardSpec (a stored spec writes them all, size_auto among them).
+_SHARD_DOCS = {
+    "size": "Records per shard, or auto (with interruptions_per_hour, workers and records_per_second)",
+    "max_attempts": "The attempt at which a failing record becomes a dead letter",
+    "lease_seconds": "How long a claim holds a shard without a renewal",
+    "renew_seconds": "How often a worker renews its lease; shorter than lease_seconds",
+    "batch_size": "Records handed to the engine child at a time",
+    "record_timeout_seconds": "A batch of n may take batch_timeout_seconds plus n times this",
+    "batch_timeout_seconds": "A batch's fixed allowance before it counts as hung",
+    "grace_seconds": "How long a stopping worker finishes the records in flight",
+    "tail_split": "Idle workers split a slow shard's unstarted tail off",
+    "size_auto": "Written by the planner for size: auto (a stored spec's form)",
+    "interruptions_per_hour": "size: auto: the rate at which workers are interrupted",
+    "workers": "size: auto: the fleet's size",
+    "records_per_second": "size: auto: one worker's throughput",
+}
+# Every field of ShardSpec (a stored spec writes them all, size_auto among them), with its default.
 SHARD_FIELDS: Fields = {
-    f.name: {"anyOf": [{**_INT, "minimum": 1}, {"const": "auto"}]} if f.name == "size" else _SHARD_TYPES[str(f.type)]
+    f.name: _doc({"anyOf": [{**_INT, "minimum": 1}, {"const": "auto"}]} if f.name == "size" else _SHARD_TYPES[str(f.type)],
+                 _SHARD_DOCS[f.name], *(() if f.default is None else (f.default,)))
     for f in fields(ShardSpec)
 }
-VALIDATE_FIELDS: Fields = {"max_dead_letter_rate": {**_NUM, "minimum": 0, "maximum": 1},
-                           "schema_sample": {**_INT, "minimum": 1}, "drift": _MAP, "eval": _MAP}
-DRIFT_FIELDS: Fields = {"max_psi": {**_NUM, "minimum": 0}, "max_new_categories": {**_INT, "minimum": 0},
-                        "max_vanished_categories": {**_INT, "minimum": 0}}
-EVAL_FIELDS: Fields = {"labels": _STR, "id_field": _STR, "label_field": _STR, "field": _STR,
-                       "sample": {**_INT, "minimum": 1}, "min_accuracy": {**_NUM, "minimum": 0},
-                       "grader": {**_STR, "pattern": ":"}}
-RETENTION_FIELDS: Fields = {"versions": {**_INT, "minimum": 2}}
-ROUTING_FIELDS: Fields = {"class_field": _STR, "providers": _MAP}
-PROVIDER_FIELDS: Fields = {
-    "api": {"enum": list(PROVIDERS)}, "model": _STR, "classes": _STRS, "retention": _STR, "base_url": _STR,
-    "api_key_env": _STR, "completion_window": _STR, "poll_seconds": {**_NUM, "minimum": 0.01}, "prices": _MAP,
-    "shard_size": {**_INT, "minimum": 1}, "options": _MAP,
+VALIDATE_FIELDS: Fields = {
+    "max_dead_letter_rate": _doc({**_NUM, "minimum": 0, "maximum": 1}, "The share of records that may end as "
+                                 "dead letters", ValidateSpec.max_dead_letter_rate),
+    "schema_sample": _doc({**_INT, "minimum": 1}, "Re-check this many stored results against the schema "
+                          "(default: every one)"),
+    "drift": _doc(_MAP, "The label's distribution against the published version"),
+    "eval": _doc(_MAP, "Accuracy on a sample of records with known answers"),
 }
-PRICES_FIELDS: Fields = {"input_per_mtok": {**_NUM, "minimum": 0}, "output_per_mtok": {**_NUM, "minimum": 0}}
+DRIFT_FIELDS: Fields = {
+    "max_psi": _doc({**_NUM, "minimum": 0}, "The largest population stability index allowed", DriftSpec.max_psi),
+    "max_new_categories": _doc({**_INT, "minimum": 0}, "Labels the published version did not have",
+                               DriftSpec.max_new_categories),
+    "max_vanished_categories": _doc({**_INT, "minimum": 0}, "Labels of the published version gone "
+                                    "(default: reported, never a failure)"),
+}
+EVAL_FIELDS: Fields = {
+    "labels": _doc(_STR, "A JSONL or CSV file of known answers"),
+    "id_field": _doc(_STR, "The labels file's id field", EvalSpec.id_field),
+    "label_field": _doc(_STR, "The labels file's answer field", EvalSpec.label_field),
+    "field": _doc(_STR, "The output field compared (default output.label_field)"),
+    "sample": _doc({**_INT, "minimum": 1}, "How many labelled records are compared", EvalSpec.sample),
+    "min_accuracy": _doc({**_NUM, "minimum": 0}, "The accuracy (or the grader's mean) required",
+                         EvalSpec.min_accuracy),
+    "grader": _doc({**_STR, "pattern": ":"}, "module:function(output, expected, record_id) instead of equality"),
+}
+RETENTION_FIELDS: Fields = {
+    "versions": _doc({**_INT, "minimum": 2}, "Versions of the name kept after a publish (never the published one "
+                     "or the one a rollback returns to)", RetentionSpec.versions),
+}
+ROUTING_FIELDS: Fields = {
+    "class_field": _doc(_STR, "The record field holding its class; only cleared classes leave"),
+    "providers": _doc(_MAP, "The hosted routes, by name"),
+}
+PROVIDER_FIELDS: Fields = {
+    "api": _doc({"enum": list(PROVIDERS)}, "The hosted batch API"),
+    "model": _doc(_STR, "The provider's model"),
+    "classes": _doc(_STRS, "The classes cleared for this provider (each for one provider only)"),
+    "retention": _doc(_STR, "The provider's retention terms, printed before anything is sent"),
+    "base_url": _doc(_STR, "The API's address (default: the provider's own)"),
+    "api_key_env": _doc(_STR, "The environment variable holding the key (default OPENAI_API_KEY or "
+                        "ANTHROPIC_API_KEY)"),
+    "completion_window": _doc(_STR, "The batch's completion window", ProviderSpec.completion_window),
+    "poll_seconds": _doc({**_NUM, "minimum": 0.01}, "How often a submitted batch is polled",
+                         ProviderSpec.poll_seconds),
+    "prices": _doc(_MAP, "Batch prices, for the report"),
+    "shard_size": _doc({**_INT, "minimum": 1}, "Records per batch (default shards.size)"),
+    "options": _doc(_MAP, "Merged into every request body"),
+}
+PRICES_FIELDS: Fields = {
+    "input_per_mtok": _doc({**_NUM, "minimum": 0}, "US dollars per million input tokens"),
+    "output_per_mtok": _doc({**_NUM, "minimum": 0}, "US dollars per million output tokens"),
+}
 
 
 def input_fields() -> dict[str, Mapping[str, Any]]:
@@ -215,7 +302,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     validate = _parse_validate(r, top.get("validate", {}) or {}, base_dir, label_field)
     base = r.optional_string(top.get("base"), "base")
     ret = r.section(top.get("retention", {}) or {}, "retention", RETENTION_FIELDS)
-    retention = RetentionSpec(versions=r.integer(ret.get("versions", 5), "retention.versions", 2))
+    retention = RetentionSpec(versions=r.integer(ret.get("versions", RetentionSpec.versions), "retention.versions", 2))
     routing = _parse_routing(r, top["routing"]) if top.get("routing") is not None else None
     for provider in routing.providers if routing is not None else ():
         refusal = unhonoured_knob(PROVIDERS[provider.api], decoding.knobs(), "provider")
@@ -267,7 +354,7 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         _check_chat_input(r, inp, top)
     elif top.get("prompt") is None:
         r.fail("prompt", "is required")
-    ids = r.string(inp.get("ids", "field"), "input.ids")
+    ids = r.string(inp.get("ids", INPUT_FIELDS["ids"]["default"]), "input.ids")
     if ids not in ("field", "content"):
         r.fail("input.ids", f"{ids!r} is not field (the id_field) or content (a digest of each row)")
     if ids == "content" and inp.get("id_field") is not None:
@@ -282,9 +369,11 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         source=source,
         ids=ids,
         acl_missing=acl_missing,
-        id_field=(r.string(inp.get("id_field", "custom_id" if chat else "id"), "input.id_field")
+        id_field=(r.string(inp.get("id_field", "custom_id" if chat else INPUT_FIELDS["id_field"]["default"]),
+                           "input.id_field")
                   if ids == "field" else "id"),
-        text_field=r.string(inp.get("text_field", "messages" if chat else "text"), "input.text_field"),
+        text_field=r.string(inp.get("text_field", "messages" if chat else INPUT_FIELDS["text_field"]["default"]),
+                            "input.text_field"),
         acl_field=acl_field,
         max_input_tokens=r.optional_int(inp.get("max_input_tokens"), "input.max_input_tokens", 1),
         max_bytes_per_token=r.integer(
@@ -295,7 +384,7 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
     )
 
 
-def _parse_model(r: SpecReader, raw: Any, base_dir: Path, resolved: bool = False) -> ModelSpec:
+def _parse_model(r: SpecReader, raw: Any, base_dir: Path, resolved: bool) -> ModelSpec:
     mod = r.section(raw, "model", MODEL_FIELDS, required={"engine"})
     engine = r.string(mod["engine"], "model.engine")
     if engine not in ENGINES:
@@ -313,12 +402,28 @@ def _parse_model(r: SpecReader, raw: Any, base_dir: Path, resolved: bool = False
     options = mod.get("options", {}) or {}
     if not isinstance(options, dict):
         r.fail("model.options", "must be a mapping")
-    # Checked when a job is planned from its file, not when a stored spec is read back: a
-    # version planned before an engine declared its options keeps reading.
-    unknown = None if resolved else unknown_option(ENGINES[engine], options)
-    if unknown:
-        r.fail(*unknown)
+    if not resolved:
+        # A planned job's stored options are read as they were planned: versions planned before
+        # an engine declared its options keep reading.
+        _check_options(r, engine, options)
     return ModelSpec(engine=engine, path=model_path, digest=digest.lower() if digest else None, options=options)
+
+
+def _check_options(r: SpecReader, engine: str, options: Mapping[str, Any]) -> None:
+    """Each option is one the engine declares, of the type it takes: a typo would otherwise run
+    with the engine's default and enter the version."""
+    try:
+        declared = ENGINES[engine].options()
+    except ImportError as exc:
+        raise EngineFatal(f"the {engine} engine's options cannot be read: {one_line(exc)}") from None
+    for name, value in options.items():
+        option = declared.get(name)
+        if option is None:
+            r.fail(f"model.options.{name}", f"not an option of the {engine} engine "
+                                            f"(its options: {', '.join(sorted(declared)) or 'none'})")
+        refusal = option.refusal(value)
+        if refusal:
+            r.fail(f"model.options.{name}", refusal)
 
 
 def _parse_prompt(r: SpecReader, top: Mapping[str, Any], base_dir: Path, chat: bool) -> PromptSpec:
@@ -354,7 +459,8 @@ def _parse_examples(r: SpecReader, raw: Any, base_dir: Path) -> ExamplesSpec:
             r.fail("prompt.examples.items", "must be a list of [id, text, label] string triples")
         return ExamplesSpec(items=tuple(Example(*row) for row in rows), k=k, max_chars=max_chars)
     path = (base_dir / r.string(ex["file"], "prompt.examples.file")).resolve()
-    fields = {name: r.string(ex.get(f"{name}_field", name), f"prompt.examples.{name}_field")
+    fields = {name: r.string(ex.get(f"{name}_field", EXAMPLES_FIELDS[f"{name}_field"]["default"]),
+                              f"prompt.examples.{name}_field")
               for name in ("id", "text", "label")}
     items: list[Example] = []
     seen: set[str] = set()
@@ -397,10 +503,10 @@ def _parse_decoding(r: SpecReader, raw: Any, engine: str) -> DecodingSpec:
         if repetition <= 0:
             r.fail("decoding.repetition_penalty", f"must be greater than 0 (1 is none), not {repetition:g}")
     decoding = DecodingSpec(
-        temperature=r.number(dec.get("temperature", 0.0), "decoding.temperature", 0.0),
-        max_tokens=r.integer(dec.get("max_tokens", 256), "decoding.max_tokens", 1),
-        seed=r.integer(dec.get("seed", 0), "decoding.seed", 0),
-        top_p=r.number(dec.get("top_p", 1.0), "decoding.top_p", 0.0),
+        temperature=r.number(dec.get("temperature", DecodingSpec.temperature), "decoding.temperature", 0.0),
+        max_tokens=r.integer(dec.get("max_tokens", DecodingSpec.max_tokens), "decoding.max_tokens", 1),
+        seed=r.integer(dec.get("seed", DecodingSpec.seed), "decoding.seed", 0),
+        top_p=r.number(dec.get("top_p", DecodingSpec.top_p), "decoding.top_p", 0.0),
         repetition_penalty=repetition,
         frequency_penalty=_openai_penalty(r, dec, "frequency_penalty"),
         presence_penalty=_openai_penalty(r, dec, "presence_penalty"),
@@ -512,8 +618,9 @@ def _parse_routing(r: SpecReader, raw: Any) -> RoutingSpec:
             retention=r.string(pv["retention"], f"{where}.retention"),
             base_url=r.optional_string(pv.get("base_url"), f"{where}.base_url"),
             api_key_env=r.optional_string(pv.get("api_key_env"), f"{where}.api_key_env"),
-            completion_window=r.string(pv.get("completion_window", "24h"), f"{where}.completion_window"),
-            poll_seconds=r.number(pv.get("poll_seconds", 60.0), f"{where}.poll_seconds", 0.01),
+            completion_window=r.string(pv.get("completion_window", ProviderSpec.completion_window),
+                                       f"{where}.completion_window"),
+            poll_seconds=r.number(pv.get("poll_seconds", ProviderSpec.poll_seconds), f"{where}.poll_seconds", 0.01),
             input_price_per_mtok=(r.number(prices["input_per_mtok"], f"{where}.prices.input_per_mtok", 0.0)
                                   if prices.get("input_per_mtok") is not None else None),
             output_price_per_mtok=(r.number(prices["output_per_mtok"], f"{where}.prices.output_per_mtok", 0.0)
@@ -528,8 +635,9 @@ def _parse_validate(r: SpecReader, raw: Any, base_dir: Path, label_field: str | 
     val = r.section(raw, "validate", VALIDATE_FIELDS)
     dr = r.section(val.get("drift", {}) or {}, "validate.drift", DRIFT_FIELDS)
     drift = DriftSpec(
-        max_psi=r.number(dr.get("max_psi", 0.25), "validate.drift.max_psi", 0.0),
-        max_new_categories=r.integer(dr.get("max_new_categories", 0), "validate.drift.max_new_categories", 0),
+        max_psi=r.number(dr.get("max_psi", DriftSpec.max_psi), "validate.drift.max_psi", 0.0),
+        max_new_categories=r.integer(dr.get("max_new_categories", DriftSpec.max_new_categories),
+                                     "validate.drift.max_new_categories", 0),
         max_vanished_categories=r.optional_int(dr.get("max_vanished_categories"),
                                                "validate.drift.max_vanished_categories", 0),
     )
@@ -544,16 +652,16 @@ def _parse_validate(r: SpecReader, raw: Any, base_dir: Path, label_field: str | 
             r.fail("validate.eval.grader", f"{grader!r} must be 'module:function'")
         evaluation = EvalSpec(
             labels=(base_dir / r.string(ev["labels"], "validate.eval.labels")).resolve(),
-            id_field=r.string(ev.get("id_field", "id"), "validate.eval.id_field"),
-            label_field=r.string(ev.get("label_field", "label"), "validate.eval.label_field"),
+            id_field=r.string(ev.get("id_field", EvalSpec.id_field), "validate.eval.id_field"),
+            label_field=r.string(ev.get("label_field", EvalSpec.label_field), "validate.eval.label_field"),
             field=field_name,
-            sample=r.integer(ev.get("sample", 300), "validate.eval.sample", 1),
-            min_accuracy=r.number(ev.get("min_accuracy", 0.0), "validate.eval.min_accuracy", 0.0),
+            sample=r.integer(ev.get("sample", EvalSpec.sample), "validate.eval.sample", 1),
+            min_accuracy=r.number(ev.get("min_accuracy", EvalSpec.min_accuracy), "validate.eval.min_accuracy", 0.0),
             grader=grader,
         )
     return ValidateSpec(
-        max_dead_letter_rate=r.number(val.get("max_dead_letter_rate", 0.01), "validate.max_dead_letter_rate", 0.0,
-                                      1.0),
+        max_dead_letter_rate=r.number(val.get("max_dead_letter_rate", ValidateSpec.max_dead_letter_rate),
+                                      "validate.max_dead_letter_rate", 0.0, 1.0),
         schema_sample=r.optional_int(val.get("schema_sample"), "validate.schema_sample", 1),
         drift=drift,
         eval=evaluation,

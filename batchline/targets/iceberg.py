@@ -399,7 +399,8 @@ class IcebergOutput(TargetFamily):
     """An Apache Iceberg table (write, audit, publish)."""
 
     name = "iceberg"
-    keys: ClassVar[Fields] = {"table": table_schema(TABLE_FIELDS)}
+    keys: ClassVar[Fields] = {"table": table_schema(
+        TABLE_FIELDS, "An Apache Iceberg table whose main follows the published version")}
 
     def parse(self, key: str, section: Mapping[str, Any], r: SpecReader, ctx: ParseContext) -> TableOutput:
         return TableOutput(parse_table(r, section[key], "output.table", ctx.base_dir))

@@ -214,8 +214,7 @@ def _write_job(work: Path, plan: DrillPlan, run_id: str, poison: dict[str, list[
                 f.write(json.dumps({"id": f"d{i:06d}", "text": f"ticket {i}: {TOPICS[i % len(TOPICS)]}",
                                     "acl": [f"team-{i % 4}"]}) + "\n")
     (work / "schema.json").write_text(json.dumps(SCHEMA))
-    options: dict[str, Any] = {"seconds_per_record": SECONDS_PER_RECORD, "batch_size": BATCH_SIZE,
-                               **(poison or {})}
+    options: dict[str, Any] = {"seconds_per_record": SECONDS_PER_RECORD, **(poison or {})}
     spec = {
         "name": "batchline-drill",
         "input": {"path": str(data), "id_field": "id", "text_field": "text", "acl_field": "acl"},
