@@ -30,10 +30,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from batchline.errors import BatchlineError
 
@@ -45,8 +46,9 @@ if TYPE_CHECKING:
     from batchline.spec import JobSpec
     from batchline.store import JobStatus, Store, StoredDeadLetter
     from batchline.store.model import Publication
+    from batchline.targets.lancedb_index import Hit
 
-__all__ = ["ExportFormat", "ExportResult", "JobListing", "Jobs", "RunResult"]
+__all__ = ["ExportFormat", "ExportResult", "JobListing", "Jobs", "RunResult", "SearchResult"]
 
 ExportFormat = Literal["jsonl", "parquet", "openai-batch"]
 
@@ -95,6 +97,13 @@ class ExportResult:
     errors_path: Path | None = None
     pending: int = 0  # openai-batch with partial: records without an outcome yet
     current: Path | str | None = None  # a published name's Parquet dataset: the CURRENT file naming the version
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    name: str
+    version: str  # the published version every hit was answered from
+    hits: list[Hit]  # nearest first
 
 
 class Jobs:
@@ -269,6 +278,32 @@ class Jobs:
         with self._opened() as s:
             return s.delete(version, who())
 
+    # --- search ------------------------------------------------------------------------------
+
+    def search(self, name: str, query: str, groups: Sequence[str], *, k: int = 10) -> SearchResult:
+        """The `k` records of the version published as `name` whose vectors are nearest the
+        query's, among those whose ACL names one of `groups` (none is refused, never read as
+        all of them). The query is embedded with the job's own pinned model, its weights'
+        digest verified, so query and rows are vectors of one model; the index is the job's
+        `output.index`."""
+        from batchline.registry import TARGETS
+        from batchline.spec import stored_spec
+
+        family = TARGETS["lancedb"].load()
+        groups = family.check_groups(groups)
+        if k < 1:
+            raise BatchlineError(f"k must be at least 1, not {k}")
+        with self._opened() as s:
+            version = s.resolve_name(name)
+            if version is None:
+                raise BatchlineError(f"nothing is published under {name!r} in {s.url}")
+            info = s.job(version)
+            assert info is not None
+            spec = stored_spec(info)
+            family.index_of(spec)  # refused before the model loads
+            vector = _embed(spec, query)
+            return SearchResult(name, version, family.search(name, version, vector, groups, k=k, spec=spec))
+
     # --- export and report -----------------------------------------------------------------------
 
     def export(self, target: str, *, format: ExportFormat = "jsonl", out: str | Path | None = None,
@@ -332,6 +367,57 @@ def _local(location: str) -> Path | str:
     from batchline.sources import is_remote
 
     return location if is_remote(location) else Path(location)
+
+
+def _embed(spec: JobSpec, text: str) -> list[float]:
+    """`text` as the job's engine embeds a record's text: its pinned weights, verified when the
+    engine is loaded (once per process and model: later searches reuse it)."""
+    from batchline.engines.base import EngineRequest
+    from batchline.registry import TARGETS
+
+    with _ENGINES_LOCK:
+        engine = _query_engine(spec)
+        outcomes = list(engine.generate(_OneRequest(EngineRequest("query", text, "", text))))
+    if len(outcomes) != 1 or outcomes[0].output is None:
+        error = outcomes[0].error if outcomes else "no outcome"
+        raise BatchlineError(f"the job's engine could not embed the query: {error}")
+    vector: list[float] = TARGETS["lancedb"].load().query_vector(spec, outcomes[0].output)
+    return vector
+
+
+_ENGINES: dict[str, Any] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def _query_engine(spec: JobSpec) -> Any:
+    import json
+
+    from batchline.engines import create_engine
+    from batchline.engines.base import EngineConfig
+    from batchline.worker.weights import local_weights
+
+    key = json.dumps([spec.model.engine, spec.model.path, spec.model.digest, dict(spec.model.options),
+                      dict(spec.output_schema)], sort_keys=True, default=str)
+    engine = _ENGINES.get(key)
+    if engine is None:
+        model = replace(spec.model, path=local_weights(spec.model.path, spec.model.digest, spec.input.storage))
+        engine = create_engine(EngineConfig(model=model, decoding=spec.decoding, output_schema=spec.output_schema))
+        engine.load()
+        _ENGINES[key] = engine
+    return engine
+
+
+class _OneRequest:
+    """A request source holding one request."""
+
+    def __init__(self, request: Any) -> None:
+        self.pending = [request]
+
+    def next_batch(self, max_items: int) -> list[Any]:
+        taken, self.pending = self.pending[:max_items], self.pending[max_items:]
+        return taken
+
+    poll = next_batch
 
 
 def _refuse_cancelled(s: Store, version: str) -> None:

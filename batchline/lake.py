@@ -85,6 +85,19 @@ class LakeSettings:
             config["skip_signature"] = True
         return {"config": config, "client_options": client, "retry_config": {"max_retries": 0}}
 
+    def lance_storage_options(self, scheme: str) -> dict[str, str]:
+        """The same settings as Lance's `storage_options` (credentials stay in the environment,
+        which Lance reads itself)."""
+        out: dict[str, str] = {}
+        if scheme == "s3":
+            if self.s3_endpoint:
+                out["aws_endpoint"] = self.s3_endpoint
+                if self.s3_endpoint.startswith("http://"):
+                    out["allow_http"] = "true"
+            if self.region:
+                out["aws_region"] = self.region
+        return out
+
     def duckdb_settings(self) -> dict[str, str]:
         """The same settings as DuckDB httpfs `SET` options (credentials stay in the environment)."""
         out: dict[str, str] = {}

@@ -170,6 +170,7 @@ TARGETS = _table(
     Plugin("view", "batchline.targets.view:VIEW"),
     Plugin("parquet", "batchline.targets.parquet:PARQUET"),
     Plugin("iceberg", "batchline.targets.iceberg:ICEBERG", "iceberg"),
+    Plugin("lancedb", "batchline.targets.lancedb_index:LANCEDB", "index"),
 )
 
 

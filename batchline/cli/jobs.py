@@ -125,6 +125,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_history)
 
+    p = command("search", "the records of NAME's published version nearest a query, among those whose ACL "
+                          "names one of the caller's groups (the job's output.index)")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--query", required=True, metavar="TEXT", help="embedded with the job's own pinned model")
+    p.add_argument("--groups", default="", metavar="G1,G2",
+                   help="the caller's groups: only rows whose ACL names one of them are searched")
+    p.add_argument("--k", type=int, default=10, metavar="K", help="how many hits (default 10)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_search)
+
     p = sub.add_parser("spec-schema", help="print the job spec's JSON Schema, for editors that complete and check "
                                            "job files", description="print the job spec's JSON Schema, for editors "
                                            "that complete and check job files")
@@ -358,6 +368,18 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(line)
     if not entries:
         print(f"{args.name} has never been published", file=sys.stderr)
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    found = Jobs(_store(args)).search(args.name, args.query, args.groups.split(","), k=args.k)
+    if args.json:
+        print(json.dumps({"name": found.name, "version": found.version,
+                          "hits": [h.to_dict() for h in found.hits]}, indent=2, ensure_ascii=False))
+        return 0
+    print(f"{len(found.hits)} hits from {found.version}", file=sys.stderr)
+    for h in found.hits:
+        print(f"{h.score:.4f}  {h.record_id}  {json.dumps(h.fields, ensure_ascii=False)}")
     return 0
 
 

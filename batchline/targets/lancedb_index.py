@@ -1,0 +1,491 @@
+"""A published version's vectors in a LanceDB index, each row behind its record's ACL.
+
+    URI/TABLE-HASH        one Lance table per version (the version is NAME@HASH)
+
+Each row holds the record's id, its vector (the output field `vector_field`,
+an embedding engine's output), the chosen `fields` of the output, the record's
+ACL (a list of groups) and the job version.
+
+- `stage` writes a sealed version's results into a table of its own, created
+  with all its rows in one commit: a table that exists is whole, and no search
+  sees it before the store's pointer names its version. It then builds the
+  indexes a search uses: a LABEL_LIST index on the ACL, so the groups filter runs
+  before ranking, and from `approximate_min_rows` rows an IVF_PQ vector index.
+  A stage that died between the commit and the indexes is finished by the next.
+- `show` checks that the version's table is there; it moves nothing. LanceDB has
+  no compare-and-set on tags, so the store's pointer is the one truth (as for an
+  Iceberg table's main, the store records what each publish showed): a search
+  resolves the published version through the store and opens that version's
+  table, which nothing changes once staged, so it answers from one version
+  wholly, whatever publish or rollback does meanwhile.
+- `restore` has nothing to put back.
+- `forget` drops a pruned version's table.
+
+A search (`search`) ranks only rows whose ACL shares a group with the caller's:
+`array_has_any(acl, [...])` as a prefilter, so k rows come back whenever k
+visible rows exist. With the approximate index, a selective filter can leave the
+probed partitions with fewer than k visible rows; then the search is run again
+exactly. The approximate candidates are re-ranked with the full vectors
+(`refine_factor`), so a record's own text ranks it first. A row whose ACL is
+null matches no group and is never returned.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+import orjson
+
+from batchline.errors import BatchlineError, SpecError, one_line
+from batchline.store import ReaderStore, StoredResult
+from batchline.targets.base import TargetFamily
+
+if TYPE_CHECKING:
+    from batchline.sources.base import ParseContext
+    from batchline.spec.model import JobSpec
+    from batchline.spec.reader import Fields, SpecReader
+
+BATCH_ROWS = 10_000
+# Columns of every row; a chosen field may not take one of these names.
+ID, VECTOR, ACL, VERSION = "id", "vector", "acl", "version"
+RESERVED = (ID, VECTOR, ACL, VERSION)
+METRIC: Final = "cosine"
+DEFAULT_APPROXIMATE_MIN_ROWS = 50_000
+DEFAULT_NPROBES = 20
+DEFAULT_REFINE_FACTOR = 10
+# A field whose values are not one scalar type is kept as JSON text, marked so in its metadata.
+JSON_FIELD = b"batchline.json"
+_SCALAR_TYPES = ("string", "integer", "number", "boolean")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result: the record, how near it is (cosine similarity, 1 is the same
+    direction), its chosen fields, and the version it was answered from."""
+
+    record_id: str
+    score: float
+    fields: dict[str, Any]
+    version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.record_id, "score": self.score, "fields": self.fields, "version": self.version}
+
+
+def table_name(table: str, version: str) -> str:
+    """The Lance table a version's rows are in: the index's table name and the version's hash."""
+    return f"{table}-{version.rsplit('@', 1)[-1]}"
+
+
+def group_filter(groups: Sequence[str]) -> str:
+    """The prefilter a caller of `groups` searches under (SQL string literals, quotes doubled)."""
+    quoted = ", ".join("'" + g.replace("'", "''") + "'" for g in groups)
+    return f"{ACL} IS NOT NULL AND array_has_any({ACL}, [{quoted}])"
+
+
+def check_groups(groups: Sequence[str]) -> list[str]:
+    """The caller's groups as a search takes them; none is refused, never read as "all"."""
+    found = [g.strip() for g in groups if g.strip()]
+    if not found:
+        raise BatchlineError("a search needs the caller's groups (--groups G1,G2): only rows whose ACL names one "
+                             "of them are searched, and no groups is not all of them")
+    return found
+
+
+# --- the index ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexOutput:
+    """`output.index`: where the versions' tables are and what their rows hold."""
+
+    uri: str
+    table: str | None = None  # default: the job's name
+    vector_field: str = "embedding"
+    fields: tuple[str, ...] = ()
+    approximate_min_rows: int = DEFAULT_APPROXIMATE_MIN_ROWS
+    nprobes: int = DEFAULT_NPROBES
+    refine_factor: int = DEFAULT_REFINE_FACTOR
+
+    def describe(self) -> str:
+        return f"LanceDB index under {self.uri}"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"uri": self.uri, "vector_field": self.vector_field, "fields": list(self.fields),
+                               "approximate_min_rows": self.approximate_min_rows, "nprobes": self.nprobes,
+                               "refine_factor": self.refine_factor}
+        if self.table is not None:
+            out["table"] = self.table
+        return {"index": out}
+
+    def target(self, store_url: str | None, storage: Mapping[str, Any]) -> LanceIndex:
+        return LanceIndex(self, storage)
+
+    def check(self, spec: JobSpec, store_url: str | None) -> None:
+        refusal = self.refusal(spec)
+        if refusal is not None:
+            raise SpecError(f"output.index: {refusal}")
+
+    def refusal(self, spec: JobSpec) -> str | None:
+        """Why this index cannot take the job's results, or None."""
+        if spec.input.acl_field is None:
+            return ("the job has no input.acl_field, and the index never holds a row nobody decided the access "
+                    "of: name the records' ACL field (input.acl_missing says what a missing one means)")
+        props = spec.output_schema.get("properties")
+        props = props if isinstance(props, dict) else {}
+        vector = props.get(self.vector_field)
+        if not isinstance(vector, dict) or vector.get("type") != "array":
+            return (f"vector_field {self.vector_field!r} is not an array in the output schema (an embedding "
+                    f"engine's output is {{\"embedding\": [...]}})")
+        for name in self.fields:
+            if name not in props:
+                return f"field {name!r} is not in the output schema (it has {', '.join(sorted(props)) or 'none'})"
+        return None
+
+    def table_for(self, name: str) -> str:
+        return self.table or name
+
+
+def _arrow_type(schema: Any) -> tuple[Any, bool]:
+    """The column type of a field, and whether it holds JSON text."""
+    import pyarrow as pa
+
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"]
+        kind = kinds[0] if len(kinds) == 1 else None
+    if kind is None and isinstance(schema, dict) and isinstance(schema.get("enum"), list) \
+            and all(isinstance(v, str) for v in schema["enum"]):
+        kind = "string"
+    types = {"string": pa.string(), "integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}
+    if kind in types:
+        return types[kind], False
+    return pa.string(), True
+
+
+def _connect(uri: str, storage: Mapping[str, Any]) -> Any:
+    try:
+        import lancedb
+    except ImportError:
+        raise BatchlineError("the lancedb target needs the lancedb package (install batchline's 'index' extra)") \
+            from None
+    from batchline.sources import is_remote
+
+    if not is_remote(uri):
+        return lancedb.connect(uri)
+    from batchline.lake import lake_settings
+
+    return lancedb.connect(uri, storage_options=lake_settings(storage).lance_storage_options(uri.split(":", 1)[0]))
+
+
+def _missing_table(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, FileNotFoundError | ValueError) or "not found" in text or "does not exist" in text
+
+
+@dataclass
+class LanceIndex:
+    output: IndexOutput
+    storage: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"lancedb:{self.output.uri}"
+
+    def describe(self) -> str:
+        return self.output.describe()
+
+    def connect(self) -> Any:
+        return _connect(self.output.uri, self.storage)
+
+    # --- stage ---------------------------------------------------------------------
+
+    def stage(self, store: ReaderStore, version: str) -> None:
+        from batchline.spec import stored_spec
+
+        info = store.job(version)
+        if info is None:
+            raise BatchlineError(f"no job version {version!r} in {store.url}")
+        spec = stored_spec(info)
+        db = self.connect()
+        name = table_name(self.output.table_for(info.name), version)
+        if not _has_table(db, name):
+            schema, batches = self.rows(spec, version, store.iter_results(version))
+            write_table(db, name, schema, batches)
+        build_indexes(db.open_table(name), self.output)
+
+    def rows(self, spec: JobSpec, version: str, results: Iterator[StoredResult]) -> tuple[Any, Iterator[Any]]:
+        """The Arrow schema of the version's table and its rows in batches. The vector's
+        length is the first result's; a result of another length is refused by its id."""
+        import pyarrow as pa
+
+        props = spec.output_schema.get("properties") or {}
+        columns = [(name, *_arrow_type(props.get(name))) for name in self.output.fields]
+        first = next(results, None)
+        dims = len(self._vector(first)) if first is not None else _schema_dims(props.get(self.output.vector_field))
+        schema = pa.schema([
+            pa.field(ID, pa.string(), nullable=False),
+            pa.field(VECTOR, pa.list_(pa.float32(), dims)),
+            *[pa.field(name, kind, metadata={JSON_FIELD: b"true"} if as_json else None)
+              for name, kind, as_json in columns],
+            pa.field(ACL, pa.list_(pa.string())),
+            pa.field(VERSION, pa.string(), nullable=False),
+        ])
+
+        def batch(rows: list[StoredResult]) -> Any:
+            outputs = [orjson.loads(r.output) for r in rows]
+            vectors: list[float] = []
+            for r, out in zip(rows, outputs, strict=True):
+                vector = self._vector(r, out)
+                if len(vector) != dims:
+                    raise BatchlineError(f"{version}: record {r.record_id!r}: its {self.output.vector_field} has "
+                                         f"{len(vector)} values, not {dims} as the first record's: an index holds "
+                                         "vectors of one length")
+                vectors.extend(vector)
+            arrays = [pa.array([r.record_id for r in rows], pa.string()),
+                      pa.FixedSizeListArray.from_arrays(pa.array(vectors, pa.float32()), dims)]
+            for name, kind, as_json in columns:
+                values = [out.get(name) if isinstance(out, dict) else None for out in outputs]
+                if as_json:
+                    values = [None if v is None else json.dumps(v, ensure_ascii=False, sort_keys=True)
+                              for v in values]
+                arrays.append(pa.array(values, kind))
+            arrays.append(pa.array([_acl(r.acl) for r in rows], pa.list_(pa.string())))
+            arrays.append(pa.array([version] * len(rows), pa.string()))
+            return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+        def batches() -> Iterator[Any]:
+            if first is None:
+                return
+            chunk = [first]
+            for r in results:
+                chunk.append(r)
+                if len(chunk) == BATCH_ROWS:
+                    yield batch(chunk)
+                    chunk = []
+            if chunk:
+                yield batch(chunk)
+
+        return schema, batches()
+
+    def _vector(self, r: StoredResult, out: Any = None) -> list[float]:
+        out = orjson.loads(r.output) if out is None else out
+        vector = out.get(self.output.vector_field) if isinstance(out, dict) else None
+        if not isinstance(vector, list) or not vector:
+            raise BatchlineError(f"record {r.record_id!r}: its output has no {self.output.vector_field!r} vector")
+        return vector
+
+    # --- show, restore, forget ---------------------------------------------------------------
+
+    def show(self, name: str, version: str, recorded: dict[str, Any] | None) -> dict[str, Any]:
+        table = table_name(self.output.table_for(name), version)
+        db = self.connect()
+        if not _has_table(db, table):
+            raise BatchlineError(f"{self.describe()} has no table {table!r}: {version} was not staged")
+        opened = db.open_table(table)
+        return {"table": table, "version": version, "rows": opened.count_rows()}
+
+    def restore(self, name: str, recorded: dict[str, Any] | None, shown: dict[str, Any]) -> None:
+        return None  # show moved nothing: searches follow the store's pointer
+
+    def forget(self, name: str, version: str) -> None:
+        db = self.connect()
+        table = table_name(self.output.table_for(name), version)
+        if _has_table(db, table):
+            db.drop_table(table)
+
+    # --- search ----------------------------------------------------------------------
+
+    def search(self, name: str, version: str, vector: Sequence[float], groups: Sequence[str],
+               k: int) -> list[Hit]:
+        """The k rows of `version` nearest `vector` among those the groups may see."""
+        table = self.connect().open_table(table_name(self.output.table_for(name), version))
+        where = group_filter(check_groups(groups))
+        approximate = any(ix.columns == [VECTOR] for ix in table.list_indices())
+
+        def query(exact: bool) -> list[dict[str, Any]]:
+            q = table.search(list(vector), vector_column_name=VECTOR).distance_type(METRIC) \
+                .where(where, prefilter=True).limit(k)
+            if exact:
+                q = q.bypass_vector_index()
+            else:
+                q = q.nprobes(self.output.nprobes).refine_factor(self.output.refine_factor)
+            rows: list[dict[str, Any]] = q.to_arrow().to_pylist()
+            return rows
+
+        rows = query(exact=not approximate)
+        if approximate and len(rows) < k:
+            rows = query(exact=True)  # the probed partitions held too few visible rows
+        json_fields = {f.name for f in table.schema if f.metadata and f.metadata.get(JSON_FIELD)}
+        return [Hit(str(row[ID]), 1.0 - float(row["_distance"]),
+                    {f: (json.loads(row[f]) if f in json_fields and row[f] is not None else row[f])
+                     for f in self.output.fields}, str(row[VERSION])) for row in rows]
+
+
+def _has_table(db: Any, name: str) -> bool:
+    try:
+        db.open_table(name)
+    except Exception as exc:
+        if _missing_table(exc):
+            return False
+        raise BatchlineError(f"cannot open LanceDB table {name!r}: {one_line(exc)}") from None
+    return True
+
+
+def write_table(db: Any, name: str, schema: Any, batches: Iterator[Any]) -> None:
+    """Creates the table with every row in one commit. Another writer that created it first
+    wrote the same version's rows, so its table is taken as this one."""
+    import pyarrow as pa
+
+    reader = pa.RecordBatchReader.from_batches(schema, batches)
+    try:
+        db.create_table(name, data=reader, schema=schema, mode="create")
+    except (OSError, ValueError, RuntimeError) as exc:
+        if "exist" in str(exc).lower() and _has_table(db, name):
+            return
+        raise
+
+
+def build_indexes(table: Any, output: IndexOutput) -> None:
+    """The ACL's LABEL_LIST index, and from `approximate_min_rows` rows the IVF_PQ index,
+    each made unless it is there already."""
+    have = {tuple(ix.columns) for ix in table.list_indices()}
+    rows = table.count_rows()
+    if rows == 0:
+        return
+    from lancedb.index import IvfPq, LabelList
+
+    if (ACL,) not in have:
+        table.create_index(ACL, config=LabelList())
+    if rows >= output.approximate_min_rows and (VECTOR,) not in have:
+        dims = table.schema.field(VECTOR).type.list_size
+        table.create_index(VECTOR, config=IvfPq(
+            distance_type=METRIC, num_partitions=ivf_partitions(rows), num_sub_vectors=pq_sub_vectors(dims)))
+
+
+def ivf_partitions(rows: int) -> int:
+    """About 4,096 rows a partition, as Lance advises, and at least one."""
+    return max(1, min(4096, rows // 4096))
+
+
+def pq_sub_vectors(dims: int) -> int:
+    """Sub-vectors of at least 8 dimensions where the length divides so, else one."""
+    for width in (8, 16, 4, 2):
+        if dims % width == 0:
+            return dims // width
+    return 1
+
+
+def _schema_dims(schema: Any) -> int:
+    if isinstance(schema, dict) and schema.get("minItems") == schema.get("maxItems") \
+            and isinstance(schema.get("minItems"), int) and schema["minItems"] > 0:
+        return int(schema["minItems"])
+    return 1
+
+
+def _acl(acl: Any) -> list[str] | None:
+    if acl is None:
+        return None
+    if isinstance(acl, str):
+        return [acl]
+    return [str(a) for a in acl]
+
+
+# --- the family ------------------------------------------------------------------------------
+
+INDEX_FIELDS: Fields = {
+    "uri": {"type": "string", "minLength": 1, "description": "A folder, or an s3:// or gs:// prefix: a table per version"},
+    "table": {"type": "string", "pattern": "^[A-Za-z0-9_-]+$",
+              "description": "The tables' name before the version's hash (default: the job's name)"},
+    "vector_field": {"type": "string", "minLength": 1,
+                     "description": f"The output field holding the vector (default {IndexOutput.vector_field})"},
+    "fields": {"type": "array", "items": {"type": "string", "minLength": 1},
+               "description": "Output fields each row holds and each hit returns"},
+    "approximate_min_rows": {"type": "integer", "minimum": 1,
+                             "description": "Versions of at least this many rows get an approximate (IVF_PQ) index "
+                                            f"(default {DEFAULT_APPROXIMATE_MIN_ROWS})"},
+    "nprobes": {"type": "integer", "minimum": 1,
+                "description": f"Partitions an approximate search probes (default {DEFAULT_NPROBES})"},
+    "refine_factor": {"type": "integer", "minimum": 1,
+                      "description": "An approximate search re-ranks this many times k candidates with the full "
+                                     f"vectors (default {DEFAULT_REFINE_FACTOR})"},
+}
+
+
+class LanceDBOutput(TargetFamily):
+    """A LanceDB index of a version's vectors, searched behind each record's ACL."""
+
+    name = "lancedb"
+    keys: ClassVar[Fields] = {"index": {
+        "type": "object", "properties": dict(INDEX_FIELDS), "required": ["uri"], "additionalProperties": False,
+        "description": "A LanceDB index of the output's vectors, each row behind its record's ACL"}}
+
+    def parse(self, key: str, section: Mapping[str, Any], r: SpecReader, ctx: ParseContext) -> IndexOutput:
+        from batchline.sources import is_remote
+
+        raw = r.section(section[key], "output.index", INDEX_FIELDS, required={"uri"})
+        uri = r.string(raw["uri"], "output.index.uri")
+        if not is_remote(uri):
+            uri = str((ctx.base_dir / uri).resolve())
+        table = r.optional_string(raw.get("table"), "output.index.table")
+        if table is not None and not all(c.isalnum() or c in "_-" for c in table):
+            r.fail("output.index.table", f"{table!r} may hold only letters, digits, '_' and '-'")
+        fields = tuple(r.string_list(raw.get("fields", []), "output.index.fields"))
+        for name in fields:
+            if name in RESERVED:
+                r.fail("output.index.fields", f"{name!r} is a column of every row ({', '.join(RESERVED)}); "
+                                              "choose another field")
+        if len(set(fields)) != len(fields):
+            r.fail("output.index.fields", "names a field twice")
+        vector_field = r.optional_string(raw.get("vector_field"), "output.index.vector_field")
+
+        def integer(key: str, default: int) -> int:
+            return r.integer(raw.get(key, default), f"output.index.{key}", 1)
+
+        return IndexOutput(uri, table, vector_field or IndexOutput.vector_field, fields,
+                           integer("approximate_min_rows", DEFAULT_APPROXIMATE_MIN_ROWS),
+                           integer("nprobes", DEFAULT_NPROBES), integer("refine_factor", DEFAULT_REFINE_FACTOR))
+
+    def access(self, section: Mapping[str, Any]) -> list[str]:
+        index = section.get("index")
+        if not index:
+            return []
+        return [f"output index {index['uri']}: the worker needs nothing of it; the publisher writes a table per "
+                "version under it and drops pruned versions' tables: give it write access there, and searchers "
+                "read access (and read access to the store, where the published version is)"]
+
+    def pod_refusal(self, section: Mapping[str, Any], where: str) -> str | None:
+        from batchline.sources import is_remote
+
+        index = section.get("index")
+        if index and not is_remote(str(index.get("uri", ""))):
+            return f"output.index.uri: {index.get('uri')} is a folder on this machine; give an s3:// or gs:// prefix"
+        return None
+
+    check_groups = staticmethod(check_groups)
+
+    @staticmethod
+    def index_of(spec: JobSpec) -> IndexOutput:
+        found = [t for t in spec.targets if isinstance(t, IndexOutput)]
+        if not found:
+            raise BatchlineError(f"{spec.name} has no output.index: nothing of it is searched")
+        return found[0]
+
+    def query_vector(self, spec: JobSpec, output: str) -> list[float]:
+        """The vector in the engine's output for a query, as a row's is read."""
+        index = self.index_of(spec)
+        vector = orjson.loads(output).get(index.vector_field)
+        if not isinstance(vector, list) or not vector:
+            raise BatchlineError(f"the job's engine gave no {index.vector_field!r} vector for the query")
+        return [float(v) for v in vector]
+
+    def search(self, name: str, version: str, vector: Sequence[float], groups: Sequence[str], *,
+               k: int, spec: JobSpec) -> list[Hit]:
+        """The published version's nearest rows the groups may see (see the module's doc)."""
+        return LanceIndex(self.index_of(spec), spec.input.storage).search(name, version, vector, groups, k)
+
+
+LANCEDB = LanceDBOutput()
