@@ -300,15 +300,16 @@ class LanceIndex:
     # --- search ----------------------------------------------------------------------
 
     def search(self, name: str, version: str, vector: Sequence[float], groups: Sequence[str],
-               k: int) -> list[Hit]:
-        """The k rows of `version` nearest `vector` among those the groups may see."""
+               k: int, *, exact: bool = False) -> list[Hit]:
+        """The k rows of `version` nearest `vector` among those the groups may see; `exact`:
+        compared with every visible row even where the approximate index is."""
         table = self.connect().open_table(table_name(self.output.table_for(name), version))
         where = group_filter(check_groups(groups))
-        approximate = any(ix.columns == [VECTOR] for ix in table.list_indices())
+        approximate = not exact and any(ix.columns == [VECTOR] for ix in table.list_indices())
 
         def query(exact: bool) -> list[dict[str, Any]]:
             q = table.search(list(vector), vector_column_name=VECTOR).distance_type(METRIC) \
-                .where(where, prefilter=True).limit(k)
+                .where(where, prefilter=True).select([ID, VERSION, *self.output.fields]).limit(k)
             if exact:
                 q = q.bypass_vector_index()
             else:
@@ -400,18 +401,17 @@ INDEX_FIELDS: Fields = {
     "uri": {"type": "string", "minLength": 1, "description": "A folder, or an s3:// or gs:// prefix: a table per version"},
     "table": {"type": "string", "pattern": "^[A-Za-z0-9_-]+$",
               "description": "The tables' name before the version's hash (default: the job's name)"},
-    "vector_field": {"type": "string", "minLength": 1,
-                     "description": f"The output field holding the vector (default {IndexOutput.vector_field})"},
-    "fields": {"type": "array", "items": {"type": "string", "minLength": 1},
+    "vector_field": {"type": "string", "minLength": 1, "default": IndexOutput.vector_field,
+                     "description": "The output field holding the vector"},
+    "fields": {"type": "array", "items": {"type": "string", "minLength": 1}, "default": [],
                "description": "Output fields each row holds and each hit returns"},
-    "approximate_min_rows": {"type": "integer", "minimum": 1,
-                             "description": "Versions of at least this many rows get an approximate (IVF_PQ) index "
-                                            f"(default {DEFAULT_APPROXIMATE_MIN_ROWS})"},
-    "nprobes": {"type": "integer", "minimum": 1,
-                "description": f"Partitions an approximate search probes (default {DEFAULT_NPROBES})"},
-    "refine_factor": {"type": "integer", "minimum": 1,
+    "approximate_min_rows": {"type": "integer", "minimum": 1, "default": DEFAULT_APPROXIMATE_MIN_ROWS,
+                             "description": "Versions of at least this many rows get an approximate (IVF_PQ) index"},
+    "nprobes": {"type": "integer", "minimum": 1, "default": DEFAULT_NPROBES,
+                "description": "Partitions an approximate search probes"},
+    "refine_factor": {"type": "integer", "minimum": 1, "default": DEFAULT_REFINE_FACTOR,
                       "description": "An approximate search re-ranks this many times k candidates with the full "
-                                     f"vectors (default {DEFAULT_REFINE_FACTOR})"},
+                                     "vectors"},
 }
 
 
@@ -421,7 +421,8 @@ class LanceDBOutput(TargetFamily):
     name = "lancedb"
     keys: ClassVar[Fields] = {"index": {
         "type": "object", "properties": dict(INDEX_FIELDS), "required": ["uri"], "additionalProperties": False,
-        "description": "A LanceDB index of the output's vectors, each row behind its record's ACL"}}
+        "description": "A LanceDB index of the output's vectors, each row behind its record's ACL",
+        "examples": [{"uri": "s3://lake/index", "fields": ["summary"]}]}}
 
     def parse(self, key: str, section: Mapping[str, Any], r: SpecReader, ctx: ParseContext) -> IndexOutput:
         from batchline.sources import is_remote

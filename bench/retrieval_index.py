@@ -1,0 +1,168 @@
+"""The retrieval index: how fast a version's rows are written into LanceDB, how fast a search
+behind the ACL prefilter answers, exact and approximate, how much the approximate index
+loses, and what a row costs on disk.
+
+    python bench/retrieval_index.py [--rows 100000 1000000] [--queries 100] [--dims 384] [--k 10]
+
+For each row count: seeded random unit vectors of --dims dimensions (for scale; the
+synthetic engine's vectors are all the same), each row's ACL `["all"]`, and for one row in
+a hundred also `"rare"`. The rows go through the lancedb target's own write path (the
+results as the store hands them out, JSON text, turned into Arrow batches, the table
+created in one commit, the ACL's LABEL_LIST index): "write rows/s" (making the rows, the
+bench's own work, is timed alone and taken out). Then --queries
+searches (seeded random unit vectors) as the group `all` (unselective: every row visible)
+and as `rare` (selective: 1%), exact; the IVF_PQ index is built (its seconds reported) and
+the same searches run approximate (the target's nprobes and refine factor, falling back to
+exact where fewer than k come back). recall@10: the share of the exact top k the
+approximate search returns. Bytes per row: the table's folder, before and after the
+vector index, over the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from batchline.spec import parse_spec
+from batchline.store import StoredResult
+from batchline.targets.lancedb_index import (
+    DEFAULT_NPROBES,
+    DEFAULT_REFINE_FACTOR,
+    IndexOutput,
+    LanceIndex,
+    build_indexes,
+    ivf_partitions,
+    table_name,
+    write_table,
+)
+
+VERSION = "bench@0123456789abcdef"
+CHUNK = 10_000
+
+
+def unit_vectors(rng: np.random.Generator, n: int, dims: int) -> np.ndarray:
+    v = rng.standard_normal((n, dims)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    return v
+
+
+def results(rows: int, dims: int, seed: int) -> Iterator[StoredResult]:
+    """The version's results as the store hands them out: the output as JSON text."""
+    rng = np.random.default_rng(seed)
+    for start in range(0, rows, CHUNK):
+        block = unit_vectors(rng, min(CHUNK, rows - start), dims)
+        for j, vector in enumerate(block):
+            i = start + j
+            yield StoredResult(f"r{i:08d}", json.dumps({"embedding": vector.tolist()}),
+                               ["all", "rare"] if i % 100 == 0 else ["all"], 0, "bench", 1, 1, 0.0, None, None)
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def spec_for(root: Path, dims: int) -> Any:
+    (root / "in.jsonl").write_text('{"id": "a", "text": "x", "acl": ["all"]}\n')
+    schema = {"type": "object", "properties": {"embedding": {"type": "array", "items": {"type": "number"},
+                                                             "minItems": dims, "maxItems": dims}}}
+    return parse_spec({"name": "bench", "input": {"path": "in.jsonl", "acl_field": "acl"},
+                       "model": {"engine": "synthetic"}, "prompt": {"text": "x", "version": "v1"},
+                       "output": {"schema": schema, "index": {"uri": str(root / "index")}}}, base_dir=root)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run(rows: int, queries: int, dims: int, k: int, root: Path) -> dict[str, Any]:
+    spec = spec_for(root, dims)
+    output = IndexOutput(str(root / "index"), approximate_min_rows=rows + 1)
+    index = LanceIndex(output)
+    db = index.connect()
+    name = table_name("bench", VERSION)
+
+    # Making the rows is the bench's own work, not the index's: timed alone, then taken out.
+    started = time.perf_counter()
+    for _ in results(rows, dims, seed=rows):
+        pass
+    making_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    schema, batches = index.rows(spec, VERSION, results(rows, dims, seed=rows))
+    write_table(db, name, schema, batches)
+    build_indexes(db.open_table(name), output)
+    write_seconds = time.perf_counter() - started - making_seconds
+    table_dir = next((root / "index").glob(f"{name}*"))
+    bytes_exact = folder_bytes(table_dir)
+
+    qs = unit_vectors(np.random.default_rng(7), queries, dims)
+    groups = {"unselective": ["all"], "selective 1%": ["rare"]}
+
+    def searches(exact: bool) -> dict[str, tuple[list[float], list[list[str]]]]:
+        out: dict[str, tuple[list[float], list[list[str]]]] = {}
+        for label, g in groups.items():
+            index.search("bench", VERSION, qs[0].tolist(), g, k, exact=exact)  # warm the caches
+            times, ids = [], []
+            for q in qs:
+                t0 = time.perf_counter()
+                hits = index.search("bench", VERSION, q.tolist(), g, k, exact=exact)
+                times.append(time.perf_counter() - t0)
+                ids.append([h.record_id for h in hits])
+                assert len(hits) == k, (label, len(hits))
+            out[label] = (times, ids)
+        return out
+
+    exact = searches(exact=True)
+    started = time.perf_counter()
+    build_indexes(db.open_table(name), IndexOutput(output.uri, approximate_min_rows=1))
+    index_seconds = time.perf_counter() - started
+    bytes_approx = folder_bytes(table_dir)
+    approx = searches(exact=False)
+
+    figures: dict[str, Any] = {"rows": rows, "dims": dims, "queries": queries, "k": k,
+                               "write_rows_per_s": rows / write_seconds, "write_seconds": write_seconds,
+                               "ivf_pq_seconds": index_seconds, "partitions": ivf_partitions(rows),
+                               "nprobes": DEFAULT_NPROBES, "refine_factor": DEFAULT_REFINE_FACTOR,
+                               "bytes_per_row": bytes_exact / rows, "bytes_per_row_with_ivf_pq": bytes_approx / rows}
+    for label in groups:
+        for kind, found in (("exact", exact), ("approximate", approx)):
+            times = found[label][0]
+            figures[f"{kind} {label} p50 ms"] = 1000 * statistics.median(times)
+            figures[f"{kind} {label} p99 ms"] = 1000 * percentile(times, 0.99)
+        recall = [len(set(a) & set(e)) / k for a, e in zip(approx[label][1], exact[label][1], strict=True)]
+        figures[f"recall@{k} {label}"] = statistics.mean(recall)
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--dims", type=int, default=384)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--work-dir", type=Path, default=None, help="where the tables go (default: a temporary folder)")
+    args = parser.parse_args()
+    for rows in args.rows:
+        with tempfile.TemporaryDirectory(prefix="bench-index-", dir=args.work_dir) as tmp:
+            figures = run(rows, args.queries, args.dims, args.k, Path(tmp))
+        width = max(len(key) for key in figures)
+        print(f"== {rows:,} rows")
+        for key, value in figures.items():
+            print(f"{key:<{width}}  {value:,.3f}" if isinstance(value, float) else f"{key:<{width}}  {value:,}")
+        print(json.dumps(figures), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
