@@ -11,6 +11,12 @@ def one_line(exc: object) -> str:
     return " ".join(str(exc).split())
 
 
+def missing_extra(what: str, package: str, extra: str) -> str:
+    """The line for a plug-in used where its extra is not installed: what needs which package,
+    and the pip command that brings it."""
+    return f"{what} need {package}: pip install 'batchline[{extra}]'"
+
+
 class BatchlineError(Exception):
     """A failure the command line reports as one line on stderr with a non-zero exit."""
 

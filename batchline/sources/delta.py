@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote
 
-from batchline.errors import BatchlineError, InputError, one_line
+from batchline.errors import BatchlineError, InputError, missing_extra, one_line
 from batchline.lake import LakeSettings, lake_settings
 from batchline.sources.base import (
     KeyedFamily,
@@ -50,7 +50,7 @@ def _deltalake() -> Any:
     try:
         import deltalake
     except ImportError:
-        raise BatchlineError("Delta tables need deltalake: pip install 'batchline[delta]'") from None
+        raise BatchlineError(missing_extra("Delta tables", "deltalake", "delta")) from None
     return deltalake
 
 

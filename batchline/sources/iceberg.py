@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from batchline.errors import BatchlineError, InputError, one_line
+from batchline.errors import BatchlineError, InputError, missing_extra, one_line
 from batchline.lake import LakeSettings, lake_settings
 from batchline.sources.base import KeyedFamily, ParseContext, Pin, Snapshot, SourceContext
 
@@ -153,7 +153,7 @@ def _pyiceberg() -> Any:
     try:
         import pyiceberg.catalog
     except ImportError:
-        raise BatchlineError("Iceberg tables need pyiceberg: pip install 'batchline[iceberg]'") from None
+        raise BatchlineError(missing_extra("Iceberg tables", "pyiceberg", "iceberg")) from None
     return pyiceberg.catalog
 
 

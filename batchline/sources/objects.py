@@ -29,7 +29,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, NoReturn, TypeVar, cast
 
-from batchline.errors import InputError, SourceUnavailable, one_line
+from batchline.errors import InputError, SourceUnavailable, missing_extra, one_line
 from batchline.lake import LakeSettings, lake_settings
 from batchline.sources.base import InputSource, KeyedFamily, LocationFamily, ParseContext, Pin
 
@@ -66,7 +66,7 @@ def _obstore() -> Any:
     try:
         import obstore
     except ImportError:
-        raise InputError("reading s3:// or gs:// objects needs obstore: pip install 'batchline[lake]'") from None
+        raise InputError(missing_extra("s3:// and gs:// objects", "obstore", "lake")) from None
     return obstore
 
 
