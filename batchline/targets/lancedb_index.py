@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
 
-from batchline.errors import BatchlineError, SpecError, one_line
+from batchline.errors import BatchlineError, SpecError, missing_extra, one_line
 from batchline.store import ReaderStore, StoredResult
 from batchline.targets.base import TargetFamily
 
@@ -170,8 +170,8 @@ def _connect(uri: str, storage: Mapping[str, Any]) -> Any:
     try:
         import lancedb
     except ImportError:
-        raise BatchlineError("the lancedb target needs the lancedb package (install batchline's 'index' extra)") \
-            from None
+        raise BatchlineError(missing_extra("Retrieval indexes (output.index, batchline search)", "lancedb",
+                                           "index")) from None
     from batchline.sources import is_remote
 
     if not is_remote(uri):
