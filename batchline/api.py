@@ -294,15 +294,22 @@ class Jobs:
         if k < 1:
             raise BatchlineError(f"k must be at least 1, not {k}")
         with self._opened() as s:
-            version = s.resolve_name(name)
-            if version is None:
-                raise BatchlineError(f"nothing is published under {name!r} in {s.url}")
-            info = s.job(version)
-            assert info is not None
-            spec = stored_spec(info)
-            family.index_of(spec)  # refused before the model loads
-            vector = _embed(spec, query)
-            return SearchResult(name, version, family.search(name, version, vector, groups, k=k, spec=spec))
+            for attempt in range(2):
+                version = s.resolve_name(name)
+                if version is None:
+                    raise BatchlineError(f"nothing is published under {name!r} in {s.url}")
+                info = s.job(version)
+                assert info is not None
+                spec = stored_spec(info)
+                family.index_of(spec)  # refused before the model loads
+                vector = _embed(spec, query)
+                try:
+                    return SearchResult(name, version, family.search(name, version, vector, groups, k=k, spec=spec))
+                except BatchlineError:
+                    # Two publishes since the pointer was read can prune its version: read it again.
+                    if attempt == 1 or s.resolve_name(name) == version:
+                        raise
+            raise AssertionError("unreachable")
 
     # --- export and report -----------------------------------------------------------------------
 

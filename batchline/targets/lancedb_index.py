@@ -61,6 +61,10 @@ JSON_FIELD = b"batchline.json"
 _SCALAR_TYPES = ("string", "integer", "number", "boolean")
 
 
+class IndexMissing(BatchlineError):
+    """The version's table is not in the index (pruned meanwhile, or never staged)."""
+
+
 @dataclass(frozen=True)
 class Hit:
     """One search result: the record, how near it is (cosine similarity, 1 is the same
@@ -303,8 +307,15 @@ class LanceIndex:
                k: int, *, exact: bool = False) -> list[Hit]:
         """The k rows of `version` nearest `vector` among those the groups may see; `exact`:
         compared with every visible row even where the approximate index is."""
-        table = self.connect().open_table(table_name(self.output.table_for(name), version))
         where = group_filter(check_groups(groups))
+        tname = table_name(self.output.table_for(name), version)
+        try:
+            table = self.connect().open_table(tname)
+        except Exception as exc:
+            if _missing_table(exc):
+                raise IndexMissing(f"{self.describe()} has no table {tname!r} for {version}: it is staged when "
+                                   "the version is published; publish it again") from None
+            raise
         approximate = not exact and any(ix.columns == [VECTOR] for ix in table.list_indices())
 
         def query(exact: bool) -> list[dict[str, Any]]:
