@@ -30,11 +30,13 @@ from batchline.store import postgres_sql as q
 from batchline.store.postgres import redact
 
 # Row-level security admits the role to its version's rows only. Where a
-# command needs more than `version = {v}`, it is said here: sealing is the one
-# change a worker makes to its job (from ready to sealed), and a worker cannot
-# forge a carried result. {v} is the version as a literal.
+# command needs more than `version = {v}`, it is said here: sealing and halting
+# are the changes a worker makes to its job (from ready to sealed, or to halted
+# when its dead letters pass their bound), and a worker cannot forge a carried
+# result. {v} is the version as a literal.
 _POLICY_OVERRIDES: dict[tuple[str, str], tuple[str | None, str | None]] = {
-    ("jobs", "UPDATE"): ("version = {v} AND state = 'ready'", "version = {v} AND state IN ('ready', 'sealed')"),
+    ("jobs", "UPDATE"): ("version = {v} AND state = 'ready'",
+                         "version = {v} AND state IN ('ready', 'sealed', 'halted')"),
     ("results", "INSERT"): (None, "version = {v} AND origin IS NULL"),
 }
 # Tables without a version column that every worker reads: the schema version and the test clock.
