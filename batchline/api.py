@@ -16,7 +16,7 @@ closed after it, or a store already opened with `batchline.store.open_store`,
 which is used and left open. Failures raise the command line's errors:
 `BatchlineError` and its subclasses, whose `exit_code` is the status the
 command would exit with (`SpecError` 2, `InputError` 3, `StoreError` 4,
-`EngineFatal` 5). Only `plan` and `run` make a store that does not exist yet;
+`EngineFatal` 5, `VersionHalted` 7). Only `plan` and `run` make a store that does not exist yet;
 every other call refuses it by its path.
 
 Heavy modules (the readers, pyarrow, a PostgreSQL driver) are imported by the

@@ -68,7 +68,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = command("status", "progress of a job version (or a list of jobs)")
     p.add_argument("version", nargs="?", metavar="VERSION")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--watch", action="store_true", help="redraw the progress line until the version is sealed")
+    p.add_argument("--watch", action="store_true",
+                   help="redraw the progress line until the version is sealed (or halted: exit 7)")
     p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="how often --watch redraws")
     p.set_defaults(func=cmd_status)
 

@@ -71,6 +71,8 @@ def test_a_job_whose_dead_letters_pass_the_bound_early_halts_instead_of_running_
     as_json = json.loads(cli("status", version, "--json", "--store", store_url).stdout)
     assert as_json["state"] == "halted" and Halt.from_json(as_json["halt"]) == halt
     assert f"{version}  halted" in cli("status", "--store", store_url).stdout
+    watched = cli("status", version, "--watch", "--interval", "0.1", "--store", store_url)
+    assert (watched.returncode, watched.stderr) == (7, f"batchline: error: {halt.message(version)}\n")
 
 
 def test_a_version_whose_dead_letters_pass_its_bound_is_halted_for_every_worker(
