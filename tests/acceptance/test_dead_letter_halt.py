@@ -154,3 +154,17 @@ def test_a_halted_version_can_be_cancelled_or_resumed_after_its_bound_is_changed
     assert (st.state, st.dead_letters, st.results, st.halt) == ("sealed", RECORDS + 1, 0, None)
     [event] = store.events(resumed, ["resume"])
     assert event.detail["reason"] == "a backfill of poor inputs" and event.detail["rate"] == 1.0
+
+
+def test_a_worker_of_every_version_leaves_a_halted_one_and_finishes_the_others(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    _spec, halting = planned(poisoned(job_factory, 200), store)
+    _spec, healthy = planned(job_factory(n=60, name="other-job"), store)
+    log = tmp_path / "worker.log"
+    worker = start_worker(store_url, log=log)  # no --job: it serves every version
+    try:
+        assert worker.wait(timeout=120) == 0
+    finally:
+        stop_all([worker])
+    assert store.status(halting).state == "halted" and store.status(healthy).state == "sealed"
+    assert f"leaving {halting}: it is halted" in log.read_text()
