@@ -111,6 +111,8 @@ class ShardContext:
         self.job = job
         self.max_attempts = job.spec.shards.max_attempts
         self.renew_seconds = job.spec.shards.renew_seconds
+        # Only a version planned with a dead-letter bound can be halted: the others ask nothing.
+        self.bounded = job.spec.shards.abort_bound is not None
         self.last_renew = time.monotonic()
 
     @property
@@ -127,7 +129,7 @@ class ShardContext:
         when this worker wrote some since it last asked and JUDGE_SECONDS have passed."""
         worker = self.worker
         now = time.monotonic()
-        if not worker.judge_pending or worker.halted is not None or (
+        if not self.bounded or not worker.judge_pending or worker.halted is not None or (
                 not force and now - worker.judged_at < JUDGE_SECONDS):
             return
         worker.judge_pending, worker.judged_at = False, now
@@ -163,7 +165,7 @@ class ShardContext:
         self.lease = renewed
         self.last_renew = now
         # Another worker may have halted the version: its workers learn it within a renewal.
-        if self.worker.halted is None:
+        if self.bounded and self.worker.halted is None:
             halt = self.store.halt_of(self.lease.version)
             if halt is not None:
                 self._halted(halt)
