@@ -3,8 +3,9 @@
 A worker on a shared node holds the store's credentials, so what those
 credentials allow is what a compromised or buggy worker can do. The role made
 here can claim and renew its version's shards, insert results, dead letters,
-attempts and events for that version, and seal it when its last shard
-completes; nothing else. It cannot update or delete a result, publish (the
+attempts and events for that version, seal it when its last shard
+completes, and halt it when its dead letters pass its bound; nothing else
+(resuming a halted version is the owner's). It cannot update or delete a result, publish (the
 `pointers`, `publications` and `validations` tables are closed to it), read
 the planned records, or see any row of another version: every table that holds
 many jobs has row-level security, and the policies made here admit this role
