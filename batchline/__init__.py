@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from batchline.errors import BatchlineError, EngineFatal, InputError, SpecError, StoreError
+from batchline.errors import (
+    BatchlineError,
+    EngineFatal,
+    InputError,
+    SpecError,
+    StoreError,
+    VersionHalted,
+)
 from batchline.version import __version__
 
 if TYPE_CHECKING:
@@ -16,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchlineError", "EngineFatal", "ExportResult", "InputError", "JobListing", "Jobs", "RunResult", "SpecError",
-    "StoreError", "__version__",
+    "StoreError", "VersionHalted", "__version__",
 ]
 
 _API = frozenset({"ExportResult", "JobListing", "Jobs", "RunResult"})

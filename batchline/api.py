@@ -16,7 +16,7 @@ closed after it, or a store already opened with `batchline.store.open_store`,
 which is used and left open. Failures raise the command line's errors:
 `BatchlineError` and its subclasses, whose `exit_code` is the status the
 command would exit with (`SpecError` 2, `InputError` 3, `StoreError` 4,
-`EngineFatal` 5). Only `plan` and `run` make a store that does not exist yet;
+`EngineFatal` 5, `VersionHalted` 7). Only `plan` and `run` make a store that does not exist yet;
 every other call refuses it by its path.
 
 Heavy modules (the readers, pyarrow, a PostgreSQL driver) are imported by the
@@ -34,9 +34,9 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal, NoReturn
 
-from batchline.errors import BatchlineError
+from batchline.errors import BatchlineError, VersionHalted
 
 if TYPE_CHECKING:
     from batchline.check.validate import ValidationReport
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from batchline.plan.planner import PlanResult
     from batchline.publish.pointer import PublishResult
     from batchline.spec import JobSpec
-    from batchline.store import JobStatus, Store, StoredDeadLetter
+    from batchline.store import DeadLetterBound, JobStatus, Store, StoredDeadLetter
     from batchline.store.model import Publication
     from batchline.targets.lancedb_index import Hit
 
@@ -81,7 +81,7 @@ class RunResult:
 class JobListing:
     version: str
     name: str
-    state: str  # ready | sealed | cancelled
+    state: str  # ready | halted | sealed | cancelled
     records: int
     shards: int
     created_at: float
@@ -175,6 +175,10 @@ class Jobs:
             version, created = _plan_once(s, job, plan_key, log)
             log(f"version {version}")
             _refuse_cancelled(s, version)
+            halt = s.halt_of(version)
+            if halt is not None:
+                # Its bound is the store's: resuming it is a decision, not a side effect of a rerun.
+                raise VersionHalted(halt.message(version))
             out = progress if progress is not None else closing.enter_context(open(os.devnull, "w"))
             runner = LocalRunner(s, version, workers, out=out,
                                  log_dir=Path(log_dir) if log_dir is not None else default_log_dir(s.url, version),
@@ -268,6 +272,30 @@ class Jobs:
 
         with self._opened() as s:
             return s.cancel(version, who(), reason)
+
+    def resume(self, version: str, *, abort_dead_letter_rate: float | None = None,
+               abort_min_outcomes: int | None = None, reason: str | None = None) -> DeadLetterBound:
+        """Lifts the halt of a version whose dead letters passed its bound, under that bound or
+        a new one (`abort_dead_letter_rate`, at least the version's
+        validate.max_dead_letter_rate, 1 for never; `abort_min_outcomes`) that the store
+        holds for it from now on; its workers may claim its shards again. Refused when the
+        version is not halted, or when its dead letters pass the bound it would resume under.
+        Returns that bound."""
+        from batchline.publish.pointer import who
+        from batchline.spec import check_abort_rate, stored_spec
+
+        if abort_dead_letter_rate is not None and not 0.0 <= abort_dead_letter_rate <= 1.0:
+            raise BatchlineError(f"--abort-dead-letter-rate {abort_dead_letter_rate:g} is not a share between 0 and 1")
+        if abort_min_outcomes is not None and abort_min_outcomes < 1:
+            raise BatchlineError(f"--abort-min-outcomes {abort_min_outcomes} must be at least 1")
+        with self._opened() as s:
+            info = s.job(version)
+            if info is not None and abort_dead_letter_rate is not None:
+                def refuse(message: str) -> NoReturn:
+                    raise BatchlineError(f"--abort-dead-letter-rate {message}")
+
+                check_abort_rate(abort_dead_letter_rate, stored_spec(info).validate, refuse)
+            return s.resume(version, who(), reason, abort_dead_letter_rate, abort_min_outcomes)
 
     def delete(self, version: str) -> bool:
         """Removes the rows of a cancelled version, or of a sealed one that is neither

@@ -50,6 +50,15 @@ class EngineFatal(BatchlineError):
     exit_code = 5
 
 
+class VersionHalted(BatchlineError):
+    """The version's dead letters passed its bound (`shards.abort_dead_letter_rate`): the
+    store holds it halted, no worker claims its shards, and the message names the kind
+    of dead letter most of them are and one record. No replacement worker would get past
+    it; `batchline resume` (with a changed bound) or `batchline cancel` ends the halt."""
+
+    exit_code = 7
+
+
 class EngineCrashed(Exception):
     """The engine died under the records in flight (vLLM's engine core killed by a signal,
     a native crash in it) after it had loaded. Not fatal: the engine child exits and the

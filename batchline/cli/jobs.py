@@ -68,7 +68,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = command("status", "progress of a job version (or a list of jobs)")
     p.add_argument("version", nargs="?", metavar="VERSION")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--watch", action="store_true", help="redraw the progress line until the version is sealed")
+    p.add_argument("--watch", action="store_true",
+                   help="redraw the progress line until the version is sealed (or halted: exit 7)")
     p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="how often --watch redraws")
     p.set_defaults(func=cmd_status)
 
@@ -113,6 +114,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("version", metavar="VERSION")
     p.add_argument("--reason", default=None, help="why, recorded with the cancellation")
     p.set_defaults(func=cmd_cancel)
+
+    p = command("resume", "lift the halt of a version whose dead letters passed shards.abort_dead_letter_rate, "
+                          "under that bound or a new one the store keeps for it; its workers may claim its shards "
+                          "again")
+    p.add_argument("version", metavar="VERSION")
+    p.add_argument("--abort-dead-letter-rate", type=float, default=None, metavar="RATE",
+                   help="the new bound: a share of the outcomes it computed, at least its "
+                        "validate.max_dead_letter_rate (1: never halt)")
+    p.add_argument("--abort-min-outcomes", type=int, default=None, metavar="N",
+                   help="outcomes it computes before the bound is judged (default: as it was)")
+    p.add_argument("--reason", default=None, help="why, recorded with the resumption")
+    p.set_defaults(func=cmd_resume)
 
     p = command("delete", "remove the rows of a cancelled version, or of a sealed one that is not published "
                           "and not what a rollback returns to")
@@ -258,6 +271,7 @@ def status_dict(st: JobStatus) -> dict[str, Any]:
         # Over the last rate_window_seconds (the window, or the time since the first claim if
         # shorter); null before any shard was claimed.
         "records_per_second": st.records_per_second, "rate_window_seconds": st.rate_window,
+        "halt": st.halt.to_json() if st.halt else None,
     }
 
 
@@ -304,6 +318,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                                        for route, t in sorted(routes.items())))
     if st.dead_letters_by_kind:
         print("  dead letters: " + ", ".join(f"{k} {v}" for k, v in sorted(st.dead_letters_by_kind.items())))
+    if st.halt is not None:
+        print(f"  {st.halt.message(st.version)}")
     return 0
 
 
@@ -340,6 +356,14 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     cancelled = Jobs(_store(args)).cancel(args.version, reason=args.reason)
     print(f"cancelled {args.version}" if cancelled else f"{args.version} was cancelled already", file=sys.stderr)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    bound = Jobs(_store(args)).resume(args.version, abort_dead_letter_rate=args.abort_dead_letter_rate,
+                                      abort_min_outcomes=args.abort_min_outcomes, reason=args.reason)
+    print(f"resumed {args.version} under {bound.describe()}; start its workers again (batchline run JOB.yaml, "
+          f"or batchline worker --job {args.version})", file=sys.stderr)
     return 0
 
 

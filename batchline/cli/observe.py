@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO
 
 from batchline.cli.common import add_store_option, store_command
-from batchline.errors import BatchlineError
+from batchline.errors import BatchlineError, VersionHalted
 from batchline.spec import stored_spec
 from batchline.store import Store, open_store
 
@@ -109,7 +109,8 @@ def workers_alive(store: Store, version: str, now: float) -> int:
 
 def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[str] | None = None,
                  max_updates: int | None = None) -> int:
-    """Redraws the progress line of a job running elsewhere until it is sealed.
+    """Redraws the progress line of a job running elsewhere until it is sealed (or halted,
+    which ends it with the halt's line and exit 7).
 
     The rate is measured over the last minute of this watch's own samples (the
     store's figure counts whole shards, which is coarse while shards are big),
@@ -143,7 +144,7 @@ def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[s
             stream.write(("\r\033[K" + line) if tty else line + "\n")
             stream.flush()
             updates += 1
-            if st.state == "sealed" or (max_updates is not None and updates >= max_updates):
+            if st.state in ("sealed", "halted") or (max_updates is not None and updates >= max_updates):
                 break
             time.sleep(interval)
     except KeyboardInterrupt:
@@ -151,4 +152,7 @@ def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[s
     finally:
         if tty:
             stream.write("\n")
+    halt = store.halt_of(version)
+    if halt is not None:
+        raise VersionHalted(halt.message(version))  # nothing moves until it is resumed or cancelled
     return 0

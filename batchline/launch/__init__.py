@@ -9,8 +9,9 @@ expires or was given back, and another worker picks the shard up.
 from __future__ import annotations
 
 # Worker exits that mean the job itself is wrong (bad spec, input changed,
-# engine or weights broken): starting another worker would only repeat them.
-FATAL_EXITS = frozenset({2, 3, 5})
+# engine or weights broken, the version halted on its dead letters): starting
+# another worker would only repeat them.
+FATAL_EXITS = frozenset({2, 3, 5, 7})
 
 
 def slug(text: str, limit: int = 40) -> str:

@@ -3,8 +3,9 @@
 A worker on a shared node holds the store's credentials, so what those
 credentials allow is what a compromised or buggy worker can do. The role made
 here can claim and renew its version's shards, insert results, dead letters,
-attempts and events for that version, and seal it when its last shard
-completes; nothing else. It cannot update or delete a result, publish (the
+attempts and events for that version, seal it when its last shard
+completes, and halt it when its dead letters pass its bound; nothing else
+(resuming a halted version is the owner's). It cannot update or delete a result, publish (the
 `pointers`, `publications` and `validations` tables are closed to it), read
 the planned records, or see any row of another version: every table that holds
 many jobs has row-level security, and the policies made here admit this role
@@ -30,11 +31,13 @@ from batchline.store import postgres_sql as q
 from batchline.store.postgres import redact
 
 # Row-level security admits the role to its version's rows only. Where a
-# command needs more than `version = {v}`, it is said here: sealing is the one
-# change a worker makes to its job (from ready to sealed), and a worker cannot
-# forge a carried result. {v} is the version as a literal.
+# command needs more than `version = {v}`, it is said here: sealing and halting
+# are the changes a worker makes to its job (from ready to sealed, or to halted
+# when its dead letters pass their bound), and a worker cannot forge a carried
+# result. {v} is the version as a literal.
 _POLICY_OVERRIDES: dict[tuple[str, str], tuple[str | None, str | None]] = {
-    ("jobs", "UPDATE"): ("version = {v} AND state = 'ready'", "version = {v} AND state IN ('ready', 'sealed')"),
+    ("jobs", "UPDATE"): ("version = {v} AND state = 'ready'",
+                         "version = {v} AND state IN ('ready', 'sealed', 'halted')"),
     ("results", "INSERT"): (None, "version = {v} AND origin IS NULL"),
 }
 # Tables without a version column that every worker reads: the schema version and the test clock.

@@ -17,8 +17,15 @@ from batchline.spec.model import (
     ShardSpec,
     canonical_json,
 )
-from batchline.spec.parse import load_spec, parse_spec, spec_from_store, stop_sequences, stored_spec
+from batchline.spec.parse import (
+    check_abort_rate,
+    load_spec,
+    parse_spec,
+    spec_from_store,
+    stop_sequences,
+    stored_spec,
+)
 
 __all__ = ["LOCAL_ROUTE", "OPENAI_BATCH", "PENALTY_DEFAULTS", "ChatRules", "DecodingSpec", "EvalSpec", "InputSpec",
-           "JobSpec", "ModelSpec", "ProviderSpec", "RoutingSpec", "ShardSpec", "canonical_json", "load_spec",
+           "JobSpec", "ModelSpec", "ProviderSpec", "RoutingSpec", "ShardSpec", "canonical_json", "check_abort_rate", "load_spec",
            "parse_spec", "spec_from_store", "stop_sequences", "stored_spec"]

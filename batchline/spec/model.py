@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchline.prompts.examples import DEFAULT_EXAMPLE_CHARS, Example, examples_digest
 from batchline.registry import ENGINES, PROVIDERS
+from batchline.store import DeadLetterBound
 
 if TYPE_CHECKING:
     from batchline.sources.base import InputSource
@@ -155,6 +156,11 @@ class ChatRules:
     output_schema: Mapping[str, Any]
 
 
+# Outcomes a version computes before its dead-letter rate is judged, when the spec sets a
+# rate and no minimum: enough that a few early dead letters do not halt a healthy job.
+DEFAULT_ABORT_MIN_OUTCOMES = 100
+
+
 @dataclass(frozen=True)
 class ShardSpec:
     size: int = 5000
@@ -181,6 +187,19 @@ class ShardSpec:
     interruptions_per_hour: float | None = None
     workers: int | None = None
     records_per_second: float | None = None
+    # Fail fast: a version whose dead letters pass this share of the outcomes it computed
+    # (once it has computed abort_min_outcomes of them) is halted for every worker, so a
+    # wrong max_tokens does not burn the whole night. Off unless set; scheduling, like the
+    # rest of this section: not part of the version, and `batchline resume` may change it.
+    abort_dead_letter_rate: float | None = None
+    abort_min_outcomes: int | None = None
+
+    @property
+    def abort_bound(self) -> DeadLetterBound | None:
+        """The bound the version is halted by when its dead letters pass it; None: never."""
+        if self.abort_dead_letter_rate is None:
+            return None
+        return DeadLetterBound(self.abort_dead_letter_rate, self.abort_min_outcomes or DEFAULT_ABORT_MIN_OUTCOMES)
 
 
 @dataclass(frozen=True)
@@ -372,7 +391,9 @@ class JobSpec:
                                    if self.prompt.examples else {})}}),
             "decoding": self.decoding.to_dict(),
             "output": {"schema": dict(self.output_schema)},
-            "shards": dict(self.shards.__dict__),
+            # The dead-letter bound only when set, so the stored spec of a job without it is as before.
+            "shards": {k: v for k, v in self.shards.__dict__.items()
+                       if v is not None or k not in ("abort_dead_letter_rate", "abort_min_outcomes")},
             "validate": _validate_dict(self.validate),
             "retention": dict(self.retention.__dict__),
         }

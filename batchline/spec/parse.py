@@ -28,6 +28,7 @@ from batchline.sources import ParseContext, expand_paths, is_remote
 from batchline.sources import keyed_families as source_keys
 from batchline.spec.model import (
     COMPRESSED_SUFFIXES,
+    DEFAULT_ABORT_MIN_OUTCOMES,
     DEFAULT_MAX_BYTES_PER_TOKEN,
     FORMATS,
     LOCAL_ROUTE,
@@ -159,6 +160,10 @@ _SHARD_DOCS = {
     "interruptions_per_hour": "size: auto: the rate at which workers are interrupted",
     "workers": "size: auto: the fleet's size",
     "records_per_second": "size: auto: one worker's throughput",
+    "abort_dead_letter_rate": "Halt the version once its computed outcomes' dead-letter share passes this "
+                              "(at least validate.max_dead_letter_rate; default: never)",
+    "abort_min_outcomes": "Outcomes computed before abort_dead_letter_rate is judged (default "
+                          f"{DEFAULT_ABORT_MIN_OUTCOMES})",
 }
 # Every field of ShardSpec (a stored spec writes them all, size_auto among them), with its default.
 SHARD_FIELDS: Fields = {
@@ -300,6 +305,8 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     shards = _parse_shards(r, top.get("shards", {}) or {})
     deadline = _parse_deadline(r, top.get("deadline"))
     validate = _parse_validate(r, top.get("validate", {}) or {}, base_dir, label_field)
+    check_abort_rate(shards.abort_dead_letter_rate, validate, lambda msg: r.fail("shards.abort_dead_letter_rate",
+                                                                                msg))
     base = r.optional_string(top.get("base"), "base")
     ret = r.section(top.get("retention", {}) or {}, "retention", RETENTION_FIELDS)
     retention = RetentionSpec(versions=r.integer(ret.get("versions", RetentionSpec.versions), "retention.versions", 2))
@@ -536,6 +543,13 @@ def stop_sequences(value: Any, fail: Callable[[str], NoReturn]) -> tuple[str, ..
     return tuple(stops)
 
 
+def check_abort_rate(rate: float | None, validate: ValidateSpec, fail: Callable[[str], NoReturn]) -> None:
+    """A version is never halted at a dead-letter rate its validation would pass."""
+    if rate is not None and rate < validate.max_dead_letter_rate:
+        fail(f"{rate:g} is below validate.max_dead_letter_rate ({validate.max_dead_letter_rate:g}): the version "
+             f"would be halted at a rate its validation passes")
+
+
 def _parse_shards(r: SpecReader, raw: Any) -> ShardSpec:
     sh = r.section(raw, "shards", SHARD_FIELDS)
     defaults = ShardSpec()
@@ -564,7 +578,16 @@ def _parse_shards(r: SpecReader, raw: Any) -> ShardSpec:
         ),
         grace_seconds=r.number(sh.get("grace_seconds", defaults.grace_seconds), "shards.grace_seconds", 0.0),
         tail_split=r.boolean(sh.get("tail_split", defaults.tail_split), "shards.tail_split"),
+        abort_dead_letter_rate=(r.number(sh["abort_dead_letter_rate"], "shards.abort_dead_letter_rate", 0.0, 1.0)
+                                if sh.get("abort_dead_letter_rate") is not None else None),
+        abort_min_outcomes=r.optional_int(sh.get("abort_min_outcomes"), "shards.abort_min_outcomes", 1),
     )
+    if shards.abort_dead_letter_rate is None:
+        if shards.abort_min_outcomes is not None:
+            r.fail("shards.abort_min_outcomes", "has no effect without shards.abort_dead_letter_rate; set both")
+    elif shards.abort_min_outcomes is None:
+        # Written out, so the store (which holds the bound from planning on) needs no default of its own.
+        shards = replace(shards, abort_min_outcomes=DEFAULT_ABORT_MIN_OUTCOMES)
     if shards.renew_seconds >= shards.lease_seconds:
         r.fail("shards.renew_seconds", "must be shorter than shards.lease_seconds")
 

@@ -9,9 +9,11 @@ from pathlib import Path
 from batchline.errors import StoreError
 from batchline.store.model import (
     ChargeResult,
+    DeadLetterBound,
     DeadLetterRow,
     DuplicateRecord,
     Event,
+    Halt,
     JobInfo,
     JobStatus,
     Lease,
@@ -37,8 +39,8 @@ from batchline.store.ports import (
 DEFAULT_URL = "sqlite:///batchline.db"
 
 __all__ = [
-    "DEFAULT_URL", "ChargeResult", "DeadLetterRow", "DuplicateRecord", "Event", "JobInfo", "JobStatus",
-    "Lease", "LeaseHolder", "LeaseLost", "PlanWriter", "PlannedRecord", "PlannedShard", "PlannerStore", "PublisherStore",
+    "DEFAULT_URL", "ChargeResult", "DeadLetterBound", "DeadLetterRow", "DuplicateRecord", "Event", "Halt",
+    "JobInfo", "JobStatus", "Lease", "LeaseHolder", "LeaseLost", "PlanWriter", "PlannedRecord", "PlannedShard", "PlannerStore", "PublisherStore",
     "ReaderStore", "ResultRow", "RouteTotals", "ShardRow", "Store", "StoredDeadLetter", "StoredResult",
     "WorkerStore", "default_url", "open_store",
 ]

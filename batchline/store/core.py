@@ -34,9 +34,11 @@ from batchline.store.model import (
     WRITE_BATCH_ROWS,
     ChargeResult,
     Coverage,
+    DeadLetterBound,
     DeadLetterRow,
     DuplicateRecord,
     Event,
+    Halt,
     JobInfo,
     JobStatus,
     Lease,
@@ -316,7 +318,11 @@ class StoreCore(ABC):
     def _job(self, row: Row) -> JobInfo:
         return JobInfo(version=row[0], name=row[1], state=row[2], spec=self._unjson(row[3]),
                        record_count=int(row[4]), shard_count=int(row[5]), created_at=float(row[6]),
-                       sealed_at=float(row[7]) if row[7] is not None else None, carried=int(row[8]))
+                       sealed_at=float(row[7]) if row[7] is not None else None, carried=int(row[8]),
+                       bound=_bound(row[9], row[10]), halt=self._halt(row[11]))
+
+    def _halt(self, value: Any) -> Halt | None:
+        return Halt.from_json(self._unjson(value)) if value is not None else None
 
     def job(self, version: str) -> JobInfo | None:
         row = self._read(lambda tx: tx.one(self.q.JOB, {"v": version}))
@@ -347,7 +353,9 @@ class StoreCore(ABC):
             tx.run(self.q.INSERT_JOB, {"v": version, "name": name, "spec": self._json(spec), "token": token})
 
         self._write(body, retry=False)
-        return CorePlanWriter(self, version, token)
+        shards = spec.get("shards") or {}
+        return CorePlanWriter(self, version, token, _bound(shards.get("abort_dead_letter_rate"),
+                                                           shards.get("abort_min_outcomes")))
 
     def _delete_version(self, tx: Tx, version: str) -> None:
         # Only a version still in 'planning' is ever deleted whole: it never existed
@@ -559,6 +567,92 @@ class StoreCore(ABC):
         if tx.one(self.q.SEAL, {"v": version}) is not None:
             self._event(tx, "seal", version, worker, None, None, None, op)
 
+    # --- halting on dead letters ---------------------------------------------------------------
+
+    def _figures(self, tx: Tx, version: str) -> tuple[str, DeadLetterBound | None, int, int] | None:
+        """The version's state, its bound, and the dead letters and outcomes it computed."""
+        row = tx.one(self.q.DEAD_LETTER_FIGURES, {"v": version})
+        if row is None:
+            return None
+        state, rate, minimum, results, dead = row
+        return str(state), _bound(rate, minimum), int(dead), int(results) + int(dead)
+
+    def halt_of(self, version: str) -> Halt | None:
+        row = self._read(lambda tx: tx.one(self.q.JOB_HALT, {"v": version}))
+        return self._halt(row[1]) if row is not None and row[0] == "halted" else None
+
+    def judge_dead_letters(self, version: str, worker: str) -> Halt | None:
+        figures = self._read(lambda tx: self._figures(tx, version))
+        if figures is None:
+            return None
+        state, bound, dead, outcomes = figures
+        if state == "halted":
+            return self.halt_of(version)
+        if state != "ready" or bound is None or not bound.passed(dead, outcomes):
+            return None  # the common case: one read, no write
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> Halt | None:
+            now = self._figures(tx, version)
+            assert now is not None
+            state, bound, dead, outcomes = now
+            if state != "ready" or bound is None or not bound.passed(dead, outcomes):
+                return self._halt_in(tx, version)
+            kind, count, example = tx.one(self.q.DOMINANT_DEAD_KIND, {"v": version}) or ("dead_letter", 0, "")
+            halt = Halt(dead, outcomes, bound.rate, bound.min_outcomes, str(kind), int(count), str(example), worker)
+            if tx.run(self.q.HALT_JOB, {"v": version, "halt": self._json(halt.to_json())}) != 1:
+                return self._halt_in(tx, version)  # another worker halted it, or it was sealed, first
+            self._event(tx, "halt", version, worker, None, None, halt.to_json(), op)
+            return halt
+
+        def recover(tx: Tx) -> Halt | Missing | None:
+            marks = self._marks(tx, op)
+            return Halt.from_json(marks[0].detail) if marks else MISSING
+
+        return self._write(body, recover=recover)
+
+    def _halt_in(self, tx: Tx, version: str) -> Halt | None:
+        row = tx.one(self.q.JOB_HALT, {"v": version})
+        return self._halt(row[1]) if row is not None and row[0] == "halted" else None
+
+    def resume(self, version: str, who: str, reason: str | None, rate: float | None = None,
+               min_outcomes: int | None = None) -> DeadLetterBound:
+        op = uuid.uuid4()
+
+        def body(tx: Tx) -> DeadLetterBound:
+            tx.one(self.q.JOB_STATE_FOR_UPDATE, {"v": version})
+            row = tx.one(self.q.JOB, {"v": version})
+            if row is None:
+                raise self._no_version(version)
+            job = self._job(row)
+            if job.state != "halted" or job.bound is None:
+                raise StoreError(f"cannot resume {version}: it is {job.state}, not halted")
+            bound = DeadLetterBound(job.bound.rate if rate is None else rate,
+                                    job.bound.min_outcomes if min_outcomes is None else min_outcomes)
+            figures = self._figures(tx, version)
+            assert figures is not None
+            _state, _old, dead, outcomes = figures
+            if bound.passed(dead, outcomes):
+                raise StoreError(
+                    f"cannot resume {version}: {dead:,} of the {outcomes:,} outcomes it computed are dead letters, "
+                    f"over {bound.describe()} already, so it would halt again at once; give a higher "
+                    f"--abort-dead-letter-rate (1 never halts), or cancel it")
+            tx.run(self.q.RESUME_JOB, {"v": version, "abort_rate": bound.rate, "abort_min": bound.min_outcomes})
+            self._event(tx, "resume", version, None, None, None,
+                        {"who": who, "reason": reason, "rate": bound.rate, "min_outcomes": bound.min_outcomes,
+                         "was": job.halt.to_json() if job.halt else None}, op)
+            # Its last shard may have been completed while it was halted: nobody else would seal it.
+            self._seal_if_done(tx, version, None, op)
+            return bound
+
+        def recover(tx: Tx) -> DeadLetterBound | Missing:
+            for mark in self._marks(tx, op):
+                if mark.kind == "resume":
+                    return DeadLetterBound(float(mark.detail["rate"]), int(mark.detail["min_outcomes"]))
+            return MISSING
+
+        return self._write(body, recover=recover)
+
     def open_versions(self) -> list[str]:
         return [r[0] for r in self._read(lambda tx: tx.all(self.q.OPEN_VERSIONS))]
 
@@ -680,7 +774,7 @@ class StoreCore(ABC):
             return JobStatus(version=version, name=job.name, state=job.state, records=job.record_count,
                              results=results, dead_letters=dead, shards=shards, dead_letters_by_kind=by_kind,
                              leases_lost=lost, records_done_last_minutes=recent, window_seconds=window_seconds,
-                             now=now, leases_taken_back=taken, splits=splits,
+                             now=now, halt=job.halt, leases_taken_back=taken, splits=splits,
                              started_at=float(first_claim) if first_claim is not None else None)
 
         return self._read(body, snapshot=True)
@@ -951,7 +1045,7 @@ class StoreCore(ABC):
             job = self._kept(tx, version, "cancel")
             if job.state == "cancelled":
                 return False
-            if job.state not in ("ready", "sealed"):
+            if job.state not in ("ready", "halted", "sealed"):
                 raise StoreError(f"cannot cancel {version}: it is {job.state}")
             # Leases end before the job's row is taken: a completing worker holds its
             # shard and then the job's row, so this order cannot wait on it in a circle.
@@ -974,7 +1068,7 @@ class StoreCore(ABC):
             job = self._kept(tx, version, "delete")
             if job.state == "removed":
                 return False
-            if job.state == "ready":
+            if job.state in ("ready", "halted"):
                 raise StoreError(f"cannot delete {version}: it is not finished; cancel it first")
             if job.state not in ("sealed", "cancelled"):
                 raise StoreError(f"cannot delete {version}: it is {job.state}")
@@ -987,6 +1081,10 @@ class StoreCore(ABC):
         return self._write(body, recover=recover)
 
 
+def _bound(rate: Any, minimum: Any) -> DeadLetterBound | None:
+    return DeadLetterBound(float(rate), int(minimum)) if rate is not None and minimum is not None else None
+
+
 def _scalar(tx: Tx, stmt: str, params: Params | None = None) -> Any:
     row = tx.one(stmt, params)
     return row[0] if row is not None else None
@@ -996,11 +1094,12 @@ class CorePlanWriter:
     """Writes a plan under the `planning` state. Planning is not retried after a lost
     connection: the planner stops, and the next one discards what this one left."""
 
-    def __init__(self, store: StoreCore, version: str, token: str) -> None:
+    def __init__(self, store: StoreCore, version: str, token: str, bound: DeadLetterBound | None = None) -> None:
         self.store = store
         self.q = store.q
         self.version = version
         self.token = token
+        self.bound = bound  # the spec's, held by the store from the commit on
 
     def _planning(self, body: Callable[[Tx], T]) -> T:
         def checked(tx: Tx) -> T:
@@ -1060,7 +1159,9 @@ class CorePlanWriter:
 
     def commit(self, record_count: int, shard_count: int) -> None:
         def body(tx: Tx) -> None:
-            tx.run(self.q.COMMIT_PLAN, {"records": record_count, "shards": shard_count, "v": self.version})
+            tx.run(self.q.COMMIT_PLAN, {"records": record_count, "shards": shard_count, "v": self.version,
+                                        "abort_rate": self.bound.rate if self.bound else None,
+                                        "abort_min": self.bound.min_outcomes if self.bound else None})
             self.store._event(tx, "plan", self.version, None, None, None,
                               {"records": record_count, "shards": shard_count})
             # Nothing left to infer (no shards, or everything carried): sealed at planning.

@@ -75,16 +75,66 @@ class LeaseHolder:
 
 
 @dataclass(frozen=True)
+class DeadLetterBound:
+    """When a version is halted on its dead letters: once the outcomes it computed (results
+    and dead letters, not those carried from a base version nor the planner's `too_long`)
+    number at least `min_outcomes` and more than `rate` of them are dead letters."""
+
+    rate: float
+    min_outcomes: int
+
+    def passed(self, dead_letters: int, outcomes: int) -> bool:
+        return outcomes >= self.min_outcomes and dead_letters > self.rate * outcomes
+
+    def describe(self) -> str:
+        return f"shards.abort_dead_letter_rate {self.rate:g} after {self.min_outcomes} outcomes"
+
+
+@dataclass(frozen=True)
+class Halt:
+    """Why a version was halted: its figures when the bound was passed, the kind most of
+    its dead letters are, and one record of that kind."""
+
+    dead_letters: int
+    outcomes: int
+    rate: float
+    min_outcomes: int
+    kind: str
+    kind_count: int
+    example: str
+    by: str | None = None  # the worker that found the bound passed
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> Halt:
+        return cls(**value)
+
+    def message(self, version: str) -> str:
+        share = 100.0 * self.dead_letters / self.outcomes if self.outcomes else 0.0
+        return (f"{version} is halted: {self.dead_letters:,} of the {self.outcomes:,} outcomes it computed are dead "
+                f"letters ({share:.1f}%, over {DeadLetterBound(self.rate, self.min_outcomes).describe()}), "
+                f"most of them {self.kind} ({self.kind_count:,}; e.g. record {self.example}); see "
+                f"`batchline dead-letters {version}`, then `batchline cancel {version}`, or `batchline resume "
+                f"{version} --abort-dead-letter-rate RATE` to go on")
+
+
+@dataclass(frozen=True)
 class JobInfo:
     version: str
     name: str
-    state: str  # planning | ready | sealed
+    state: str  # planning | ready | halted | sealed | cancelled | removed
     spec: dict[str, Any]
     record_count: int
     shard_count: int
     created_at: float
     sealed_at: float | None
     carried: int = 0  # results carried from a base version at planning
+    # The bound the version is halted by, as the store holds it (the spec's at planning, or
+    # the one given to `resume`); None: never halted on its dead letters.
+    bound: DeadLetterBound | None = None
+    halt: Halt | None = None  # while halted, why
 
 
 @dataclass(frozen=True)
@@ -185,7 +235,9 @@ class JobStatus:
     window_seconds: float
     now: float
 
+    halt: Halt | None = None  # while the version is halted, why
     leases_taken_back: int = 0  # ended at once: their owners were proven dead
+
     splits: int = 0  # unstarted tails split off to idle workers
     started_at: float | None = None  # the first claim of a shard of this version
 

@@ -20,8 +20,10 @@ from typing import Any, Protocol
 from batchline.store.model import (
     ChargeResult,
     Coverage,
+    DeadLetterBound,
     DeadLetterRow,
     Event,
+    Halt,
     JobInfo,
     JobStatus,
     Lease,
@@ -98,6 +100,10 @@ class ShardLeases(Protocol):
         """True while any shard of a ready version (of those routes) is not done."""
         ...
 
+    def halt_of(self, version: str) -> Halt | None:
+        """Why the version is halted, while it is (no shard of it is claimed meanwhile)."""
+        ...
+
 
 class OutcomeWriter(Protocol):
     """A leased shard's outcomes: results, charged attempts, dead letters, events."""
@@ -118,6 +124,12 @@ class OutcomeWriter(Protocol):
 
     def dead_letter(self, lease: Lease, rows: Sequence[DeadLetterRow]) -> int:
         """Dead letters that are not charged attempts (over the length cap), fenced."""
+        ...
+
+    def judge_dead_letters(self, version: str, worker: str) -> Halt | None:
+        """Halts a ready version whose bound its dead letters pass (see `DeadLetterBound`),
+        for every worker: none claims its shards until it is resumed or cancelled. Returns
+        why it is halted (by this call or an earlier one), or None."""
         ...
 
     def log_event(self, kind: str, *, version: str | None = None, worker: str | None = None,
@@ -278,6 +290,14 @@ class PublisherStore(ReaderStore, Protocol):
         claimed again, and its leases end (each owner's next fenced write is refused).
         Refused for the version published under its name and the one a rollback would
         return to. False when it was cancelled already."""
+        ...
+
+    def resume(self, version: str, who: str, reason: str | None, rate: float | None = None,
+               min_outcomes: int | None = None) -> DeadLetterBound:
+        """Lifts a halt: the version is ready again under its bound, or under a new `rate`
+        and `min_outcomes` the store holds from now on (sealed at once if nothing is left to
+        do). Refused when the version is not halted, or when its dead letters pass the bound
+        it would resume under (it would halt again at once). Returns that bound."""
         ...
 
     def delete(self, version: str, who: str) -> bool:

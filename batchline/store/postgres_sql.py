@@ -249,6 +249,22 @@ CREATE TABLE engine_runtimes (
 );
 ALTER TABLE engine_runtimes ENABLE ROW LEVEL SECURITY;
 """),
+    # A version whose dead letters pass its bound is halted for every worker until it is
+    # resumed or cancelled. The bound is the store's (the spec's at planning, or the one
+    # `resume` was given), and the planner's own dead letters are counted once, so the
+    # outcomes a version computed are read from the shards' counters alone.
+    (10, "a job state for halted versions, with their dead-letter bound", """
+ALTER TABLE jobs DROP CONSTRAINT jobs_state_check;
+ALTER TABLE jobs ADD CONSTRAINT jobs_state_check
+    CHECK (state IN ('planning', 'ready', 'halted', 'sealed', 'cancelled', 'removed'));
+ALTER TABLE jobs ADD COLUMN planned_dead bigint NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN abort_rate float8;
+ALTER TABLE jobs ADD COLUMN abort_min bigint;
+ALTER TABLE jobs ADD COLUMN halt jsonb;
+UPDATE jobs j SET planned_dead = d.n
+FROM (SELECT version, count(*) AS n FROM dead_letters WHERE worker IS NULL GROUP BY version) d
+WHERE j.version = d.version;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -340,9 +356,11 @@ ALL_EVENTS = f"{_EVENT_COLUMNS} WHERE {_KINDS} ORDER BY id"
 
 # --- jobs and planning ----------------------------------------------------------------
 
-_JOB_COLUMNS = "version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count"
+_JOB_COLUMNS = ("version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count, "
+                "abort_rate, abort_min, halt")
 JOB = WorkerStatement(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE version = %(v)s", *reads("jobs"))
-JOBS = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'sealed', 'cancelled') ORDER BY created_at"
+JOBS = (f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'halted', 'sealed', 'cancelled') "
+        f"ORDER BY created_at")
 PLAN_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))"
 JOB_STATE_FOR_UPDATE = "SELECT state FROM jobs WHERE version = %(v)s FOR UPDATE"
 INSERT_JOB = ("INSERT INTO jobs (version, name, state, spec, plan_token, created_at) "
@@ -359,8 +377,10 @@ PLAN_DEAD_LETTER = """
 INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, created_at)
 VALUES (%(v)s, %(r)s, %(s)s, %(kind)s, %(error)s, %(acl)s, 0, batchline_now())"""
 BUMP_DEAD = "UPDATE shards SET dead_count = dead_count + %(n)s WHERE version = %(v)s AND shard_no = %(s)s"
+# Every dead letter there is at planning is the planner's own.
 COMMIT_PLAN = ("UPDATE jobs SET state = 'ready', record_count = %(records)s, shard_count = %(shards)s, "
-               "plan_token = NULL WHERE version = %(v)s")
+               "plan_token = NULL, abort_rate = %(abort_rate)s, abort_min = %(abort_min)s, "
+               "planned_dead = (SELECT count(*) FROM dead_letters WHERE version = %(v)s) WHERE version = %(v)s")
 # Sealing is the one change a worker makes to its job: the completion of the last shard.
 SEAL = WorkerStatement(f"""
 UPDATE jobs SET state = 'sealed', sealed_at = batchline_now()
@@ -463,6 +483,27 @@ _OPEN_OF_READY = (f"SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version 
 HAS_OPEN = WorkerStatement(f"SELECT EXISTS ({_OPEN_OF_READY})", *reads("shards", "jobs"))
 HAS_OPEN_VERSION = WorkerStatement(f"SELECT EXISTS ({_OPEN_OF_READY} AND s.version = %(v)s)",
                                    *reads("shards", "jobs"))
+
+# --- halting on dead letters ------------------------------------------------------------
+
+JOB_HALT = WorkerStatement("SELECT state, halt FROM jobs WHERE version = %(v)s", *reads("jobs"))
+# The version's bound and the outcomes it computed: results less those carried, dead
+# letters less the planner's. One pass over the version's shards, whatever its size.
+DEAD_LETTER_FIGURES = WorkerStatement("""
+SELECT j.state, j.abort_rate, j.abort_min,
+       (SELECT COALESCE(sum(results_count - carried), 0) FROM shards WHERE version = %(v)s),
+       (SELECT COALESCE(sum(dead_count), 0) FROM shards WHERE version = %(v)s) - j.planned_dead
+FROM jobs j WHERE j.version = %(v)s""", *reads("jobs", "shards"))
+# Read once, when the version is halted.
+DOMINANT_DEAD_KIND = WorkerStatement("""
+SELECT kind, count(*), min(record_id) FROM dead_letters WHERE version = %(v)s AND worker IS NOT NULL
+GROUP BY kind ORDER BY count(*) DESC, kind LIMIT 1""", *reads("dead_letters"))
+# Halting is the other change a worker makes to its job (from ready to halted).
+HALT_JOB = WorkerStatement(
+    "UPDATE jobs SET state = 'halted', halt = %(halt)s WHERE version = %(v)s AND state = 'ready'",
+    updates("jobs", "state", "halt"), *reads("jobs"))
+RESUME_JOB = ("UPDATE jobs SET state = 'ready', halt = NULL, abort_rate = %(abort_rate)s, abort_min = %(abort_min)s "
+              "WHERE version = %(v)s AND state = 'halted'")
 
 # --- records --------------------------------------------------------------------------
 
@@ -723,7 +764,8 @@ PIN_RUNTIME = WorkerStatement(
     "batchline_now()) ON CONFLICT (version) DO NOTHING", inserts("engine_runtimes"), *reads("clock"))
 PINNED_RUNTIME = WorkerStatement("SELECT runtime, worker FROM engine_runtimes WHERE version = %(v)s",
                                  *reads("engine_runtimes"))
-CANCEL_JOB = "UPDATE jobs SET state = 'cancelled' WHERE version = %(v)s AND state IN ('ready', 'sealed')"
+CANCEL_JOB = ("UPDATE jobs SET state = 'cancelled' WHERE version = %(v)s "
+              "AND state IN ('ready', 'halted', 'sealed')")
 # The epoch moves on, so the owner's next renewal or write is refused and it leaves the shard.
 END_LEASES = ("UPDATE shards SET state = 'ready', owner = NULL, epoch = epoch + 1, lease_expires = NULL "
               "WHERE version = %(v)s AND state = 'leased'")

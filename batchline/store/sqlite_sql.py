@@ -202,6 +202,37 @@ CREATE TABLE IF NOT EXISTS engine_runtimes (
     pinned_at REAL NOT NULL
 );
 """),
+    # A version whose dead letters pass its bound is halted for every worker until it is
+    # resumed or cancelled. The bound is the store's (the spec's at planning, or the one
+    # `resume` was given), and the planner's own dead letters are counted once, so the
+    # outcomes a version computed are read from the shards' counters alone. SQLite cannot
+    # change a CHECK constraint in place: the table is rebuilt, its rows copied as they are.
+    (8, "a job state for halted versions, with their dead-letter bound", """
+CREATE TABLE IF NOT EXISTS jobs_rebuilt (
+    version TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('planning', 'ready', 'halted', 'sealed', 'cancelled', 'removed')),
+    spec TEXT NOT NULL,
+    plan_token TEXT,
+    record_count INTEGER NOT NULL DEFAULT 0,
+    shard_count INTEGER NOT NULL DEFAULT 0,
+    carried_count INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    sealed_at REAL,
+    planned_dead INTEGER NOT NULL DEFAULT 0,
+    abort_rate REAL,
+    abort_min INTEGER,
+    halt TEXT
+);
+INSERT INTO jobs_rebuilt (version, name, state, spec, plan_token, record_count, shard_count, carried_count,
+                          created_at, sealed_at, planned_dead)
+SELECT version, name, state, spec, plan_token, record_count, shard_count, carried_count, created_at, sealed_at,
+       (SELECT COUNT(*) FROM dead_letters d WHERE d.version = jobs.version AND d.worker IS NULL)
+FROM jobs;
+DROP TABLE jobs;
+ALTER TABLE jobs_rebuilt RENAME TO jobs;
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, created_at);
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -238,9 +269,11 @@ ALL_EVENTS = f"{_EVENT_COLUMNS} WHERE {_KINDS} ORDER BY id"
 
 # --- jobs and planning ------------------------------------------------------------------
 
-_JOB_COLUMNS = "version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count"
+_JOB_COLUMNS = ("version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count, "
+                "abort_rate, abort_min, halt")
 JOB = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE version = :v"
-JOBS = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'sealed', 'cancelled') ORDER BY created_at"
+JOBS = (f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'halted', 'sealed', 'cancelled') "
+        f"ORDER BY created_at")
 # Every write transaction is BEGIN IMMEDIATE: planners, publishers and completions
 # are serialised by the database lock itself.
 PLAN_LOCK = "SELECT :key"
@@ -259,8 +292,10 @@ RECORD_SHARD = "SELECT shard_no FROM records WHERE version = :v AND record_id = 
 PLAN_DEAD_LETTER = (f"INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
                     f"created_at) VALUES (:v, :r, :s, :kind, :error, :acl, 0, {NOW_EXPR})")
 BUMP_DEAD = "UPDATE shards SET dead_count = dead_count + :n WHERE version = :v AND shard_no = :s"
+# Every dead letter there is at planning is the planner's own.
 COMMIT_PLAN = ("UPDATE jobs SET state = 'ready', record_count = :records, shard_count = :shards, "
-               "plan_token = NULL WHERE version = :v")
+               "plan_token = NULL, abort_rate = :abort_rate, abort_min = :abort_min, "
+               "planned_dead = (SELECT COUNT(*) FROM dead_letters WHERE version = :v) WHERE version = :v")
 SEAL = (f"UPDATE jobs SET state = 'sealed', sealed_at = {NOW_EXPR} WHERE version = :v AND state = 'ready' "
         f"AND NOT EXISTS (SELECT 1 FROM shards WHERE version = :v AND state IN {OPEN_STATES}) RETURNING version")
 
@@ -334,6 +369,23 @@ _OPEN_OF_READY = (f"SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version 
                   f"AND s.state IN {OPEN_STATES} AND {S_ROUTES}")
 HAS_OPEN = f"SELECT EXISTS ({_OPEN_OF_READY})"
 HAS_OPEN_VERSION = f"SELECT EXISTS ({_OPEN_OF_READY} AND s.version = :v)"
+
+# --- halting on dead letters --------------------------------------------------------------
+
+JOB_HALT = "SELECT state, halt FROM jobs WHERE version = :v"
+# The version's bound and the outcomes it computed: results less those carried, dead
+# letters less the planner's.
+DEAD_LETTER_FIGURES = """
+SELECT j.state, j.abort_rate, j.abort_min,
+       (SELECT COALESCE(SUM(results_count - carried), 0) FROM shards WHERE version = :v),
+       (SELECT COALESCE(SUM(dead_count), 0) FROM shards WHERE version = :v) - j.planned_dead
+FROM jobs j WHERE j.version = :v"""
+DOMINANT_DEAD_KIND = """
+SELECT kind, COUNT(*), MIN(record_id) FROM dead_letters WHERE version = :v AND worker IS NOT NULL
+GROUP BY kind ORDER BY COUNT(*) DESC, kind LIMIT 1"""
+HALT_JOB = "UPDATE jobs SET state = 'halted', halt = :halt WHERE version = :v AND state = 'ready'"
+RESUME_JOB = ("UPDATE jobs SET state = 'ready', halt = NULL, abort_rate = :abort_rate, abort_min = :abort_min "
+              "WHERE version = :v AND state = 'halted'")
 
 # --- records ----------------------------------------------------------------------------
 
@@ -473,7 +525,7 @@ KEYED_VERSION = "SELECT version FROM plan_keys WHERE name = :name AND key = :key
 PIN_RUNTIME = (f"INSERT INTO engine_runtimes (version, runtime, worker, pinned_at) VALUES (:v, :runtime, :w, {NOW_EXPR}) "
                "ON CONFLICT (version) DO NOTHING")
 PINNED_RUNTIME = "SELECT runtime, worker FROM engine_runtimes WHERE version = :v"
-CANCEL_JOB = "UPDATE jobs SET state = 'cancelled' WHERE version = :v AND state IN ('ready', 'sealed')"
+CANCEL_JOB = "UPDATE jobs SET state = 'cancelled' WHERE version = :v AND state IN ('ready', 'halted', 'sealed')"
 # The epoch moves on, so the owner's next renewal or write is refused and it leaves the shard.
 END_LEASES = ("UPDATE shards SET state = 'ready', owner = NULL, epoch = epoch + 1, lease_expires = NULL "
               "WHERE version = :v AND state = 'leased'")

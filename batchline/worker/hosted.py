@@ -76,7 +76,7 @@ class HostedShardRun:
             batch = self.lease.batch
             if batch is not None and batch.get("batch_id"):
                 if self.ctx.stopping:
-                    self.store.release(self.lease, "stop")  # the batch stays at the provider, and on record
+                    self.store.release(self.lease, self.ctx.stop_reason)  # the batch stays at the provider, and on record
                     return "stopped"
                 outcome = self._poll(SubmittedBatch.from_json(batch), by_id, to_record)
                 if outcome is not None:
@@ -88,7 +88,7 @@ class HostedShardRun:
                 self.store.complete(self.lease)
                 return "done"
             if self.ctx.stopping:
-                self.store.release(self.lease, "stop")
+                self.store.release(self.lease, self.ctx.stop_reason)
                 return "stopped"
             outcome = self._submit(pending, to_custom, batch)
             if outcome != "refused":

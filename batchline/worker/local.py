@@ -122,6 +122,7 @@ class LocalShardRun:
                 if self.ctx.lease.end_piece != end:
                     self._drop_split_off()
         self._flush(force=True)
+        self.ctx.judge_if_due(force=True)  # the shard's last dead letters, whatever the clock says
         self.ctx.complete()
         return "done"
 
@@ -152,7 +153,7 @@ class LocalShardRun:
         if not self.pending and not self.isolation:
             self.ctx.complete()
             return "done-then-stopped"
-        self.ctx.release("stop")
+        self.ctx.release(self.ctx.stop_reason)
         return "stopped"
 
     def _in_flight(self) -> int:

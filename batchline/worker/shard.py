@@ -24,8 +24,21 @@ from batchline.providers.base import BatchProvider
 from batchline.registry import ENGINES
 from batchline.snapshot import Record
 from batchline.spec import JobSpec
-from batchline.store import ChargeResult, DeadLetterRow, Lease, LeaseLost, ResultRow, WorkerStore
+from batchline.store import (
+    ChargeResult,
+    DeadLetterRow,
+    Halt,
+    Lease,
+    LeaseLost,
+    ResultRow,
+    WorkerStore,
+)
 from batchline.worker.telemetry import WorkerTelemetry
+
+# How often, at most, a worker that wrote dead letters asks the store whether they pass the
+# version's bound: a broken job stops within seconds, and a fleet's questions are few
+# (one read of the version's shard counters each).
+JUDGE_SECONDS = 1.0
 
 
 @dataclass
@@ -81,6 +94,11 @@ class WorkerHandle:
     stop: threading.Event
     telemetry: WorkerTelemetry
     log: Callable[[str], None]
+    # The version this worker was on, and why, once the store holds it halted: the run
+    # stops as on a preemption notice (I5) and the worker exits with VersionHalted.
+    halted: tuple[str, Halt] | None = None
+    judge_pending: bool = False  # dead letters written since the store was last asked
+    judged_at: float = float("-inf")
 
 
 class ShardContext:
@@ -93,11 +111,39 @@ class ShardContext:
         self.job = job
         self.max_attempts = job.spec.shards.max_attempts
         self.renew_seconds = job.spec.shards.renew_seconds
+        # Only a version planned with a dead-letter bound can be halted: the others ask nothing.
+        self.bounded = job.spec.shards.abort_bound is not None
         self.last_renew = time.monotonic()
 
     @property
     def stopping(self) -> bool:
-        return self.worker.stop.is_set()
+        return self.worker.stop.is_set() or self.worker.halted is not None
+
+    @property
+    def stop_reason(self) -> str:
+        """Why a stopping run gives its lease back, as the release event records it."""
+        return "halted" if self.worker.halted is not None else "stop"
+
+    def judge_if_due(self, *, force: bool = False) -> None:
+        """Asks the store whether the version's dead letters pass its bound (which halts it),
+        when this worker wrote some since it last asked and JUDGE_SECONDS have passed."""
+        worker = self.worker
+        now = time.monotonic()
+        if not self.bounded or not worker.judge_pending or worker.halted is not None or (
+                not force and now - worker.judged_at < JUDGE_SECONDS):
+            return
+        worker.judge_pending, worker.judged_at = False, now
+        halt = self.store.judge_dead_letters(self.lease.version, worker.worker_id)
+        if halt is not None:
+            self._halted(halt)
+
+    def _halted(self, halt: Halt) -> None:
+        self.worker.halted = (self.lease.version, halt)
+        self.log(f"{halt.message(self.lease.version)}; stopping as on a preemption notice")
+
+    def _dead_lettered(self) -> None:
+        self.worker.judge_pending = True
+        self.judge_if_due()
 
     def log(self, message: str) -> None:
         self.worker.log(message)
@@ -118,6 +164,12 @@ class ShardContext:
             raise LeaseLost.of(self.lease, "renew")
         self.lease = renewed
         self.last_renew = now
+        # Another worker may have halted the version: its workers learn it within a renewal.
+        if self.bounded and self.worker.halted is None:
+            halt = self.store.halt_of(self.lease.version)
+            if halt is not None:
+                self._halted(halt)
+        self.judge_if_due()
 
     def renew_now(self, started: int | None = None) -> None:
         self.last_renew = float("-inf")
@@ -137,6 +189,7 @@ class ShardContext:
             self.worker.telemetry.outcome("dead_letter" if outcome.dead_lettered else "retry")
             if outcome.dead_lettered:
                 self.log(f"record {record.id}: dead letter after {outcome.attempts} attempts ({kind})")
+                self._dead_lettered()
         return outcome
 
     def put(self, rows: Sequence[ResultRow]) -> int:
@@ -147,6 +200,8 @@ class ShardContext:
     def dead_letter(self, rows: Sequence[DeadLetterRow], outcome: str = "dead_letter") -> int:
         n = self.store.dead_letter(self.lease, rows)
         self.worker.telemetry.outcome(outcome, n)
+        if n:
+            self._dead_lettered()
         return n
 
     def complete(self) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from batchline.check.outputs import OutputChecker
-from batchline.errors import EngineFatal, InputError, SourceUnavailable
+from batchline.errors import EngineFatal, InputError, SourceUnavailable, VersionHalted
 from batchline.prompts.render import split_template
 from batchline.providers.base import BatchProvider
 from batchline.spec import LOCAL_ROUTE, ProviderSpec, stored_spec
@@ -81,6 +81,7 @@ class Worker:
 
     def _loop(self) -> int:
         while True:
+            self._leave_halted()
             if self.stop.is_set():
                 return EXIT_PREEMPTED if self.store.has_open_shards(self.version, self.routes) else EXIT_DONE
             try:
@@ -93,6 +94,9 @@ class Worker:
                 if self.stop.is_set():
                     continue
                 if not self.store.has_open_shards(self.version, self.routes):
+                    halt = self.store.halt_of(self.version) if self.version is not None else None
+                    if halt is not None:
+                        raise VersionHalted(halt.message(self.version or ""))
                     self.log("no work left")
                     return EXIT_DONE
                 # Shards are leased by others; wait for them to finish or for a lease to expire.
@@ -115,8 +119,19 @@ class Worker:
                 self._give_back(lease, "engine_fatal", str(exc))
                 raise
             self.log(f"shard {lease.shard_no}: {outcome}")
-            if outcome == "stopped":
+            if outcome == "stopped" and self.handle.halted is None:
                 return EXIT_PREEMPTED
+
+    def _leave_halted(self) -> None:
+        """A worker of one version exits when it is halted (no replacement would get past it);
+        a worker of every version leaves it and goes on with the others."""
+        if self.handle.halted is None:
+            return
+        version, halt = self.handle.halted
+        if self.version is not None:
+            raise VersionHalted(halt.message(version))
+        self.handle.halted = None
+        self.log(f"leaving {version}: it is halted")
 
     def _run_shard(self, lease: Lease) -> str:
         job = self._job(lease.version)

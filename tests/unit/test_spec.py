@@ -82,6 +82,7 @@ def test_the_snapshot_and_the_schema_change_the_version(tmp_path: Path) -> None:
     ("shards.max_attempts", 5),
     ("deadline", "2026-12-01T06:00:00Z"),
     ("validate", {"max_dead_letter_rate": 0.5}),
+    ("shards.abort_dead_letter_rate", 0.5),
 ])
 def test_fields_that_cannot_change_a_result_keep_the_version(tmp_path: Path, field: str, value: Any) -> None:
     assert version_of(tmp_path, with_change(field, value)) == version_of(tmp_path, BASE)
@@ -152,3 +153,33 @@ def test_the_order_of_schema_properties_is_part_of_the_version(tmp_path: Path) -
     ab = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}}
     ba = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "string"}}}
     assert load_spec(write(tmp_path, BASE, ab)).version("s") != load_spec(write(tmp_path, BASE, ba)).version("s")
+
+
+@pytest.mark.parametrize("shards,message", [
+    ({"abort_dead_letter_rate": 0.005},
+     "shards.abort_dead_letter_rate: 0.005 is below validate.max_dead_letter_rate (0.01): the version would be "
+     "halted at a rate its validation passes"),
+    ({"abort_dead_letter_rate": 1.5}, "shards.abort_dead_letter_rate: must be between 0 and 1, not 1.5"),
+    ({"abort_min_outcomes": 40},
+     "shards.abort_min_outcomes: has no effect without shards.abort_dead_letter_rate; set both"),
+    ({"abort_dead_letter_rate": 0.5, "abort_min_outcomes": 0}, "shards.abort_min_outcomes: must be at least 1"),
+])
+def test_a_dead_letter_bound_that_could_halt_a_passing_job_or_that_does_nothing_is_refused_at_parsing(
+        tmp_path: Path, shards: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, {**BASE, "shards": {**BASE["shards"], **shards}}))
+    assert str(info.value) == f"{tmp_path / 'job.yaml'}: {message}"
+
+
+def test_a_dead_letter_bound_is_read_with_its_default_minimum_and_kept_through_the_stored_spec(
+        tmp_path: Path) -> None:
+    from batchline.spec import parse_spec
+    from batchline.store import DeadLetterBound
+
+    assert load_spec(write(tmp_path, BASE)).shards.abort_bound is None
+    assert "abort_dead_letter_rate" not in load_spec(write(tmp_path, BASE)).to_dict()["shards"]
+    at_gate = {**BASE, "shards": {"abort_dead_letter_rate": 0.2}, "validate": {"max_dead_letter_rate": 0.2}}
+    spec = load_spec(write(tmp_path, at_gate))
+    assert spec.shards.abort_bound == DeadLetterBound(0.2, 100)
+    again = parse_spec(spec.to_dict(), base_dir=Path("/"))
+    assert again.shards == spec.shards

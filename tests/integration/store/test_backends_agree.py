@@ -102,6 +102,23 @@ def script(store: Store) -> list[Any]:
                           for d in store.iter_dead_letters("job@1")]))
     seen.append(("events", [(e.kind, e.worker, e.shard_no, e.epoch, e.detail) for e in store.events("job@1")]))
     seen.append(attempt(lambda: store.begin_plan("job@1", "job", {})))
+    # A version halted on its dead letters: refused a resume under which it would halt again, then resumed.
+    writer = store.begin_plan("job@2", "job", {"name": "job", "shards": {
+        "lease_seconds": LEASE, "abort_dead_letter_rate": 0.5, "abort_min_outcomes": 2}})
+    writer.add_shards([PlannedShard(0, {"n": 0}, 3)])
+    writer.add_records([PlannedRecord(f"h-{i}", 0, "h") for i in range(3)])
+    writer.commit(3, 1)
+    bounded = store.claim("w6", "job@2")
+    assert bounded is not None
+    store.dead_letter(bounded, [DeadLetterRow("h-1", "truncated", "cut off"), DeadLetterRow("h-0", "truncated", "x")])
+    seen.append(("halt", store.judge_dead_letters("job@2", "w6"), store.claim("w7", "job@2")))
+    for resume in (lambda: store.resume("job@2", "ops", None), lambda: store.resume("job@2", "ops", "ok", rate=1.0),
+                   lambda: store.resume("job@2", "ops", None)):
+        seen.append(attempt(resume))
+    job = store.job("job@2")
+    assert job is not None
+    seen.append(("halted job", job.state, job.bound, job.halt, store.status("job@2").halt))
+    seen.append(("events", [(e.kind, e.worker, e.detail) for e in store.events("job@2", ["halt", "resume"])]))
     return seen
 
 
@@ -125,3 +142,5 @@ def test_one_script_gives_the_same_outcome_on_every_backend(tmp_path: Path) -> N
     assert refused_ops == ["put", "completion", "charge", "dead_letter"]
     assert ("refused", "shard 0 of job@1 has 2 records without an outcome; not completing it") in on_sqlite
     assert next(s for s in on_sqlite if s[0] == "status")[1] == "sealed"
+    halted = next(s for s in on_sqlite if s[0] == "halt")
+    assert halted[1] is not None and halted[1].example == "h-0" and halted[2] is None
