@@ -292,3 +292,31 @@ def test_an_index_in_the_s3_stand_in_is_staged_published_searched_and_pruned(
     assert search(store_url, "tickets-index", "x", ["group-1"], k=20)[0] == versions[1]
     assert rollback(store, "tickets-index") == (versions[1], versions[0])
     assert sorted(search(store_url, "tickets-index", "x", ["group-0"], k=20)[1]) == [f"a{i:06d}" for i in (0, 3, 6)]
+
+
+def test_each_hit_carries_its_chosen_fields_typed_as_the_output_schema_says(tmp_path: Path) -> None:
+    import lancedb
+
+    schema = {"type": "object", "properties": {
+        "embedding": {"type": "array", "items": {"type": "number"}}, "summary": {"type": "string"},
+        "priority": {"type": "integer"}, "entities": {"type": "array", "items": {"type": "string"}}}}
+    path = index_job(tmp_path, [{"id": "a", "text": "x", "acl": ["g"]}], engine="synthetic")
+    (path.parent / "schema.json").write_text(json.dumps(schema))
+    spec = load_spec(path)
+    output = IndexOutput(str(tmp_path / "index"), fields=("summary", "priority", "entities"))
+    output.check(spec, None)
+    index = LanceIndex(output)
+    version = "tickets-index@00000000000000aa"
+    outputs = {"near": {"embedding": [1.0, 0.1], "summary": "printer jam", "priority": 2, "entities": ["printer"]},
+               "far": {"embedding": [0.0, 1.0], "summary": "vpn", "priority": 1, "entities": []}}
+    rows = [StoredResult(rid, json.dumps(out), ["g"], 0, "w", 1, 1, 0.0, None, None) for rid, out in outputs.items()]
+    table_schema, batches = index.rows(spec, version, iter(rows))
+    write_table(lancedb.connect(output.uri), table_name("tickets-index", version), table_schema, batches)
+    near, far = index.search("tickets-index", version, [1.0, 0.0], ["g"], 2)
+    assert (near.record_id, near.fields, near.version) == \
+        ("near", {"summary": "printer jam", "priority": 2, "entities": ["printer"]}, version)
+    assert far.fields == {"summary": "vpn", "priority": 1, "entities": []} and near.score > far.score
+    # A vector of another length than the first record's is refused by its id.
+    rows.append(StoredResult("odd", json.dumps({"embedding": [1.0, 0.0, 0.0]}), ["g"], 0, "w", 1, 1, 0.0, None, None))
+    with pytest.raises(BatchlineError, match="record 'odd': its embedding has 3 values, not 2"):
+        list(index.rows(spec, version, iter(rows))[1])
