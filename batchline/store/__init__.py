@@ -12,6 +12,7 @@ from batchline.store.model import (
     DeadLetterRow,
     DuplicateRecord,
     Event,
+    InputRecord,
     JobInfo,
     JobStatus,
     Lease,
@@ -37,7 +38,7 @@ from batchline.store.ports import (
 DEFAULT_URL = "sqlite:///batchline.db"
 
 __all__ = [
-    "DEFAULT_URL", "ChargeResult", "DeadLetterRow", "DuplicateRecord", "Event", "JobInfo", "JobStatus",
+    "DEFAULT_URL", "ChargeResult", "DeadLetterRow", "DuplicateRecord", "Event", "InputRecord", "JobInfo", "JobStatus",
     "Lease", "LeaseHolder", "LeaseLost", "PlanWriter", "PlannedRecord", "PlannedShard", "PlannerStore", "PublisherStore",
     "ReaderStore", "ResultRow", "RouteTotals", "ShardRow", "Store", "StoredDeadLetter", "StoredResult",
     "WorkerStore", "default_url", "open_store",
