@@ -185,7 +185,8 @@ def test_a_job_over_a_published_job_runs_under_the_role_reading_only_its_own_ver
 
     _up, upstream = publish_upstream(job_factory, store, make_records(150))
     spec, version = planned(downstream_job(job_factory, shards={"size": 40}), store)
-    grant(store_url, version, role=role)
+    access = grant(store_url, version, role=role).access
+    assert [line for line in access if line.startswith(f"input job tickets (version {upstream}, output.summary)")]
     url = as_role(store_url, role)
     log = tmp_path / "worker.log"
     assert start_worker(url, version, log).wait(timeout=120) == 0, log.read_text()[-3000:]
