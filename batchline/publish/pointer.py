@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchline.errors import BatchlineError
+from batchline.sources import versions_read
 from batchline.spec import stored_spec
 from batchline.store import PublisherStore
 from batchline.targets import PublicationTarget, targets_for
@@ -151,7 +152,8 @@ def _put_back(name: str, targets: Sequence[PublicationTarget], shown: dict[str, 
 def prune(store: PublisherStore, name: str, keep: int, *, log: Callable[[str], None] = lambda _m: None,
           targets: Sequence[PublicationTarget] = ()) -> tuple[str, ...]:
     """Removes sealed versions of `name` beyond the newest `keep`, never the published
-    one or the one a rollback would return to."""
+    one, the one a rollback would return to, or one that a version not sealed yet reads
+    (a job over this one, planned on it)."""
     current = store.resolve_name(name)
     history = store.publications(name)
     protected = {current}
@@ -159,7 +161,9 @@ def prune(store: PublisherStore, name: str, keep: int, *, log: Callable[[str], N
         if pub.version == current:
             protected.add(pub.previous)
             break
-    versions = sorted((j for j in store.jobs() if j.name == name), key=lambda j: j.created_at, reverse=True)
+    jobs = store.jobs()
+    protected.update(v for j in jobs if j.state == "ready" for v in versions_read(j.spec.get("input", {})))
+    versions = sorted((j for j in jobs if j.name == name), key=lambda j: j.created_at, reverse=True)
     removed = []
     for job in versions[keep:]:
         if job.version in protected or job.state != "sealed":

@@ -39,6 +39,7 @@ from batchline.store.model import (
     DuplicateRecord,
     Event,
     Halt,
+    InputRecord,
     JobInfo,
     JobStatus,
     Lease,
@@ -137,6 +138,12 @@ def taken_over(version: str) -> StoreError:
 def acl_json(acl: Any) -> str | None:
     """ACLs are stored as canonical JSON text, so equal ACLs compare equal in SQL."""
     return None if acl is None else orjson.dumps(acl, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def input_columns(r: PlannedRecord) -> tuple[str | None, str | None, int]:
+    """A planned record's text, ACL and position, as the records table holds them."""
+    assert r.input is not None
+    return r.input.text, acl_json(r.input.acl), r.input.position
 
 
 def acl_value(text: str | None) -> Any:
@@ -672,6 +679,10 @@ class StoreCore(ABC):
 
     def answered(self, version: str, record_ids: Sequence[str]) -> set[str]:
         return {r[0] for r in self._by_ids(self.q.ANSWERED, version, record_ids)}
+
+    def input_records(self, version: str, start: int, end: int) -> list[InputRecord]:
+        rows = self._read(lambda tx: tx.all(self.q.INPUT_RECORDS, {"v": version, "start": start, "end": end}))
+        return [InputRecord(r[0], r[1], acl_value(r[2]), r[3], int(r[4])) for r in rows]
 
     def attempts(self, version: str, record_ids: Sequence[str]) -> dict[str, int]:
         return {r[0]: int(r[1]) for r in self._by_ids(self.q.ATTEMPTS, version, record_ids)}

@@ -154,6 +154,21 @@ class PlannedRecord:
     record_id: str
     shard_no: int
     content_hash: str
+    # An input read from the store (a job over a published job): the record's text, ACL and
+    # position in the input's order, kept with it so a worker reads them from its own
+    # version. `text` None with a position: the record had no text (a planned dead letter).
+    input: InputRecord | None = None
+
+
+@dataclass(frozen=True)
+class InputRecord:
+    """A record of an input the store holds: what a worker reads for its shard."""
+
+    record_id: str
+    text: str | None
+    acl: Any
+    content_hash: str
+    position: int
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from batchline.store.model import (
     DeadLetterRow,
     Event,
     Halt,
+    InputRecord,
     JobInfo,
     JobStatus,
     Lease,
@@ -137,6 +138,15 @@ class OutcomeWriter(Protocol):
                   detail: dict[str, Any] | None = None) -> None: ...
 
 
+class ShardInput(Protocol):
+    """A leased shard's records, where the store holds its input (a job over a published
+    job: planning copied them into the version's own records)."""
+
+    def input_records(self, version: str, start: int, end: int) -> list[InputRecord]:
+        """The version's records at positions [start, end), in order."""
+        ...
+
+
 class ProviderParking(Protocol):
     """A hosted route's shard, parked at its provider without a lease."""
 
@@ -160,7 +170,7 @@ class RuntimePins(Protocol):
         ...
 
 
-class WorkerStore(StoreHandle, ShardLeases, OutcomeWriter, ProviderParking, RuntimePins, Protocol):
+class WorkerStore(StoreHandle, ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, Protocol):
     """Everything a worker may call."""
 
 

@@ -265,6 +265,16 @@ UPDATE jobs j SET planned_dead = d.n
 FROM (SELECT version, count(*) AS n FROM dead_letters WHERE worker IS NULL GROUP BY version) d
 WHERE j.version = d.version;
 """),
+    # A job over a published job reads its input from the store: planning copies each
+    # upstream record's chosen text and ACL into the downstream's own records, at their
+    # position in its input order, so a worker reads its shard from its own version's
+    # partition alone (its role's policy admits no other).
+    (11, "records hold the text, ACL and position of an input read from the store", """
+ALTER TABLE records ADD COLUMN text text;
+ALTER TABLE records ADD COLUMN acl text;
+ALTER TABLE records ADD COLUMN position bigint;
+CREATE INDEX records_by_position ON records (version, position) WHERE position IS NOT NULL;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -372,6 +382,7 @@ PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = %(v)s FOR UPDATE"
 INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece) "
                 "VALUES (%(v)s, %(s)s, %(slice)s, %(n)s, 'ready', %(route)s, %(first)s, %(end)s)")
 COPY_RECORDS = "COPY records (version, record_id, shard_no, content_hash) FROM STDIN"
+COPY_RECORDS_WITH_INPUT = "COPY records (version, record_id, shard_no, content_hash, text, acl, position) FROM STDIN"
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = %(v)s AND record_id = %(r)s"
 PLAN_DEAD_LETTER = """
 INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, created_at)
@@ -512,6 +523,11 @@ SELECT record_id FROM results WHERE version = %(v)s AND record_id = ANY(%(ids)s)
 UNION ALL
 SELECT record_id FROM dead_letters WHERE version = %(v)s AND record_id = ANY(%(ids)s)""",
     *reads("results", "dead_letters"))
+# A shard's input where the store holds it (a job over a published job), by position: the
+# one read of the planned records a worker makes, of its own version's rows.
+INPUT_RECORDS = WorkerStatement(
+    "SELECT record_id, text, acl, content_hash, position FROM records WHERE version = %(v)s "
+    "AND position >= %(start)s AND position < %(end)s ORDER BY position", *reads("records"))
 ATTEMPTS = WorkerStatement(
     "SELECT record_id, attempts FROM attempts WHERE version = %(v)s AND record_id = ANY(%(ids)s)",
     *reads("attempts"))

@@ -233,6 +233,15 @@ DROP TABLE jobs;
 ALTER TABLE jobs_rebuilt RENAME TO jobs;
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, created_at);
 """),
+    # A job over a published job reads its input from the store: planning copies each
+    # upstream record's chosen text and ACL into the downstream's own records, at their
+    # position in its input order, so a worker reads its shard from its own version alone.
+    (9, "records hold the text, ACL and position of an input read from the store", """
+ALTER TABLE records ADD COLUMN text TEXT;
+ALTER TABLE records ADD COLUMN acl TEXT;
+ALTER TABLE records ADD COLUMN position INTEGER;
+CREATE INDEX IF NOT EXISTS records_by_position ON records (version, position) WHERE position IS NOT NULL;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -288,6 +297,8 @@ PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = :v"
 INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece) "
                 "VALUES (:v, :s, :slice, :n, 'ready', :route, :first, :end)")
 INSERT_RECORD = "INSERT INTO records (version, record_id, shard_no, content_hash) VALUES (?, ?, ?, ?)"
+INSERT_RECORD_WITH_INPUT = ("INSERT INTO records (version, record_id, shard_no, content_hash, text, acl, position) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?)")
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = :v AND record_id = :r"
 PLAN_DEAD_LETTER = (f"INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
                     f"created_at) VALUES (:v, :r, :s, :kind, :error, :acl, 0, {NOW_EXPR})")
@@ -391,6 +402,9 @@ RESUME_JOB = ("UPDATE jobs SET state = 'ready', halt = NULL, abort_rate = :abort
 
 ANSWERED = (f"SELECT record_id FROM results WHERE version = :v AND record_id IN {IDS} UNION ALL "
             f"SELECT record_id FROM dead_letters WHERE version = :v AND record_id IN {IDS}")
+# A shard's input where the store holds it (a job over a published job), by position.
+INPUT_RECORDS = ("SELECT record_id, text, acl, content_hash, position FROM records WHERE version = :v "
+                 "AND position >= :start AND position < :end ORDER BY position")
 ATTEMPTS = f"SELECT record_id, attempts FROM attempts WHERE version = :v AND record_id IN {IDS}"
 FENCE_LOCK = f"SELECT first_piece, end_piece FROM shards WHERE {FENCE}"
 BUMP_STARTED = ("UPDATE shards SET started_piece = MAX(COALESCE(started_piece, first_piece), :high) "

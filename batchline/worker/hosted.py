@@ -68,7 +68,8 @@ class HostedShardRun:
             return "lost"
 
     def _run(self) -> str:
-        records = read_slice(Slice.from_json(self.lease.slice), self.job.spec.input, self.job.spec.routing)
+        records = read_slice(Slice.from_json(self.lease.slice), self.job.spec.input, self.job.spec.routing,
+                             self.ctx.stored_reader())
         by_id = {r.id: r for r in records}
         to_record = custom_id_map(by_id, self.provider.acceptable_custom_id)
         to_custom = {record_id: custom for custom, record_id in to_record.items()}

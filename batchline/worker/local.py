@@ -77,7 +77,8 @@ class LocalShardRun:
 
     def _run(self) -> str:
         lease = self.ctx.lease
-        records = read_slice(Slice.from_json(lease.slice), self.job.spec.input, self.job.spec.routing)
+        records = read_slice(Slice.from_json(lease.slice), self.job.spec.input, self.job.spec.routing,
+                             self.ctx.stored_reader())
         ids = [r.id for r in records]
         answered = self.ctx.store.answered(lease.version, ids)
         self.attempts = self.ctx.store.attempts(lease.version, ids)

@@ -22,7 +22,7 @@ from batchline.prompts.examples import ExampleIndex
 from batchline.prompts.render import render
 from batchline.providers.base import BatchProvider
 from batchline.registry import ENGINES
-from batchline.snapshot import Record
+from batchline.snapshot import Record, StoredReader
 from batchline.spec import JobSpec
 from batchline.store import (
     ChargeResult,
@@ -178,6 +178,12 @@ class ShardContext:
     def renew_soon(self) -> None:
         """The next renew_if_due renews at once (after a pause as long as an engine restart)."""
         self.last_renew = 0.0
+
+    def stored_reader(self) -> StoredReader:
+        """Where the store holds the input (a job over a published job), how this shard's
+        records are read: from the version's own records, which planning copied there."""
+        version = self.lease.version
+        return lambda start, end: self.store.input_records(version, start, end)
 
     def charge(self, record: Record, kind: str, error: str, *, max_attempts: int | None = None) -> ChargeResult:
         """Charges the record an attempt (none if it was answered meanwhile, or split off to

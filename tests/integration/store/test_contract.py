@@ -13,6 +13,7 @@ from batchline.errors import StoreError
 from batchline.store import (
     DeadLetterRow,
     DuplicateRecord,
+    InputRecord,
     Lease,
     LeaseLost,
     PlannedRecord,
@@ -91,6 +92,24 @@ def test_duplicate_ids_are_refused_at_planning(store: Store) -> None:
         writer.add_records([PlannedRecord("b", 1, "h"), PlannedRecord("a", 1, "h")])
     assert (info.value.record_id, info.value.first_shard) == ("a", 0)
     writer.abort()
+
+
+def test_records_planned_with_their_input_are_read_back_by_position_in_their_version_only(store: Store) -> None:
+    # An input the store holds (a job over a published job): a worker reads its shard's records
+    # by position, text and ACL as planned (a record without text as None), and nothing of another version.
+    rows = [InputRecord(f"r{i}", None if i == 3 else f"text {i}", [f"g{i % 2}"] if i % 4 else None, f"h{i}", i)
+            for i in range(6)]
+    for version in ("job@1", "job@2"):
+        writer = store.begin_plan(version, "job", {"name": "job", "shards": {"lease_seconds": LEASE}})
+        writer.add_shards([PlannedShard(0, {}, 3), PlannedShard(1, {}, 3)])
+        mine = rows if version == "job@1" else [InputRecord(r.record_id, "other", None, "x", r.position)
+                                                for r in rows]
+        writer.add_records([PlannedRecord(r.record_id, r.position // 3, r.content_hash, r) for r in mine])
+        writer.commit(6, 2)
+    assert store.input_records("job@1", 2, 5) == rows[2:5]
+    assert store.input_records("job@1", 0, 6) == rows
+    assert store.input_records("job@1", 6, 9) == []
+    assert [r.text for r in store.input_records("job@2", 0, 2)] == ["other", "other"]
 
 
 def test_expired_lease_is_reclaimed_with_a_higher_epoch(store: Store) -> None:
