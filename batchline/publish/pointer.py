@@ -11,6 +11,7 @@ from typing import Any
 from batchline.errors import BatchlineError
 from batchline.spec import stored_spec
 from batchline.store import PublisherStore
+from batchline.store.model import Publication
 from batchline.targets import PublicationTarget, targets_for
 
 
@@ -63,11 +64,18 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
                                  "fix it, or publish with --force --reason")
     for target in targets:
         target.stage(store, version)
-    recorded = _recorded(store, info.name)
+    # What the name's history is before any target moves: the store records this publish
+    # only if it is still its latest publication when the pointer moves, so two
+    # publishers of one name never leave the targets showing one version and the store
+    # another. The store's lock is not held meanwhile: a catalog in the store's own
+    # database (SQLite's one writer) could not commit under it.
+    history = store.publications(info.name)
+    expected = history[-1].id if history else None
+    recorded = _recorded(history)
     shown = _show(info.name, version, targets, recorded)
     try:
         previous = store.publish(info.name, version, who(), reason if force else None,
-                                 latest.report if latest else None, targets=shown or None)
+                                 latest.report if latest else None, expected=expected, targets=shown or None)
     except BaseException as exc:
         _put_back(info.name, targets, shown, recorded, exc)
         raise
@@ -84,22 +92,24 @@ def rollback(store: PublisherStore, name: str, reason: str | None = None,
              targets: Sequence[PublicationTarget] | None = None) -> tuple[str, str]:
     """Points `name` back at the version published before the current one, and each
     target (by default those the current version's spec names) with it."""
-    current = store.resolve_name(name)
+    # The same compare-and-set as publish: the current version, the one to return to and
+    # what the targets show all come from this one read of the history.
+    history = store.publications(name)
+    expected = history[-1].id if history else None
+    current = history[-1].version if history else None
     if targets is None:
         info = store.job(current) if current is not None else None
         targets = targets_for(stored_spec(info), store.url) if info is not None else []
-    if not targets:
-        return store.rollback(name, who(), reason)
-    back_to = next((p.previous for p in reversed(store.publications(name))
+    back_to = next((p.previous for p in reversed(history)
                     if p.version == current and p.action == "publish"), None)
-    if current is None or back_to is None:
-        return store.rollback(name, who(), reason)  # refused there, in the store's words
+    if current is None or back_to is None or not targets:
+        return store.rollback(name, who(), reason, expected=expected)  # refused there, in the store's words
     for target in targets:
         target.stage(store, back_to)  # staged when it was published, unless the target is new
-    recorded = _recorded(store, name)
+    recorded = _recorded(history)
     shown = _show(name, back_to, targets, recorded)
     try:
-        moved = store.rollback(name, who(), reason, targets=shown)
+        moved = store.rollback(name, who(), reason, expected=expected, targets=shown)
     except BaseException as exc:
         _put_back(name, targets, shown, recorded, exc)
         raise
@@ -109,10 +119,10 @@ def rollback(store: PublisherStore, name: str, reason: str | None = None,
     return moved
 
 
-def _recorded(store: PublisherStore, name: str) -> dict[str, Any]:
+def _recorded(history: Sequence[Publication]) -> dict[str, Any]:
     """What each target showed after the last publication that recorded it."""
     recorded: dict[str, Any] = {}
-    for pub in store.publications(name):
+    for pub in history:
         recorded.update(pub.targets or {})
     return recorded
 
@@ -134,7 +144,8 @@ def _show(name: str, version: str, targets: Sequence[PublicationTarget],
 def _put_back(name: str, targets: Sequence[PublicationTarget], shown: dict[str, Any],
               recorded: dict[str, Any], cause: BaseException) -> None:
     """Puts each target that was shown back to what the store recorded: the store did not
-    move, so neither may they. A target that cannot be put back is said in one line."""
+    record this publish (it failed, or another publisher of the name came in between), so
+    no target may show it. A target that cannot be put back is said in one line."""
     failed = []
     for target in targets:
         if target.key not in shown:

@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from batchline.errors import StoreError
+from batchline.errors import PublicationMoved, StoreError
 from batchline.store.model import (
     WRITE_BATCH_ROWS,
     ChargeResult,
@@ -815,12 +815,27 @@ class StoreCore(ABC):
                              f"through the pointer; rename the job")
         return str(row[0]) if row else None
 
+    def _unmoved(self, tx: Tx, name: str, expected: int | None, verb: str) -> None:
+        """Refuses, under the name's lock, a publish or rollback whose publisher read a
+        publication of the name other than its latest: the targets it moved in between
+        were moved from a state the store no longer records."""
+        row = tx.one(self.q.LATEST_PUBLICATION, {"name": name})
+        latest = int(row[0]) if row else None
+        if latest == expected:
+            return
+        now = (f"it now shows {row[1]}, {'rolled back to' if row[2] == 'rollback' else 'published'} by {row[3]}"
+               if row else "its publications are gone")
+        raise PublicationMoved(f"cannot {verb}: another publish or rollback of {name!r} came in between "
+                               f"({now}); nothing was recorded: see `batchline history {name}` and try again")
+
     def publish(self, name: str, version: str, who: str, reason: str | None,
-                validation: dict[str, Any] | None, targets: dict[str, Any] | None = None) -> str | None:
+                validation: dict[str, Any] | None, *, expected: int | None,
+                targets: dict[str, Any] | None = None) -> str | None:
         op = uuid.uuid4()
 
         def body(tx: Tx) -> str | None:
             tx.one(self.q.PLAN_LOCK, {"key": f"publish:{name}"})
+            self._unmoved(tx, name, expected, f"publish {version} as {name!r}")
             # Checked under the name's lock: a version cancelled or removed since the
             # caller looked is not published.
             if not _scalar(tx, self.q.IS_SEALED, {"v": version}):
@@ -840,7 +855,7 @@ class StoreCore(ABC):
 
         return self._write(body, recover=recover)
 
-    def rollback(self, name: str, who: str, reason: str | None,
+    def rollback(self, name: str, who: str, reason: str | None, *, expected: int | None,
                  targets: dict[str, Any] | None = None) -> tuple[str, str]:
         op = uuid.uuid4()
 
@@ -850,6 +865,7 @@ class StoreCore(ABC):
             if row is None:
                 raise StoreError(f"nothing is published under {name!r}")
             current = str(row[0])
+            self._unmoved(tx, name, expected, f"roll {name!r} back from {current}")
             prev = tx.one(self.q.PREVIOUS_PUBLISHED, {"name": name, "v": current})
             if prev is None or prev[0] is None:
                 raise StoreError(f"{name!r} has no earlier version to roll back to (current: {current})")
