@@ -11,7 +11,7 @@ from typing import Any
 from batchline.errors import BatchlineError
 from batchline.spec import stored_spec
 from batchline.store import PublisherStore
-from batchline.store.model import Publication
+from batchline.store.model import Publication, rollback_target
 from batchline.targets import PublicationTarget, targets_for
 
 
@@ -31,7 +31,14 @@ class PublishResult:
     removed: tuple[str, ...]
     shown: tuple[str, ...] = ()  # each target, as it now shows the version
 
+    @property
+    def changed(self) -> bool:
+        """False when the version was published already: nothing moved, nothing recorded."""
+        return self.previous != self.version
+
     def summary(self) -> str:
+        if not self.changed:
+            return f"{self.version} is published as {self.name} already; nothing changed"
         lines = [f"published {self.version} as {self.name}" + (f" (was {self.previous})" if self.previous else "")]
         return "\n".join(lines + [f"  {line}" for line in self.shown])
 
@@ -42,7 +49,8 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
     """Moves the name's pointer to `version` once it is sealed and validated; each target
     (by default those the version's spec names) first gets the version staged, then
     shown, and the store records what each shows as it moves the pointer. A store
-    that refuses puts the targets back."""
+    that refuses puts the targets back. The version published already is left as it
+    is, and nothing is recorded (the result's `changed` is False)."""
     info = store.job(version)
     if info is None:
         raise BatchlineError(f"no job version {version!r} in {store.url}")
@@ -62,6 +70,12 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
             failed = ", ".join(c["name"] for c in latest.report.get("checks", []) if not c["passed"])
             raise BatchlineError(f"{version} failed its latest validation ({failed}); "
                                  "fix it, or publish with --force --reason")
+    history = store.publications(info.name)
+    if history and history[-1].version == version:
+        # Published already: nothing is staged or moved and history records nothing, once
+        # the store has confirmed, under the name's lock, that no publisher moved it since.
+        store.publish(info.name, version, who(), None, None, expected=history[-1].id)
+        return PublishResult(info.name, version, version, ())
     for target in targets:
         target.stage(store, version)
     # What the name's history is before any target moves: the store records this publish
@@ -79,7 +93,9 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
     except BaseException as exc:
         _put_back(info.name, targets, shown, recorded, exc)
         raise
-    removed = prune(store, info.name, stored_spec(info).retention.versions, log=log, targets=targets)
+    removed: tuple[str, ...] = ()
+    if previous != version:  # the store says `version` itself when another publisher published it meanwhile
+        removed = prune(store, info.name, stored_spec(info).retention.versions, log=log, targets=targets)
     return PublishResult(info.name, version, previous, removed,
                          tuple(f"{t.describe()}: {_state_line(shown.get(t.key))}" for t in targets))
 
@@ -100,8 +116,7 @@ def rollback(store: PublisherStore, name: str, reason: str | None = None,
     if targets is None:
         info = store.job(current) if current is not None else None
         targets = targets_for(stored_spec(info), store.url) if info is not None else []
-    back_to = next((p.previous for p in reversed(history)
-                    if p.version == current and p.action == "publish"), None)
+    back_to = rollback_target(history, current)
     if current is None or back_to is None or not targets:
         return store.rollback(name, who(), reason, expected=expected)  # refused there, in the store's words
     for target in targets:
@@ -109,14 +124,11 @@ def rollback(store: PublisherStore, name: str, reason: str | None = None,
     recorded = _recorded(history)
     shown = _show(name, back_to, targets, recorded)
     try:
-        moved = store.rollback(name, who(), reason, expected=expected, targets=shown)
+        # The store, finding the history as read, returns to the same version by the same rule.
+        return store.rollback(name, who(), reason, expected=expected, targets=shown)
     except BaseException as exc:
         _put_back(name, targets, shown, recorded, exc)
         raise
-    if moved != (current, back_to):
-        raise BatchlineError(f"{name}: another publish moved it meanwhile ({moved[0]} to {moved[1]}); the "
-                             f"targets show {back_to}: publish again to bring them in line")
-    return moved
 
 
 def _recorded(history: Sequence[Publication]) -> dict[str, Any]:
@@ -165,11 +177,7 @@ def prune(store: PublisherStore, name: str, keep: int, *, log: Callable[[str], N
     one or the one a rollback would return to."""
     current = store.resolve_name(name)
     history = store.publications(name)
-    protected = {current}
-    for pub in reversed(history):
-        if pub.version == current:
-            protected.add(pub.previous)
-            break
+    protected = {current, rollback_target(history, current)}
     versions = sorted((j for j in store.jobs() if j.name == name), key=lambda j: j.created_at, reverse=True)
     removed = []
     for job in versions[keep:]:

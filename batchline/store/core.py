@@ -51,6 +51,7 @@ from batchline.store.model import (
     StoredDeadLetter,
     StoredResult,
     ValidationRecord,
+    rollback_target,
     within,
 )
 
@@ -840,6 +841,11 @@ class StoreCore(ABC):
             # caller looked is not published.
             if not _scalar(tx, self.q.IS_SEALED, {"v": version}):
                 raise StoreError(f"cannot publish {version}: it is not sealed (cancelled, removed or unfinished)")
+            pointer = tx.one(self.q.POINTER_FOR_UPDATE, {"name": name})
+            if pointer is not None and pointer[0] == version:
+                # Published already: nothing moves, so history records nothing (a
+                # publication of a version over itself would be one a rollback returns to).
+                return version
             previous = self._point(tx, name, version)
             tx.run(self.q.INSERT_PUBLICATION, {"name": name, "v": version, "previous": previous,
                                                "action": "publish", "who": who, "reason": reason,
@@ -866,10 +872,10 @@ class StoreCore(ABC):
                 raise StoreError(f"nothing is published under {name!r}")
             current = str(row[0])
             self._unmoved(tx, name, expected, f"roll {name!r} back from {current}")
-            prev = tx.one(self.q.PREVIOUS_PUBLISHED, {"name": name, "v": current})
-            if prev is None or prev[0] is None:
+            back_to = rollback_target(self._publications(tx, name), current)
+            if back_to is None:
                 raise StoreError(f"{name!r} has no earlier version to roll back to (current: {current})")
-            target = str(prev[0])
+            target = back_to
             if not _scalar(tx, self.q.IS_SEALED, {"v": target}):
                 raise StoreError(f"cannot roll {name!r} back to {target}: that version was removed")
             self._point(tx, name, target)
@@ -888,10 +894,13 @@ class StoreCore(ABC):
         return self._write(body, recover=recover)
 
     def publications(self, name: str) -> list[Publication]:
-        rows = self._read(lambda tx: tx.all(self.q.PUBLICATIONS, {"name": name}))
+        return self._read(lambda tx: self._publications(tx, name))
+
+    def _publications(self, tx: Tx, name: str) -> list[Publication]:
         return [Publication(int(r[0]), r[1], r[2], r[3], r[4], r[5], r[6],
                             self._unjson(r[7]) if r[7] is not None else None, float(r[8]),
-                            self._unjson(r[9]) if r[9] is not None else None) for r in rows]
+                            self._unjson(r[9]) if r[9] is not None else None)
+                for r in tx.all(self.q.PUBLICATIONS, {"name": name})]
 
     def remove_version(self, version: str) -> None:
         def body(tx: Tx) -> None:
@@ -927,8 +936,7 @@ class StoreCore(ABC):
             current = str(pointer[0])
             if current == version:
                 raise StoreError(f"cannot {verb} {version}: it is published as {job.name!r}")
-            back = tx.one(self.q.PREVIOUS_PUBLISHED, {"name": job.name, "v": current})
-            if back is not None and back[0] == version:
+            if rollback_target(self._publications(tx, job.name), current) == version:
                 raise StoreError(f"cannot {verb} {version}: a rollback of {job.name!r} would return to it")
         return job
 

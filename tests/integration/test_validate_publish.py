@@ -200,6 +200,61 @@ def test_rollback_returns_to_the_previous_version(job_factory: Any, store: Store
         rollback(store, spec.name)
 
 
+def test_publishing_the_version_already_published_records_nothing_and_rollback_never_goes_to_itself(
+        job_factory: Any, store: Store, store_url: str) -> None:
+    from batchline.api import Jobs
+    from tests.integration.test_cli import cli
+
+    spec, v1 = sealed_version(job_factory, store, n=20)
+    _, v2 = sealed_version(job_factory, store, make_records(25, "x"))
+    jobs = Jobs(store_url)
+    for v in (v1, v2):
+        assert jobs.validate(v).passed
+    said: list[str] = []
+
+    def publish_again(version: str) -> None:
+        """Through the Jobs API and the command line: one line, exit 0, nothing recorded."""
+        line = f"{version} is published as {spec.name} already; nothing changed"
+        again = jobs.publish(version, log=said.append)
+        assert not again.changed and again.summary() == line and again.removed == ()
+        run = cli("publish", version, "--store", store_url)
+        assert run.returncode == 0 and run.stderr.splitlines() == [line], run.stderr
+
+    def history() -> list[tuple[str, str, str | None]]:
+        return [(p.action, p.version, p.previous) for p in jobs.history(spec.name)]
+
+    assert jobs.publish(v1).changed
+    publish_again(v1)
+    assert history() == [("publish", v1, None)]
+    # So there is nothing to roll back to: not v1 itself.
+    run = cli("rollback", spec.name, "--store", store_url)
+    assert run.returncode == 4 and run.stderr.splitlines() == [
+        f"batchline: error: {spec.name!r} has no earlier version to roll back to (current: {v1})"]
+    with pytest.raises(StoreError, match="no earlier version to roll back to"):
+        jobs.rollback(spec.name)
+
+    assert jobs.publish(v2).previous == v1
+    publish_again(v2)
+    run = cli("rollback", spec.name, "--store", store_url)
+    assert run.returncode == 0 and run.stderr.splitlines() == [f"{spec.name}: rolled back from {v2} to {v1}"]
+    publish_again(v1)
+    with pytest.raises(StoreError, match="no earlier version to roll back to"):
+        jobs.rollback(spec.name)
+    assert history() == [("publish", v1, None), ("publish", v2, v1), ("rollback", v1, v2)]
+    assert said == [] and store.resolve_name(spec.name) == v1
+
+    # A store an older release wrote may hold a publish of the published version over
+    # itself, which replaced nothing: rollback passes it by, and so do cancel and delete.
+    assert jobs.publish(v2).previous == v1
+    with Database(store_url) as db:
+        db.execute("INSERT INTO publications (name, version, previous, action, who, ts) "
+                   "VALUES (?, ?, ?, 'publish', 'an older release', 0)", (spec.name, v2, v2))
+    with pytest.raises(StoreError, match=f"cannot delete {v1}: a rollback of 'test-job' would return to it"):
+        store.delete(v1, "ops@host")
+    assert jobs.rollback(spec.name) == (v2, v1)
+    assert store.resolve_name(spec.name) == v1
+
+
 def test_a_reader_paging_through_a_version_or_the_view_reads_one_whole_version_during_publish(
         job_factory: Any, store: Store, store_url: str) -> None:
     spec, v1 = sealed_version(job_factory, store, n=300)

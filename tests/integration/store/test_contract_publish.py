@@ -89,3 +89,24 @@ def test_two_publishers_of_one_name_that_read_it_at_once_record_one_publication(
         assert history(store) == [("publish", "job@1", None), ("publish", "job@3", "job@1")]
     finally:
         other.close()
+
+
+def test_publishing_the_published_version_again_records_nothing_and_rollback_never_returns_to_it(
+        store: Store) -> None:
+    sealed(store, "job@1", "job@2")
+    store.publish("job", "job@1", WHO, None, None, expected=None)
+    read = latest_publication(store, "job")
+    # The store answers with the version itself: nothing moved.
+    assert store.publish("job", "job@1", WHO, "again", None, expected=read) == "job@1"
+    assert latest_publication(store, "job") == read and history(store) == [("publish", "job@1", None)]
+    assert len(store.events(None, ["publish"])) == 1
+    with pytest.raises(StoreError, match=r"^'job' has no earlier version to roll back to \(current: job@1\)$"):
+        store.rollback("job", WHO, None, expected=read)
+    # Still a compare-and-set: a publisher that read the name before it moved is refused.
+    store.publish("job", "job@2", WHO, None, None, expected=read)
+    with pytest.raises(PublicationMoved, match=r"it now shows job@2"):
+        store.publish("job", "job@1", WHO, None, None, expected=read)
+    assert store.publish("job", "job@2", WHO, None, None, expected=latest_publication(store, "job")) == "job@2"
+    assert store.rollback("job", WHO, None, expected=latest_publication(store, "job")) == ("job@2", "job@1")
+    assert history(store) == [("publish", "job@1", None), ("publish", "job@2", "job@1"),
+                              ("rollback", "job@1", "job@2")]
