@@ -41,6 +41,15 @@ class StoreError(BatchlineError):
     exit_code = 4
 
 
+class PublicationMoved(StoreError):
+    """A publish or rollback was refused because the name's publication is no longer the
+    one its publisher read before it moved the targets: another publish or rollback of
+    the name came in between. Nothing is recorded, and the targets are put back; the
+    publisher reads the name again (`batchline history NAME`) and decides anew."""
+
+    exit_code = 9
+
+
 class EngineFatal(BatchlineError):
     """The engine cannot go on (process gone, weights wrong, server unreachable).
 

@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from batchline.errors import StoreError
+from batchline.errors import PublicationMoved, StoreError
 from batchline.store.model import (
     WRITE_BATCH_ROWS,
     ChargeResult,
@@ -54,6 +54,7 @@ from batchline.store.model import (
     StoredDeadLetter,
     StoredResult,
     ValidationRecord,
+    rollback_target,
     within,
 )
 
@@ -920,16 +921,36 @@ class StoreCore(ABC):
                              f"through the pointer; rename the job")
         return str(row[0]) if row else None
 
+    def _unmoved(self, tx: Tx, name: str, expected: int | None, verb: str) -> None:
+        """Refuses, under the name's lock, a publish or rollback whose publisher read a
+        publication of the name other than its latest: the targets it moved in between
+        were moved from a state the store no longer records."""
+        row = tx.one(self.q.LATEST_PUBLICATION, {"name": name})
+        latest = int(row[0]) if row else None
+        if latest == expected:
+            return
+        now = (f"it now shows {row[1]}, {'rolled back to' if row[2] == 'rollback' else 'published'} by {row[3]}"
+               if row else "its publications are gone")
+        raise PublicationMoved(f"cannot {verb}: another publish or rollback of {name!r} came in between "
+                               f"({now}); nothing was recorded: see `batchline history {name}` and try again")
+
     def publish(self, name: str, version: str, who: str, reason: str | None,
-                validation: dict[str, Any] | None, targets: dict[str, Any] | None = None) -> str | None:
+                validation: dict[str, Any] | None, *, expected: int | None,
+                targets: dict[str, Any] | None = None) -> str | None:
         op = uuid.uuid4()
 
         def body(tx: Tx) -> str | None:
             tx.one(self.q.PLAN_LOCK, {"key": f"publish:{name}"})
+            self._unmoved(tx, name, expected, f"publish {version} as {name!r}")
             # Checked under the name's lock: a version cancelled or removed since the
             # caller looked is not published.
             if not _scalar(tx, self.q.IS_SEALED, {"v": version}):
                 raise StoreError(f"cannot publish {version}: it is not sealed (cancelled, removed or unfinished)")
+            pointer = tx.one(self.q.POINTER_FOR_UPDATE, {"name": name})
+            if pointer is not None and pointer[0] == version:
+                # Published already: nothing moves, so history records nothing (a
+                # publication of a version over itself would be one a rollback returns to).
+                return version
             previous = self._point(tx, name, version)
             tx.run(self.q.INSERT_PUBLICATION, {"name": name, "v": version, "previous": previous,
                                                "action": "publish", "who": who, "reason": reason,
@@ -945,7 +966,7 @@ class StoreCore(ABC):
 
         return self._write(body, recover=recover)
 
-    def rollback(self, name: str, who: str, reason: str | None,
+    def rollback(self, name: str, who: str, reason: str | None, *, expected: int | None,
                  targets: dict[str, Any] | None = None) -> tuple[str, str]:
         op = uuid.uuid4()
 
@@ -955,10 +976,11 @@ class StoreCore(ABC):
             if row is None:
                 raise StoreError(f"nothing is published under {name!r}")
             current = str(row[0])
-            prev = tx.one(self.q.PREVIOUS_PUBLISHED, {"name": name, "v": current})
-            if prev is None or prev[0] is None:
+            self._unmoved(tx, name, expected, f"roll {name!r} back from {current}")
+            back_to = rollback_target(self._publications(tx, name), current)
+            if back_to is None:
                 raise StoreError(f"{name!r} has no earlier version to roll back to (current: {current})")
-            target = str(prev[0])
+            target = back_to
             if not _scalar(tx, self.q.IS_SEALED, {"v": target}):
                 raise StoreError(f"cannot roll {name!r} back to {target}: that version was removed")
             self._point(tx, name, target)
@@ -977,10 +999,13 @@ class StoreCore(ABC):
         return self._write(body, recover=recover)
 
     def publications(self, name: str) -> list[Publication]:
-        rows = self._read(lambda tx: tx.all(self.q.PUBLICATIONS, {"name": name}))
+        return self._read(lambda tx: self._publications(tx, name))
+
+    def _publications(self, tx: Tx, name: str) -> list[Publication]:
         return [Publication(int(r[0]), r[1], r[2], r[3], r[4], r[5], r[6],
                             self._unjson(r[7]) if r[7] is not None else None, float(r[8]),
-                            self._unjson(r[9]) if r[9] is not None else None) for r in rows]
+                            self._unjson(r[9]) if r[9] is not None else None)
+                for r in tx.all(self.q.PUBLICATIONS, {"name": name})]
 
     def remove_version(self, version: str) -> None:
         def body(tx: Tx) -> None:
@@ -1016,8 +1041,7 @@ class StoreCore(ABC):
             current = str(pointer[0])
             if current == version:
                 raise StoreError(f"cannot {verb} {version}: it is published as {job.name!r}")
-            back = tx.one(self.q.PREVIOUS_PUBLISHED, {"name": job.name, "v": current})
-            if back is not None and back[0] == version:
+            if rollback_target(self._publications(tx, job.name), current) == version:
                 raise StoreError(f"cannot {verb} {version}: a rollback of {job.name!r} would return to it")
         return job
 

@@ -7,6 +7,7 @@ that was refused) and `DuplicateRecord` (an id planned twice).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -335,6 +336,15 @@ class Publication:
     ts: float
     # What each publication target showed readers after this publish or rollback, by its key.
     targets: dict[str, Any] | None = None
+
+
+def rollback_target(history: Sequence[Publication], current: str | None) -> str | None:
+    """The version a rollback of a name showing `current` returns to, from the name's
+    publications oldest first: the one the latest publish of `current` replaced (None:
+    none). Never `current` itself: a store written by an older release may hold a
+    publish of the published version over itself, which replaced nothing."""
+    return next((p.previous for p in reversed(history)
+                 if p.version == current and p.action == "publish" and p.previous != current), None)
 
 
 @dataclass(frozen=True)

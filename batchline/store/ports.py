@@ -279,16 +279,20 @@ class PublisherStore(ReaderStore, Protocol):
     def record_validation(self, version: str, passed: bool, report: dict[str, Any]) -> None: ...
 
     def publish(self, name: str, version: str, who: str, reason: str | None,
-                validation: dict[str, Any] | None, targets: dict[str, Any] | None = None) -> str | None:
+                validation: dict[str, Any] | None, *, expected: int | None,
+                targets: dict[str, Any] | None = None) -> str | None:
         """Points `name` (and the view named after it) at `version` in one atomic
         step, recording what each publication target now shows; returns the
-        version it pointed at before."""
+        version it pointed at before. A compare-and-set: `expected` is the id of the
+        name's latest publication as the caller read it before moving the targets
+        (None: it read none), and a name published or rolled back since is refused
+        with `PublicationMoved`, recording nothing."""
         ...
 
-    def rollback(self, name: str, who: str, reason: str | None,
+    def rollback(self, name: str, who: str, reason: str | None, *, expected: int | None,
                  targets: dict[str, Any] | None = None) -> tuple[str, str]:
         """Points `name` back at the version published before the current one;
-        returns (from, to)."""
+        returns (from, to). The same compare-and-set on `expected` as `publish`."""
         ...
 
     def remove_version(self, version: str) -> None:

@@ -765,9 +765,9 @@ INSERT_PUBLICATION = """
 INSERT INTO publications (name, version, previous, action, who, reason, validation, targets, ts)
 VALUES (%(name)s, %(v)s, %(previous)s, %(action)s, %(who)s, %(reason)s, %(validation)s, %(targets)s,
         batchline_now())"""
-PREVIOUS_PUBLISHED = """
-SELECT previous FROM publications WHERE name = %(name)s AND version = %(v)s AND action = 'publish'
-ORDER BY id DESC LIMIT 1"""
+# The name's latest publication: a publish or rollback refuses unless it is still the
+# one its publisher read (a compare-and-set on its id, under the name's lock).
+LATEST_PUBLICATION = "SELECT id, version, action, who FROM publications WHERE name = %(name)s ORDER BY id DESC LIMIT 1"
 IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = %(v)s AND state = 'sealed')"
 PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts, targets FROM publications "
                 "WHERE name = %(name)s ORDER BY id")

@@ -527,8 +527,9 @@ WHERE p.name = '{name}'"""
 IS_VIEW = "SELECT type = 'view' FROM sqlite_master WHERE name = :name"
 INSERT_PUBLICATION = (f"INSERT INTO publications (name, version, previous, action, who, reason, validation, targets, "
                       f"ts) VALUES (:name, :v, :previous, :action, :who, :reason, :validation, :targets, {NOW_EXPR})")
-PREVIOUS_PUBLISHED = ("SELECT previous FROM publications WHERE name = :name AND version = :v "
-                      "AND action = 'publish' ORDER BY id DESC LIMIT 1")
+# The name's latest publication: a publish or rollback refuses unless it is still the
+# one its publisher read (a compare-and-set on its id, under the name's lock).
+LATEST_PUBLICATION = "SELECT id, version, action, who FROM publications WHERE name = :name ORDER BY id DESC LIMIT 1"
 IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = :v AND state = 'sealed')"
 PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts, targets FROM publications "
                 "WHERE name = :name ORDER BY id")

@@ -89,7 +89,7 @@ def test_a_worker_under_the_role_does_its_job_and_nothing_else(job_factory: Any,
         assert not narrow.has_open_shards(other)
         assert narrow.job(other) is None and [j.version for j in narrow.jobs()] == [mine]
         with pytest.raises(StoreError, match="permission denied"):
-            narrow.publish(spec.name, mine, "intruder", None, None)
+            narrow.publish(spec.name, mine, "intruder", None, None, expected=None)
         with pytest.raises(StoreError, match="permission denied"):
             narrow.remove_version(other)
     finally:

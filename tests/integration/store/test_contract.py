@@ -42,6 +42,12 @@ def answer_all(store: Store, lease: Lease, ids: list[str]) -> None:
     store.put_results(lease, [ResultRow(rid, OUT) for rid in ids])
 
 
+def latest_publication(store: Store, name: str) -> int | None:
+    """The id a publisher passes as the publication it read (None: the name has none)."""
+    history = store.publications(name)
+    return history[-1].id if history else None
+
+
 def test_claim_sets_owner_epoch_and_expiry_from_the_database_clock(store: Store) -> None:
     plan_version(store)
     before = store.now()
