@@ -596,7 +596,8 @@ class StoreCore(ABC):
             if held is None:
                 return self._refused(tx, lease, "charge", op)
             if not within(piece, held[0], held[1]):
-                return ChargeResult(attempts=0, dead_lettered=False)  # another shard's record since a split
+                # Another shard's record since a split (or one that does not say its piece).
+                return ChargeResult(attempts=0, dead_lettered=False)
             if _scalar(tx, self.q.IS_ANSWERED, {"v": lease.version, "r": record_id}):
                 return ChargeResult(attempts=0, dead_lettered=False)
             attempts = int(_scalar(tx, self.q.CHARGE, {"v": lease.version, "r": record_id, "kind": kind,
@@ -629,7 +630,8 @@ class StoreCore(ABC):
                         insert: Callable[[Tx, Lease, Sequence[P]], tuple[bool, int]], op_name: str) -> int:
         """Rows written in bounded transactions, each fenced by the lease; how many were new.
         Rows of pieces the shard no longer covers (its tail was split off) are refused
-        and not counted."""
+        and not counted, and so, on a shard planned with pieces, are rows that do not
+        say their piece."""
         inserted = 0
         for chunk in chunks(rows):
             op = uuid.uuid4()

@@ -59,8 +59,11 @@ class Lease:
 
 def within(piece: int | None, first: int | None, end: int | None) -> bool:
     """Whether a record of `piece` belongs to a shard covering [first, end): always, for a
-    shard planned without pieces or a record that does not say."""
-    return piece is None or first is None or end is None or first <= piece < end
+    shard planned without pieces; never, for a record that does not say its piece when the
+    shard has pieces (it could be past a split point, where nothing of it may be written)."""
+    if first is None or end is None:
+        return True
+    return piece is not None and first <= piece < end
 
 
 @dataclass(frozen=True)

@@ -470,6 +470,27 @@ def test_a_split_moves_the_unstarted_tail_to_a_new_shard_and_fences_the_owner_of
     assert store.status("job@1").results == 15
 
 
+def test_a_row_that_does_not_say_its_piece_is_refused_past_a_split_point(store: Store) -> None:
+    ids = plan_pieces(store, pieces=8, per_piece=2)
+    owner = store.claim("slow")
+    assert owner is not None and store.split("job@1", "idle") == 1  # pieces 4..7 move
+    owner = store.renew(owner)
+    assert owner is not None and owner.end_piece == 4
+    # Rows that do not say their piece could be any piece's: past the split point they
+    # would be the other shard's records, so none is written, before it or past it.
+    assert store.put_results(owner, [ResultRow(ids[6][0], OUT), ResultRow(ids[1][0], OUT)]) == 0
+    assert store.dead_letter(owner, [DeadLetterRow(ids[7][0], "too_long", "x")]) == 0
+    assert store.charge_attempt(owner, ids[5][0], "engine_error", "x", None, 1).attempts == 0
+    assert store.status("job@1").results == store.status("job@1").dead_letters == 0
+    assert store.put_results(owner, rows_of(ids, range(0, 4))) == 8
+    store.complete(owner)
+    tail = store.claim("idle")
+    assert tail is not None and store.put_results(tail, rows_of(ids, range(4, 8))) == 8
+    store.complete(tail)
+    cov = store.coverage("job@1")
+    assert (cov.records, cov.missing, cov.unexpected, cov.both) == (16, 0, 0, 0)
+
+
 def test_a_split_needs_two_unstarted_pieces_a_live_lease_and_a_local_shard(store: Store) -> None:
     plan_pieces(store, pieces=3)
     assert store.split("job@1", "idle") is None  # nothing leased
