@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from batchline.check.outputs import OutputChecker
-from batchline.errors import EngineFatal, InputError, SourceUnavailable
+from batchline.errors import EngineFatal, InputError, NoSuchVersion, SourceUnavailable
 from batchline.prompts.render import split_template
 from batchline.providers.base import BatchProvider
 from batchline.spec import LOCAL_ROUTE, ProviderSpec, stored_spec
@@ -80,6 +80,9 @@ class Worker:
                     provider.close()
 
     def _loop(self) -> int:
+        if self.version is not None and self.store.job(self.version) is None:
+            # Not "no work left" (0): a Job that exits 0 shows Complete, having done nothing.
+            raise NoSuchVersion(self.version, self.store.where())
         while True:
             if self.stop.is_set():
                 return EXIT_PREEMPTED if self.store.has_open_shards(self.version, self.routes) else EXIT_DONE
