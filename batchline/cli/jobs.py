@@ -248,6 +248,8 @@ def status_dict(st: JobStatus) -> dict[str, Any]:
         # Over the last rate_window_seconds (the window, or the time since the first claim if
         # shorter); null before any shard was claimed.
         "records_per_second": st.records_per_second, "rate_window_seconds": st.rate_window,
+        # Why no worker can finish it as it is (a shard's input changed), or null.
+        "stopped": st.stopped,
     }
 
 

@@ -679,11 +679,18 @@ class StoreCore(ABC):
                              for k in ("take_back", "split"))
             first_claim = _scalar(tx, self.q.FIRST_CLAIM, {"v": version})
             recent = int(_scalar(tx, self.q.RECENT, {"v": version, "since": now - window_seconds}))
+            stopped = None
+            if job.state == "ready":
+                refused = tx.one(self.q.STOPPED_BY_INPUT, {"v": version})
+                if refused is not None:
+                    error = (self._unjson(refused[1]) or {}).get("error") or "input changed since planning"
+                    stopped = f"shard {refused[0]}: {error}"
             return JobStatus(version=version, name=job.name, state=job.state, records=job.record_count,
                              results=results, dead_letters=dead, shards=shards, dead_letters_by_kind=by_kind,
                              leases_lost=lost, records_done_last_minutes=recent, window_seconds=window_seconds,
                              now=now, leases_taken_back=taken, splits=splits,
-                             started_at=float(first_claim) if first_claim is not None else None)
+                             started_at=float(first_claim) if first_claim is not None else None,
+                             stopped=stopped)
 
         return self._read(body, snapshot=True)
 

@@ -184,13 +184,16 @@ class JobStatus:
     shards: dict[str, int]
     dead_letters_by_kind: dict[str, int]
     leases_lost: int  # ran out: another worker reclaimed the shard after its lease expired
-    records_done_last_minutes: int  # in shards completed within the window
+    records_done_last_minutes: int  # outcomes workers wrote within the window, in any shard
     window_seconds: float
     now: float
 
     leases_taken_back: int = 0  # ended at once: their owners were proven dead
     splits: int = 0  # unstarted tails split off to idle workers
     started_at: float | None = None  # the first claim of a shard of this version
+    # Why no worker can finish the version as it is, in one line: a shard whose input
+    # changed since planning (its last worker refused it, and none has claimed it since).
+    stopped: str | None = None
 
     @property
     def rate_window(self) -> float:
@@ -202,7 +205,7 @@ class JobStatus:
 
     @property
     def records_per_second(self) -> float | None:
-        """Records of shards completed within the rate window, per second; None before any claim."""
+        """Outcomes written within the rate window, per second; None before any claim."""
         if self.started_at is None:
             return None
         return self.records_done_last_minutes / self.rate_window
