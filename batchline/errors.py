@@ -68,6 +68,18 @@ class VersionHalted(BatchlineError):
     exit_code = 7
 
 
+class NoSuchVersion(BatchlineError):
+    """A worker (or a launcher) was given a job version the store does not have. No
+    worker started later would find it either, so it is fatal, not "no work left" (0),
+    which a Kubernetes Job would show as Complete. 66 as sysexits' EX_NOUSER: no such
+    addressee."""
+
+    exit_code = 66
+
+    def __init__(self, version: str, where: str) -> None:
+        super().__init__(f"no job version {version!r} in {where}")
+
+
 class EngineCrashed(Exception):
     """The engine died under the records in flight (vLLM's engine core killed by a signal,
     a native crash in it) after it had loaded. Not fatal: the engine child exits and the

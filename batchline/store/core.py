@@ -702,7 +702,8 @@ class StoreCore(ABC):
             if held is None:
                 return self._refused(tx, lease, "charge", op)
             if not within(piece, held[0], held[1]):
-                return ChargeResult(attempts=0, dead_lettered=False)  # another shard's record since a split
+                # Another shard's record since a split (or one that does not say its piece).
+                return ChargeResult(attempts=0, dead_lettered=False)
             if _scalar(tx, self.q.IS_ANSWERED, {"v": lease.version, "r": record_id}):
                 return ChargeResult(attempts=0, dead_lettered=False)
             attempts = int(_scalar(tx, self.q.CHARGE, {"v": lease.version, "r": record_id, "kind": kind,
@@ -735,7 +736,8 @@ class StoreCore(ABC):
                         insert: Callable[[Tx, Lease, Sequence[P]], tuple[bool, int]], op_name: str) -> int:
         """Rows written in bounded transactions, each fenced by the lease; how many were new.
         Rows of pieces the shard no longer covers (its tail was split off) are refused
-        and not counted."""
+        and not counted, and so, on a shard planned with pieces, are rows that do not
+        say their piece."""
         inserted = 0
         for chunk in chunks(rows):
             op = uuid.uuid4()
@@ -783,11 +785,18 @@ class StoreCore(ABC):
                              for k in ("take_back", "split"))
             first_claim = _scalar(tx, self.q.FIRST_CLAIM, {"v": version})
             recent = int(_scalar(tx, self.q.RECENT, {"v": version, "since": now - window_seconds}))
+            stopped = None
+            if job.state == "ready":
+                refused = tx.one(self.q.STOPPED_BY_INPUT, {"v": version})
+                if refused is not None:
+                    error = (self._unjson(refused[1]) or {}).get("error") or "input changed since planning"
+                    stopped = f"shard {refused[0]}: {error}"
             return JobStatus(version=version, name=job.name, state=job.state, records=job.record_count,
                              results=results, dead_letters=dead, shards=shards, dead_letters_by_kind=by_kind,
                              leases_lost=lost, records_done_last_minutes=recent, window_seconds=window_seconds,
                              now=now, halt=job.halt, leases_taken_back=taken, splits=splits,
-                             started_at=float(first_claim) if first_claim is not None else None)
+                             started_at=float(first_claim) if first_claim is not None else None,
+                             stopped=stopped)
 
         return self._read(body, snapshot=True)
 

@@ -60,8 +60,11 @@ class Lease:
 
 def within(piece: int | None, first: int | None, end: int | None) -> bool:
     """Whether a record of `piece` belongs to a shard covering [first, end): always, for a
-    shard planned without pieces or a record that does not say."""
-    return piece is None or first is None or end is None or first <= piece < end
+    shard planned without pieces; never, for a record that does not say its piece when the
+    shard has pieces (it could be past a split point, where nothing of it may be written)."""
+    if first is None or end is None:
+        return True
+    return piece is not None and first <= piece < end
 
 
 @dataclass(frozen=True)
@@ -247,7 +250,7 @@ class JobStatus:
     shards: dict[str, int]
     dead_letters_by_kind: dict[str, int]
     leases_lost: int  # ran out: another worker reclaimed the shard after its lease expired
-    records_done_last_minutes: int  # in shards completed within the window
+    records_done_last_minutes: int  # outcomes workers wrote within the window, in any shard
     window_seconds: float
     now: float
 
@@ -256,6 +259,9 @@ class JobStatus:
 
     splits: int = 0  # unstarted tails split off to idle workers
     started_at: float | None = None  # the first claim of a shard of this version
+    # Why no worker can finish the version as it is, in one line: a shard whose input
+    # changed since planning (its last worker refused it, and none has claimed it since).
+    stopped: str | None = None
 
     @property
     def rate_window(self) -> float:
@@ -267,7 +273,7 @@ class JobStatus:
 
     @property
     def records_per_second(self) -> float | None:
-        """Records of shards completed within the rate window, per second; None before any claim."""
+        """Outcomes written within the rate window, per second; None before any claim."""
         if self.started_at is None:
             return None
         return self.records_done_last_minutes / self.rate_window

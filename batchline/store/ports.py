@@ -46,6 +46,10 @@ class StoreHandle(Protocol):
 
     def close(self) -> None: ...
 
+    def where(self) -> str:
+        """The store, as messages name it (no password)."""
+        ...
+
     def now(self) -> float:
         """The database's clock."""
         ...

@@ -275,6 +275,12 @@ ALTER TABLE records ADD COLUMN acl text;
 ALTER TABLE records ADD COLUMN position bigint;
 CREATE INDEX records_by_position ON records (version, position) WHERE position IS NOT NULL;
 """),
+    # Status counts the outcomes workers wrote within its window, so its rate moves
+    # while a shard is under way rather than only as whole shards complete.
+    (12, "outcomes by the time they were written", """
+CREATE INDEX results_written ON results (version, created_at) WHERE origin IS NULL;
+CREATE INDEX dead_letters_written ON dead_letters (version, created_at) WHERE worker IS NOT NULL;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -661,8 +667,18 @@ DEAD_BY_KIND = "SELECT kind, count(*) FROM dead_letters WHERE version = %(v)s GR
 LEASES_LOST = "SELECT count(*) FROM events WHERE version = %(v)s AND kind = 'lease_expired'"
 COUNT_EVENTS = "SELECT count(*) FROM events WHERE version = %(v)s AND kind = %(kind)s"
 FIRST_CLAIM = "SELECT min(ts) FROM events WHERE version = %(v)s AND kind = 'claim'"
-RECENT = ("SELECT COALESCE(sum(record_count), 0) FROM shards WHERE version = %(v)s AND state = 'done' "
-          "AND done_at >= %(since)s")
+# Outcomes computed within the window (not carried results, not the planner's dead letters).
+RECENT = ("SELECT (SELECT count(*) FROM results WHERE version = %(v)s AND created_at >= %(since)s "
+          "AND origin IS NULL) + (SELECT count(*) FROM dead_letters WHERE version = %(v)s "
+          "AND created_at >= %(since)s AND worker IS NOT NULL)")
+# The newest refusal of a changed input on a shard not done that nobody has claimed since.
+STOPPED_BY_INPUT = """
+SELECT e.shard_no, e.detail FROM events e
+JOIN shards s ON s.version = e.version AND s.shard_no = e.shard_no AND s.state <> 'done'
+WHERE e.version = %(v)s AND e.kind = 'input_changed'
+  AND NOT EXISTS (SELECT 1 FROM events c WHERE c.version = e.version AND c.kind = 'claim'
+                  AND c.shard_no = e.shard_no AND c.id > e.id)
+ORDER BY e.id DESC LIMIT 1"""
 SHARD_ROWS = ("SELECT shard_no, state, owner, epoch, lease_expires, claims, record_count, results_count, "
               "dead_count, route, batch ->> 'batch_id', poll_at FROM shards WHERE version = %(v)s ORDER BY shard_no")
 ROUTE_TOTALS = ("SELECT route, count(*), sum(record_count), sum(results_count), sum(carried), sum(dead_count), "

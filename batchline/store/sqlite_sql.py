@@ -242,6 +242,14 @@ ALTER TABLE records ADD COLUMN acl TEXT;
 ALTER TABLE records ADD COLUMN position INTEGER;
 CREATE INDEX IF NOT EXISTS records_by_position ON records (version, position) WHERE position IS NOT NULL;
 """),
+    # Status counts the outcomes workers wrote within its window, so its rate moves
+    # while a shard is under way rather than only as whole shards complete. The column
+    # of each index's condition is in it too: SQLite reads the table to test it otherwise.
+    (10, "outcomes by the time they were written", """
+CREATE INDEX IF NOT EXISTS results_written ON results (version, created_at, origin) WHERE origin IS NULL;
+CREATE INDEX IF NOT EXISTS dead_letters_written ON dead_letters (version, created_at, worker)
+    WHERE worker IS NOT NULL;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -452,8 +460,18 @@ DEAD_BY_KIND = "SELECT kind, COUNT(*) FROM dead_letters WHERE version = :v GROUP
 LEASES_LOST = "SELECT COUNT(*) FROM events WHERE version = :v AND kind = 'lease_expired'"
 COUNT_EVENTS = "SELECT COUNT(*) FROM events WHERE version = :v AND kind = :kind"
 FIRST_CLAIM = "SELECT MIN(ts) FROM events WHERE version = :v AND kind = 'claim'"
-RECENT = ("SELECT COALESCE(SUM(record_count), 0) FROM shards WHERE version = :v AND state = 'done' "
-          "AND done_at >= :since")
+# Outcomes computed within the window (not carried results, not the planner's dead letters).
+RECENT = ("SELECT (SELECT COUNT(*) FROM results WHERE version = :v AND created_at >= :since AND origin IS NULL) "
+          "+ (SELECT COUNT(*) FROM dead_letters WHERE version = :v AND created_at >= :since "
+          "AND worker IS NOT NULL)")
+# The newest refusal of a changed input on a shard not done that nobody has claimed since.
+STOPPED_BY_INPUT = """
+SELECT e.shard_no, e.detail FROM events e
+JOIN shards s ON s.version = e.version AND s.shard_no = e.shard_no AND s.state <> 'done'
+WHERE e.version = :v AND e.kind = 'input_changed'
+  AND NOT EXISTS (SELECT 1 FROM events c WHERE c.version = e.version AND c.kind = 'claim'
+                  AND c.shard_no = e.shard_no AND c.id > e.id)
+ORDER BY e.id DESC LIMIT 1"""
 SHARD_ROWS = ("SELECT shard_no, state, owner, epoch, lease_expires, claims, record_count, results_count, "
               "dead_count, route, json_extract(batch, '$.batch_id'), poll_at FROM shards WHERE version = :v "
               "ORDER BY shard_no")
