@@ -235,7 +235,8 @@ class Jobs:
     def publish(self, version: str, *, force: bool = False, reason: str | None = None,
                 log: Callable[[str], None] = _stderr) -> PublishResult:
         """Points the job's name (and its view) at a sealed version whose latest validation
-        passed; `force` with a `reason` publishes without one."""
+        passed; `force` with a `reason` publishes without one. The version published
+        already is left as it is and history records nothing (`changed` is False)."""
         from batchline.publish.pointer import publish
 
         with self._opened() as s:
@@ -245,10 +246,12 @@ class Jobs:
                              ) -> tuple[ValidationReport | None, PublishResult | None]:
         """Validates and, if it passes, publishes; `log` gets the validation table first.
         A version its name shows already is left as it is: (None, None)."""
+        from batchline.publish.pointer import PublishResult
+
         with self._opened() as s:
             info = s.job(version)
             if info is not None and s.resolve_name(info.name) == version:
-                log(f"{version} is published as {info.name} already")
+                log(PublishResult(info.name, version, version, ()).summary())
                 return None, None
         report = self.validate(version)
         log(report.table())
@@ -257,7 +260,8 @@ class Jobs:
         return report, self.publish(version, log=log)
 
     def rollback(self, name: str, *, reason: str | None = None) -> tuple[str, str]:
-        """Points `name` back at the version published before the current one: (from, to)."""
+        """Points `name` back at the version published before the current one: (from, to),
+        never the current one itself; refused when there is none."""
         from batchline.publish.pointer import rollback
 
         with self._opened() as s:

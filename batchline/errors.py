@@ -41,6 +41,15 @@ class StoreError(BatchlineError):
     exit_code = 4
 
 
+class PublicationMoved(StoreError):
+    """A publish or rollback was refused because the name's publication is no longer the
+    one its publisher read before it moved the targets: another publish or rollback of
+    the name came in between. Nothing is recorded, and the targets are put back; the
+    publisher reads the name again (`batchline history NAME`) and decides anew."""
+
+    exit_code = 9
+
+
 class EngineFatal(BatchlineError):
     """The engine cannot go on (process gone, weights wrong, server unreachable).
 
@@ -57,6 +66,18 @@ class VersionHalted(BatchlineError):
     it; `batchline resume` (with a changed bound) or `batchline cancel` ends the halt."""
 
     exit_code = 7
+
+
+class NoSuchVersion(BatchlineError):
+    """A worker (or a launcher) was given a job version the store does not have. No
+    worker started later would find it either, so it is fatal, not "no work left" (0),
+    which a Kubernetes Job would show as Complete. 66 as sysexits' EX_NOUSER: no such
+    addressee."""
+
+    exit_code = 66
+
+    def __init__(self, version: str, where: str) -> None:
+        super().__init__(f"no job version {version!r} in {where}")
 
 
 class EngineCrashed(Exception):

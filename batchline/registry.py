@@ -163,6 +163,7 @@ SOURCES = _table(
     Plugin("objects", "batchline.sources.objects:OBJECTS", "lake"),
     Plugin("iceberg", "batchline.sources.iceberg:ICEBERG", "iceberg"),
     Plugin("delta", "batchline.sources.delta:DELTA", "delta"),
+    Plugin("job", "batchline.sources.job:JOB"),
 )
 
 # Where readers see a published version besides the store's own view.

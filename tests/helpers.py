@@ -13,11 +13,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchline.plan.planner import plan
 from batchline.spec import JobSpec, load_spec
 from batchline.store import Store
+
+if TYPE_CHECKING:
+    import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TICKET_SCHEMA = ROOT / "examples" / "tickets" / "triage.schema.json"
@@ -257,6 +260,24 @@ def workers_until_done(store_url: str, version: str, log_dir: Path, n: int = 2, 
             assert p.wait(timeout=timeout) == 0
     finally:
         stop_all(procs)
+
+
+def before_the_store_records(monkeypatch: pytest.MonkeyPatch, store: Store, operation: str,
+                             other: Callable[[], Any]) -> list[Any]:
+    """Runs `other` (another publisher) once, after the publish path has moved every target
+    and just before it asks `store` to record the publication (`operation`: "publish" or
+    "rollback"): two publishers interleaved deterministically, not raced. Returns what
+    `other` returned, once it has run."""
+    recorded = getattr(store, operation)
+    ran: list[Any] = []
+
+    def between(*args: Any, **kwargs: Any) -> Any:
+        if not ran:
+            ran.append(other())
+        return recorded(*args, **kwargs)
+
+    monkeypatch.setattr(store, operation, between)
+    return ran
 
 
 def read_during_switches(store: Store, name: str, other: str, read_until: Callable[[threading.Event], None],

@@ -17,7 +17,13 @@ import psycopg
 import pytest
 
 from batchline.store import Store, open_store
-from batchline.store.ports import OutcomeWriter, ProviderParking, RuntimePins, ShardLeases
+from batchline.store.ports import (
+    OutcomeWriter,
+    ProviderParking,
+    RuntimePins,
+    ShardInput,
+    ShardLeases,
+)
 from tests.helpers import PG_ADMIN_URL
 
 SQLITE = "sqlite"
@@ -29,7 +35,7 @@ CONTRACT_STORES = [*STORES, pytest.param(WORKER_ROLE, marks=pytest.mark.postgres
 
 # What a worker may call, from the port itself rather than a list kept by hand.
 WORKER_METHODS = frozenset(
-    name for port in (ShardLeases, OutcomeWriter, ProviderParking, RuntimePins) for name in vars(port)
+    name for port in (ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins) for name in vars(port)
     if not name.startswith("_"))
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import FrameType
 
 from batchline.cli.common import add_store_option
-from batchline.errors import BatchlineError
+from batchline.errors import BatchlineError, NoSuchVersion
 from batchline.spec import stored_spec
 from batchline.store import default_url, open_store
 
@@ -96,7 +96,7 @@ def cmd_launch_ray(args: argparse.Namespace) -> int:
     store = open_store(url, create=False)
     try:
         if store.job(args.job) is None:
-            raise BatchlineError(f"no job version {args.job!r} in the store")
+            raise NoSuchVersion(args.job, store.where())
     finally:
         store.close()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launch %(message)s", stream=sys.stderr)
@@ -148,7 +148,7 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
         finally:
             store.close()
         if job is None:
-            raise BatchlineError(f"no job version {args.job!r} in the store")
+            raise NoSuchVersion(args.job, store.where())
         grace = stored_spec(job).shards.grace_seconds
     text = to_yaml(render(K8sOptions(
         version=args.job or (schedule.job_name if schedule else ""), workers=args.workers, image=args.image,

@@ -272,6 +272,8 @@ def status_dict(st: JobStatus) -> dict[str, Any]:
         # shorter); null before any shard was claimed.
         "records_per_second": st.records_per_second, "rate_window_seconds": st.rate_window,
         "halt": st.halt.to_json() if st.halt else None,
+        # Why no worker can finish it as it is (a shard's input changed), or null.
+        "stopped": st.stopped,
     }
 
 

@@ -113,7 +113,7 @@ def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[s
     which ends it with the halt's line and exit 7).
 
     The rate is measured over the last minute of this watch's own samples (the
-    store's figure counts whole shards, which is coarse while shards are big),
+    store's figure, outcomes written within its window, before a second has passed),
     and the ETA is measured against the spec's deadline when it has one.
     """
     from batchline.ops.runner import RATE_WINDOW_SECONDS, progress_line

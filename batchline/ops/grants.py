@@ -6,8 +6,9 @@ here can claim and renew its version's shards, insert results, dead letters,
 attempts and events for that version, seal it when its last shard
 completes, and halt it when its dead letters pass its bound; nothing else
 (resuming a halted version is the owner's). It cannot update or delete a result, publish (the
-`pointers`, `publications` and `validations` tables are closed to it), read
-the planned records, or see any row of another version: every table that holds
+`pointers`, `publications` and `validations` tables are closed to it), write
+a planned record (it reads its own version's, where the store holds its input:
+a job over a published job), or see any row of another version: every table that holds
 many jobs has row-level security, and the policies made here admit this role
 to this version's rows only. The store's owner is not subject to row-level
 security and keeps doing planning, validation and publication.

@@ -201,7 +201,10 @@ def progress_line(st: JobStatus, rate: float | None, alive: int | None, elapsed:
     done = st.results + st.dead_letters
     pct = 100.0 * done / st.records if st.records else 100.0
     parts = [f"{done:,}/{st.records:,} records ({pct:.1f}%)"]
-    if rate is not None:
+    if st.stopped is not None:
+        # No worker gets past what stopped it: a rate and an ETA would promise an end.
+        parts.append(f"stopped: {st.stopped}")
+    elif rate is not None:
         parts.append(f"{rate:,.1f} rec/s")
         remaining = st.records - done
         if remaining and rate > 0:

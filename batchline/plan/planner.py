@@ -27,9 +27,10 @@ from batchline.snapshot import (
     scan,
     scan_with_header,
     shared_columns,
+    stored_input,
 )
-from batchline.sources import Snapshot, Source, snapshot_digest
-from batchline.spec import LOCAL_ROUTE, JobSpec, stored_spec
+from batchline.sources import Snapshot, Source, StoredRows, snapshot_digest
+from batchline.spec import LOCAL_ROUTE, STORED, JobSpec, stored_spec
 from batchline.store import DeadLetterRow, DuplicateRecord, PlannedRecord, PlannedShard, Store
 from batchline.store.ports import PlanWriter
 
@@ -71,7 +72,8 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
         writer.abort()
         raise
     log(f"planned {version}: {result.records} records in {result.shards} shards"
-        + (f", {result.dead_letters} over the length cap" if result.dead_letters else ""))
+        + (f", {result.dead_letters} dead letters at planning (over the length cap, or without text)"
+           if result.dead_letters else ""))
     if spec.routing is not None:
         log(routes_summary(spec, result.routes))
     return result
@@ -143,6 +145,9 @@ def estimate_records(source: Source, fmt: str) -> int:
     whole reads of every object)."""
     if fmt == "parquet":
         return sum(parquet_row_groups(source))
+    if fmt == STORED:
+        rows: StoredRows = source  # type: ignore[assignment]  # a source of format `store` is one
+        return sum(1 for _ in rows.rows())
     pin = source.slice_pin()  # an object's pin, taken once at planning
     if pin is not None:
         size = pin.size
@@ -164,6 +169,7 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
     slices: dict[int, Slice] = {}
     per_route: dict[str, int] = {}
     parquet = spec.input.format == "parquet"
+    stored = spec.input.format == STORED  # kept in the version's own records, for its workers
 
     pieces = 0
     occurrences = _Occurrences() if spec.input.ids == "content" else None
@@ -175,8 +181,10 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
                 chunk = occurrences.number(chunk)
             first, last = chunk[0], chunk[-1]
             batch = [s.record for s in chunk]
-            over = {r.id for r in batch if byte_bound is not None and len(r.text.encode()) > byte_bound}
-            digest, shard_pieces = _digests(source, chunk, spec, pieces, over)
+            over = {r.id for r in batch if r.missing is None and byte_bound is not None
+                    and len(r.text.encode()) > byte_bound}
+            missing = {r.id for r in batch if r.missing is not None}
+            digest, shard_pieces = _digests(source, chunk, spec, pieces, over | missing)
             sl = Slice(path=source.location, format=spec.input.format, start=first.start, end=last.end,
                        columns=shared_columns(source),
                        first_line=first.record.line, digest=digest, header=header,
@@ -187,18 +195,20 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
                                             first_piece=pieces, end_piece=pieces + len(shard_pieces))])
             pieces += len(shard_pieces)
             try:
-                writer.add_records([PlannedRecord(r.id, shard_no, r.content_hash) for r in batch])
+                writer.add_records([PlannedRecord(s.record.id, shard_no, s.record.content_hash,
+                                                  stored_input(s) if stored else None) for s in chunk])
             except DuplicateRecord as dup:
                 raise _duplicate_error(dup, batch, slices, spec) from None
-            too_long = [
+            planned_dead = [
                 DeadLetterRow(r.id, "too_long",
                               f"{len(r.text.encode())} bytes of text is surely over max_input_tokens={cap} "
                               f"(planner bound: {spec.input.max_bytes_per_token} bytes per token)", r.acl)
-                for r in batch if r.id in over
+                if r.id in over else DeadLetterRow(r.id, "missing_text", str(r.missing), r.acl)
+                for r in batch if r.id in over or r.id in missing
             ]
-            if too_long:
-                writer.add_dead_letters(shard_no, too_long)
-            dead_total += len(too_long)
+            if planned_dead:
+                writer.add_dead_letters(shard_no, planned_dead)
+            dead_total += len(planned_dead)
             records += len(batch)
             shard_no += 1
     if records == 0:
@@ -209,11 +219,11 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
 def _digests(source: Source, chunk: list[ScannedRecord], spec: JobSpec, first_no: int,
              over: set[str]) -> tuple[str, tuple[Piece, ...]]:
     """The shard's digest and its pieces, each with its own digest: for text formats the
-    bytes, for Parquet the ids and content hashes."""
+    bytes, for Parquet and records the store holds the ids and content hashes."""
     size = -(-len(chunk) // PIECES_PER_SHARD)
     groups = [chunk[i:i + size] for i in range(0, len(chunk), size)]
     digest_of: Callable[[list[ScannedRecord]], str]
-    if spec.input.format == "parquet":
+    if spec.input.format in ("parquet", STORED):
         def digest_of(items: list[ScannedRecord]) -> str:
             return parquet_slice_digest([s.record for s in items])
     elif spec.routing is None:

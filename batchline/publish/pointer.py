@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchline.errors import BatchlineError
+from batchline.sources import versions_read
 from batchline.spec import stored_spec
 from batchline.store import PublisherStore
+from batchline.store.model import Publication, rollback_target
 from batchline.targets import PublicationTarget, targets_for
 
 
@@ -30,7 +32,14 @@ class PublishResult:
     removed: tuple[str, ...]
     shown: tuple[str, ...] = ()  # each target, as it now shows the version
 
+    @property
+    def changed(self) -> bool:
+        """False when the version was published already: nothing moved, nothing recorded."""
+        return self.previous != self.version
+
     def summary(self) -> str:
+        if not self.changed:
+            return f"{self.version} is published as {self.name} already; nothing changed"
         lines = [f"published {self.version} as {self.name}" + (f" (was {self.previous})" if self.previous else "")]
         return "\n".join(lines + [f"  {line}" for line in self.shown])
 
@@ -41,7 +50,8 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
     """Moves the name's pointer to `version` once it is sealed and validated; each target
     (by default those the version's spec names) first gets the version staged, then
     shown, and the store records what each shows as it moves the pointer. A store
-    that refuses puts the targets back."""
+    that refuses puts the targets back. The version published already is left as it
+    is, and nothing is recorded (the result's `changed` is False)."""
     info = store.job(version)
     if info is None:
         raise BatchlineError(f"no job version {version!r} in {store.url}")
@@ -61,17 +71,32 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
             failed = ", ".join(c["name"] for c in latest.report.get("checks", []) if not c["passed"])
             raise BatchlineError(f"{version} failed its latest validation ({failed}); "
                                  "fix it, or publish with --force --reason")
+    history = store.publications(info.name)
+    if history and history[-1].version == version:
+        # Published already: nothing is staged or moved and history records nothing, once
+        # the store has confirmed, under the name's lock, that no publisher moved it since.
+        store.publish(info.name, version, who(), None, None, expected=history[-1].id)
+        return PublishResult(info.name, version, version, ())
     for target in targets:
         target.stage(store, version)
-    recorded = _recorded(store, info.name)
+    # What the name's history is before any target moves: the store records this publish
+    # only if it is still its latest publication when the pointer moves, so two
+    # publishers of one name never leave the targets showing one version and the store
+    # another. The store's lock is not held meanwhile: a catalog in the store's own
+    # database (SQLite's one writer) could not commit under it.
+    history = store.publications(info.name)
+    expected = history[-1].id if history else None
+    recorded = _recorded(history)
     shown = _show(info.name, version, targets, recorded)
     try:
         previous = store.publish(info.name, version, who(), reason if force else None,
-                                 latest.report if latest else None, targets=shown or None)
+                                 latest.report if latest else None, expected=expected, targets=shown or None)
     except BaseException as exc:
         _put_back(info.name, targets, shown, recorded, exc)
         raise
-    removed = prune(store, info.name, stored_spec(info).retention.versions, log=log, targets=targets)
+    removed: tuple[str, ...] = ()
+    if previous != version:  # the store says `version` itself when another publisher published it meanwhile
+        removed = prune(store, info.name, stored_spec(info).retention.versions, log=log, targets=targets)
     return PublishResult(info.name, version, previous, removed,
                          tuple(f"{t.describe()}: {_state_line(shown.get(t.key))}" for t in targets))
 
@@ -84,35 +109,33 @@ def rollback(store: PublisherStore, name: str, reason: str | None = None,
              targets: Sequence[PublicationTarget] | None = None) -> tuple[str, str]:
     """Points `name` back at the version published before the current one, and each
     target (by default those the current version's spec names) with it."""
-    current = store.resolve_name(name)
+    # The same compare-and-set as publish: the current version, the one to return to and
+    # what the targets show all come from this one read of the history.
+    history = store.publications(name)
+    expected = history[-1].id if history else None
+    current = history[-1].version if history else None
     if targets is None:
         info = store.job(current) if current is not None else None
         targets = targets_for(stored_spec(info), store.url) if info is not None else []
-    if not targets:
-        return store.rollback(name, who(), reason)
-    back_to = next((p.previous for p in reversed(store.publications(name))
-                    if p.version == current and p.action == "publish"), None)
-    if current is None or back_to is None:
-        return store.rollback(name, who(), reason)  # refused there, in the store's words
+    back_to = rollback_target(history, current)
+    if current is None or back_to is None or not targets:
+        return store.rollback(name, who(), reason, expected=expected)  # refused there, in the store's words
     for target in targets:
         target.stage(store, back_to)  # staged when it was published, unless the target is new
-    recorded = _recorded(store, name)
+    recorded = _recorded(history)
     shown = _show(name, back_to, targets, recorded)
     try:
-        moved = store.rollback(name, who(), reason, targets=shown)
+        # The store, finding the history as read, returns to the same version by the same rule.
+        return store.rollback(name, who(), reason, expected=expected, targets=shown)
     except BaseException as exc:
         _put_back(name, targets, shown, recorded, exc)
         raise
-    if moved != (current, back_to):
-        raise BatchlineError(f"{name}: another publish moved it meanwhile ({moved[0]} to {moved[1]}); the "
-                             f"targets show {back_to}: publish again to bring them in line")
-    return moved
 
 
-def _recorded(store: PublisherStore, name: str) -> dict[str, Any]:
+def _recorded(history: Sequence[Publication]) -> dict[str, Any]:
     """What each target showed after the last publication that recorded it."""
     recorded: dict[str, Any] = {}
-    for pub in store.publications(name):
+    for pub in history:
         recorded.update(pub.targets or {})
     return recorded
 
@@ -134,7 +157,8 @@ def _show(name: str, version: str, targets: Sequence[PublicationTarget],
 def _put_back(name: str, targets: Sequence[PublicationTarget], shown: dict[str, Any],
               recorded: dict[str, Any], cause: BaseException) -> None:
     """Puts each target that was shown back to what the store recorded: the store did not
-    move, so neither may they. A target that cannot be put back is said in one line."""
+    record this publish (it failed, or another publisher of the name came in between), so
+    no target may show it. A target that cannot be put back is said in one line."""
     failed = []
     for target in targets:
         if target.key not in shown:
@@ -151,15 +175,14 @@ def _put_back(name: str, targets: Sequence[PublicationTarget], shown: dict[str, 
 def prune(store: PublisherStore, name: str, keep: int, *, log: Callable[[str], None] = lambda _m: None,
           targets: Sequence[PublicationTarget] = ()) -> tuple[str, ...]:
     """Removes sealed versions of `name` beyond the newest `keep`, never the published
-    one or the one a rollback would return to."""
+    one, the one a rollback would return to, or one that a version not sealed yet reads
+    (a job over this one, planned on it)."""
     current = store.resolve_name(name)
     history = store.publications(name)
-    protected = {current}
-    for pub in reversed(history):
-        if pub.version == current:
-            protected.add(pub.previous)
-            break
-    versions = sorted((j for j in store.jobs() if j.name == name), key=lambda j: j.created_at, reverse=True)
+    protected = {current, rollback_target(history, current)}
+    jobs = store.jobs()
+    protected.update(v for j in jobs if j.state == "ready" for v in versions_read(j.spec.get("input", {})))
+    versions = sorted((j for j in jobs if j.name == name), key=lambda j: j.created_at, reverse=True)
     removed = []
     for job in versions[keep:]:
         if job.version in protected or job.state != "sealed":

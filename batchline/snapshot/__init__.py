@@ -9,6 +9,7 @@ from batchline.snapshot.reading import (
     Record,
     ScannedRecord,
     Slice,
+    StoredReader,
     content_hash,
     file_digest,
     input_pins,
@@ -22,8 +23,9 @@ from batchline.snapshot.reading import (
     scan,
     scan_with_header,
     shared_columns,
+    stored_input,
 )
 
-__all__ = ["PIECES_PER_SHARD", "Piece", "Record", "ScannedRecord", "Slice", "content_hash", "file_digest", "input_pins", "input_sources",
+__all__ = ["PIECES_PER_SHARD", "Piece", "Record", "ScannedRecord", "Slice", "StoredReader", "content_hash", "file_digest", "input_pins", "input_sources",
            "parquet_row_groups", "parquet_slice_digest", "pinned_snapshot", "pinned_sources", "read_bytes", "read_slice", "scan",
-           "scan_with_header", "shared_columns"]
+           "scan_with_header", "shared_columns", "stored_input"]

@@ -16,7 +16,7 @@ import hashlib
 import io
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -25,9 +25,18 @@ import orjson
 
 from batchline.errors import InputError, SourceUnavailable
 from batchline.snapshot.openai_batch import messages_hash_text, parse_request
-from batchline.sources import Pin, Snapshot, Source, SourceContext, open_source, snapshot_digest
+from batchline.sources import (
+    Pin,
+    Snapshot,
+    Source,
+    SourceContext,
+    StoredRows,
+    open_source,
+    snapshot_digest,
+)
 from batchline.sources.base import WithColumns
-from batchline.spec import OPENAI_BATCH, InputSpec, RoutingSpec
+from batchline.spec import OPENAI_BATCH, STORED, InputSpec, RoutingSpec
+from batchline.store import InputRecord
 
 # The slice a worker checks must be read whole before any record is parsed, so
 # a shard of a text format is bounded in bytes as well as in records.
@@ -49,6 +58,9 @@ class Record:
     # `text` is then the last user message.
     messages: tuple[dict[str, Any], ...] | None = None
     piece: int | None = None  # the piece of its shard it was read from (see Piece)
+    # Why the record has no text to read (an input read from the store whose chosen field
+    # is missing or null): the planner dead-letters it.
+    missing: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,7 +138,7 @@ class Slice:
                    pin=Pin.from_json(pin) if pin is not None else None, columns=dict(data.get("columns", {})))
 
     def describe(self) -> str:
-        unit = "rows" if self.format == "parquet" else "bytes"
+        unit = "rows" if self.format in ("parquet", STORED) else "bytes"
         return f"{self.path}:{self.first_line} ({unit} {self.start}-{self.end})"
 
 
@@ -204,6 +216,8 @@ def scan(source: Source | str, spec: InputSpec) -> Iterator[ScannedRecord]:
     source = open_source(source, spec.storage) if isinstance(source, str) else source
     if spec.format in ("jsonl", OPENAI_BATCH):
         yield from _scan_jsonl(source, spec)
+    elif spec.format == STORED:
+        yield from _scan_stored(source, spec)
     elif spec.format == "csv":
         yield from _scan_csv(source, spec)
     else:
@@ -523,6 +537,26 @@ def _scan_parquet(source: Source, spec: InputSpec) -> Iterator[ScannedRecord]:
                     yield ScannedRecord(_record({**obj, **shared}, path, row, spec), row - 1, row)
 
 
+# A record without text has no content to match a base version's: its hash is none a text has.
+NO_CONTENT = "-"
+
+
+def _scan_stored(source: Source, spec: InputSpec) -> Iterator[ScannedRecord]:
+    """An input the store holds: each row at its position (a row number, as for Parquet)."""
+    rows: StoredRows = source  # type: ignore[assignment]  # a source of format `store` is one
+    for position, row in enumerate(rows.rows()):
+        text = row.text if row.text is not None else ""
+        digest = content_hash(text, row.acl) if row.missing is None else NO_CONTENT
+        yield ScannedRecord(Record(row.id, text, row.acl, digest, position + 1, missing=row.missing),
+                            position, position + 1)
+
+
+def stored_input(scanned: ScannedRecord) -> InputRecord:
+    """A scanned record of an input the store holds, as the version's own records keep it."""
+    r = scanned.record
+    return InputRecord(r.id, None if r.missing else r.text, r.acl, r.content_hash, scanned.start)
+
+
 def parquet_slice_digest(records: Sequence[Record]) -> str:
     h = hashlib.sha256()
     for r in records:
@@ -533,13 +567,22 @@ def parquet_slice_digest(records: Sequence[Record]) -> str:
 # --- reading a slice (workers) -------------------------------------------------
 
 
-def read_slice(sl: Slice, spec: InputSpec, routing: RoutingSpec | None = None) -> list[Record]:
-    """The records of one shard, after checking the slice's digest (or each piece's)."""
+# Where a worker reads a shard's records when the store holds its input: the version's own
+# records at positions [start, end).
+StoredReader = Callable[[int, int], Sequence[InputRecord]]
+
+
+def read_slice(sl: Slice, spec: InputSpec, routing: RoutingSpec | None = None,
+               stored: StoredReader | None = None) -> list[Record]:
+    """The records of one shard, after checking the slice's digest (or each piece's);
+    `stored` reads them where the store holds the input."""
+    if sl.format == STORED and stored is None:
+        raise InputError(f"{sl.describe()}: this shard's records are in the store, and were read without it")
     if sl.route is not None and routing is None:
         raise InputError(f"shard of route {sl.route!r} read without the job's routing rules")
     if sl.pieces:
-        return _read_pieces(sl, spec, routing)
-    records = _read_slice(sl, spec)
+        return _read_pieces(sl, spec, routing, stored)
+    records = _read_slice(sl, spec, stored)
     if sl.route is None:
         return records
     assert routing is not None
@@ -549,13 +592,19 @@ def read_slice(sl: Slice, spec: InputSpec, routing: RoutingSpec | None = None) -
     return mine
 
 
-def _read_pieces(sl: Slice, spec: InputSpec, routing: RoutingSpec | None) -> list[Record]:
+def _read_pieces(sl: Slice, spec: InputSpec, routing: RoutingSpec | None,
+                 stored: StoredReader | None = None) -> list[Record]:
     """One read of the pieces' whole range; each piece's records checked against its digest."""
-    source = _slice_source(sl, spec)
     start, end = sl.pieces[0].start, sl.pieces[-1].end
-    parquet = sl.format == "parquet"
-    rows = _read_parquet_rows(source, start, end, spec) if parquet else None
-    data = b"" if parquet else source.read(start, end)
+    parquet = sl.format in ("parquet", STORED)  # records by row, digested by id and content hash
+    rows: list[Record] | None
+    if sl.format == STORED:
+        assert stored is not None
+        rows, data = _stored_rows(sl, stored, start, end), b""
+    else:
+        source = _slice_source(sl, spec)
+        rows = _read_parquet_rows(source, start, end, spec) if parquet else None
+        data = b"" if parquet else source.read(start, end)
     out: list[Record] = []
     for p in sl.pieces:
         where = (f"{sl.path}:{p.first_line}: input changed since planning (the {p.records} records from "
@@ -596,9 +645,24 @@ def _parse_text(data: bytes, sl: Slice, offset: int, first_line: int, spec: Inpu
     return [s.record for s in _csv_records(io.BytesIO(data), sl.path, offset, first_line, sl.header, spec)]
 
 
-def _read_slice(sl: Slice, spec: InputSpec) -> list[Record]:
-    source = _slice_source(sl, spec)
+def _stored_rows(sl: Slice, stored: StoredReader, start: int, end: int) -> list[Record]:
+    """The version's own records at positions [start, end): what planning copied there."""
+    out = [Record(r.record_id, r.text if r.text is not None else "", r.acl, r.content_hash, r.position + 1,
+                  missing=None if r.text is not None else "no text") for r in stored(start, end)]
+    if len(out) != end - start:
+        raise InputError(f"{sl.describe()}: the store holds {len(out)} of the shard's {end - start} records")
+    return out
+
+
+def _read_slice(sl: Slice, spec: InputSpec, stored: StoredReader | None = None) -> list[Record]:
     changed = f"input changed since planning: {sl.describe()}"
+    if sl.format == STORED:
+        assert stored is not None
+        records = _stored_rows(sl, stored, sl.start, sl.end)
+        if parquet_slice_digest(records) != sl.digest:
+            raise InputError(changed)
+        return records
+    source = _slice_source(sl, spec)
     if sl.format == "parquet":
         records = _read_parquet_rows(source, sl.start, sl.end, spec)
         if sl.route is None and parquet_slice_digest(records) != sl.digest:

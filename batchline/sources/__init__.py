@@ -26,14 +26,16 @@ from batchline.sources.base import (
     Source,
     SourceContext,
     SourceFamily,
+    StoredRow,
+    StoredRows,
 )
 
 if TYPE_CHECKING:
     from batchline.spec.reader import SpecReader
 
 __all__ = ["FileSet", "InputSource", "KeyedFamily", "LocationFamily", "ParseContext", "Pin", "Snapshot", "Source",
-           "SourceContext", "SourceFamily", "families", "is_remote", "keyed_families", "location_family",
-           "open_source", "snapshot_digest"]
+           "SourceContext", "SourceFamily", "StoredRow", "StoredRows", "families", "is_remote", "keyed_families", "location_family",
+           "open_source", "snapshot_digest", "versions_read"]
 
 
 def families() -> list[SourceFamily]:
@@ -70,6 +72,11 @@ def open_source(location: str, storage: Mapping[str, Any] | None = None, pin: Pi
     """The source at `location`, reached with the job's `input.storage` settings (and the
     environment), read conditional on `pin` when one is given."""
     return location_family(location).open(location, storage, pin)
+
+
+def versions_read(section: Mapping[str, Any]) -> list[str]:
+    """The job versions of the store a stored input section reads, as its families say."""
+    return [v for f in families() for v in f.reads_versions(section)]
 
 
 def upload(path: Path, location: str, storage: Mapping[str, Any] | None = None) -> None:

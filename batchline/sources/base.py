@@ -22,7 +22,7 @@ plug-in moves no version.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Protocol
@@ -88,6 +88,29 @@ class Source(Protocol):
     def slice_pin(self) -> Pin | None:
         """The pin a shard's slice carries, so a worker's reads are conditional on it
         (None for a local file: its slices' digests are checked instead)."""
+        ...
+
+
+@dataclass(frozen=True)
+class StoredRow:
+    """A record of an input read from the store (a job over a published job), as its
+    source hands it to the planner."""
+
+    id: str
+    text: str | None  # None: the record has none to read (`missing` says why)
+    acl: Any
+    missing: str | None = None
+
+
+class StoredRows(Protocol):
+    """A source whose records are rows the store holds (its `format` is `store`): the
+    planner reads them in order, copies them into the version's own records, and a
+    worker reads its shard's from there."""
+
+    location: str
+
+    def rows(self) -> Iterator[StoredRow]:
+        """Every record, in the input's order."""
         ...
 
 
@@ -165,6 +188,12 @@ class SourceFamily:
         machine, a catalog only this machine reaches), or None: `launch k8s --schedule`
         refuses a spec its pods would fail on."""
         return None
+
+    def reads_versions(self, section: Mapping[str, Any]) -> list[str]:
+        """The job versions of the store that the part of a stored input section this family
+        owns reads (a job over a published job): retention keeps each while a version
+        planned on it is not sealed."""
+        return []
 
 
 class LocationFamily(SourceFamily, ABC):

@@ -6,6 +6,7 @@ from batchline.spec.model import (
     LOCAL_ROUTE,
     OPENAI_BATCH,
     PENALTY_DEFAULTS,
+    STORED,
     ChatRules,
     DecodingSpec,
     EvalSpec,
@@ -26,6 +27,7 @@ from batchline.spec.parse import (
     stored_spec,
 )
 
-__all__ = ["LOCAL_ROUTE", "OPENAI_BATCH", "PENALTY_DEFAULTS", "ChatRules", "DecodingSpec", "EvalSpec", "InputSpec",
-           "JobSpec", "ModelSpec", "ProviderSpec", "RoutingSpec", "ShardSpec", "canonical_json", "check_abort_rate", "load_spec",
+__all__ = ["LOCAL_ROUTE", "OPENAI_BATCH", "PENALTY_DEFAULTS", "STORED", "ChatRules", "DecodingSpec", "EvalSpec",
+           "InputSpec", "JobSpec", "ModelSpec", "ProviderSpec", "RoutingSpec", "ShardSpec", "canonical_json",
+           "check_abort_rate", "load_spec",
            "parse_spec", "spec_from_store", "stop_sequences", "stored_spec"]

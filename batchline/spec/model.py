@@ -32,6 +32,9 @@ TEXT_FORMATS = ("jsonl", "csv")
 # guessed from a suffix since such a file is also plain JSONL.
 OPENAI_BATCH = "openai-batch"
 FORMATS = (*TEXT_FORMATS, "parquet", OPENAI_BATCH)
+# Records read from the store itself (a job over a published job): a source that reads
+# so says it (`InputSource.format`); it is never written in a spec.
+STORED = "store"
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip", ".snappy")
 
 # The planner's cheap length bound: a record whose UTF-8 text is longer than

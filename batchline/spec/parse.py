@@ -37,6 +37,7 @@ from batchline.spec.model import (
     OPENAI_BATCH,
     PENALTY_DEFAULTS,
     ROUTE_NAME,
+    STORED,
     ChatRules,
     DecodingSpec,
     DriftSpec,
@@ -311,6 +312,8 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     ret = r.section(top.get("retention", {}) or {}, "retention", RETENTION_FIELDS)
     retention = RetentionSpec(versions=r.integer(ret.get("versions", RetentionSpec.versions), "retention.versions", 2))
     routing = _parse_routing(r, top["routing"]) if top.get("routing") is not None else None
+    if routing is not None and input_spec.format == STORED:
+        r.fail("routing", f"is not supported with {input_spec.describe()} yet: its records have no class field")
     for provider in routing.providers if routing is not None else ():
         refusal = unhonoured_knob(PROVIDERS[provider.api], decoding.knobs(), "provider")
         if refusal:

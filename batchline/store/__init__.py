@@ -14,6 +14,7 @@ from batchline.store.model import (
     DuplicateRecord,
     Event,
     Halt,
+    InputRecord,
     JobInfo,
     JobStatus,
     Lease,
@@ -40,7 +41,8 @@ DEFAULT_URL = "sqlite:///batchline.db"
 
 __all__ = [
     "DEFAULT_URL", "ChargeResult", "DeadLetterBound", "DeadLetterRow", "DuplicateRecord", "Event", "Halt",
-    "JobInfo", "JobStatus", "Lease", "LeaseHolder", "LeaseLost", "PlanWriter", "PlannedRecord", "PlannedShard", "PlannerStore", "PublisherStore",
+    "InputRecord", "JobInfo", "JobStatus", "Lease", "LeaseHolder", "LeaseLost", "PlanWriter", "PlannedRecord",
+    "PlannedShard", "PlannerStore", "PublisherStore",
     "ReaderStore", "ResultRow", "RouteTotals", "ShardRow", "Store", "StoredDeadLetter", "StoredResult",
     "WorkerStore", "default_url", "open_store",
 ]

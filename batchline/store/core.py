@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from batchline.errors import StoreError
+from batchline.errors import PublicationMoved, StoreError
 from batchline.store.model import (
     WRITE_BATCH_ROWS,
     ChargeResult,
@@ -39,6 +39,7 @@ from batchline.store.model import (
     DuplicateRecord,
     Event,
     Halt,
+    InputRecord,
     JobInfo,
     JobStatus,
     Lease,
@@ -53,6 +54,7 @@ from batchline.store.model import (
     StoredDeadLetter,
     StoredResult,
     ValidationRecord,
+    rollback_target,
     within,
 )
 
@@ -137,6 +139,12 @@ def taken_over(version: str) -> StoreError:
 def acl_json(acl: Any) -> str | None:
     """ACLs are stored as canonical JSON text, so equal ACLs compare equal in SQL."""
     return None if acl is None else orjson.dumps(acl, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def input_columns(r: PlannedRecord) -> tuple[str | None, str | None, int]:
+    """A planned record's text, ACL and position, as the records table holds them."""
+    assert r.input is not None
+    return r.input.text, acl_json(r.input.acl), r.input.position
 
 
 def acl_value(text: str | None) -> Any:
@@ -673,6 +681,10 @@ class StoreCore(ABC):
     def answered(self, version: str, record_ids: Sequence[str]) -> set[str]:
         return {r[0] for r in self._by_ids(self.q.ANSWERED, version, record_ids)}
 
+    def input_records(self, version: str, start: int, end: int) -> list[InputRecord]:
+        rows = self._read(lambda tx: tx.all(self.q.INPUT_RECORDS, {"v": version, "start": start, "end": end}))
+        return [InputRecord(r[0], r[1], acl_value(r[2]), r[3], int(r[4])) for r in rows]
+
     def attempts(self, version: str, record_ids: Sequence[str]) -> dict[str, int]:
         return {r[0]: int(r[1]) for r in self._by_ids(self.q.ATTEMPTS, version, record_ids)}
 
@@ -690,7 +702,8 @@ class StoreCore(ABC):
             if held is None:
                 return self._refused(tx, lease, "charge", op)
             if not within(piece, held[0], held[1]):
-                return ChargeResult(attempts=0, dead_lettered=False)  # another shard's record since a split
+                # Another shard's record since a split (or one that does not say its piece).
+                return ChargeResult(attempts=0, dead_lettered=False)
             if _scalar(tx, self.q.IS_ANSWERED, {"v": lease.version, "r": record_id}):
                 return ChargeResult(attempts=0, dead_lettered=False)
             attempts = int(_scalar(tx, self.q.CHARGE, {"v": lease.version, "r": record_id, "kind": kind,
@@ -723,7 +736,8 @@ class StoreCore(ABC):
                         insert: Callable[[Tx, Lease, Sequence[P]], tuple[bool, int]], op_name: str) -> int:
         """Rows written in bounded transactions, each fenced by the lease; how many were new.
         Rows of pieces the shard no longer covers (its tail was split off) are refused
-        and not counted."""
+        and not counted, and so, on a shard planned with pieces, are rows that do not
+        say their piece."""
         inserted = 0
         for chunk in chunks(rows):
             op = uuid.uuid4()
@@ -771,11 +785,18 @@ class StoreCore(ABC):
                              for k in ("take_back", "split"))
             first_claim = _scalar(tx, self.q.FIRST_CLAIM, {"v": version})
             recent = int(_scalar(tx, self.q.RECENT, {"v": version, "since": now - window_seconds}))
+            stopped = None
+            if job.state == "ready":
+                refused = tx.one(self.q.STOPPED_BY_INPUT, {"v": version})
+                if refused is not None:
+                    error = (self._unjson(refused[1]) or {}).get("error") or "input changed since planning"
+                    stopped = f"shard {refused[0]}: {error}"
             return JobStatus(version=version, name=job.name, state=job.state, records=job.record_count,
                              results=results, dead_letters=dead, shards=shards, dead_letters_by_kind=by_kind,
                              leases_lost=lost, records_done_last_minutes=recent, window_seconds=window_seconds,
                              now=now, halt=job.halt, leases_taken_back=taken, splits=splits,
-                             started_at=float(first_claim) if first_claim is not None else None)
+                             started_at=float(first_claim) if first_claim is not None else None,
+                             stopped=stopped)
 
         return self._read(body, snapshot=True)
 
@@ -909,16 +930,36 @@ class StoreCore(ABC):
                              f"through the pointer; rename the job")
         return str(row[0]) if row else None
 
+    def _unmoved(self, tx: Tx, name: str, expected: int | None, verb: str) -> None:
+        """Refuses, under the name's lock, a publish or rollback whose publisher read a
+        publication of the name other than its latest: the targets it moved in between
+        were moved from a state the store no longer records."""
+        row = tx.one(self.q.LATEST_PUBLICATION, {"name": name})
+        latest = int(row[0]) if row else None
+        if latest == expected:
+            return
+        now = (f"it now shows {row[1]}, {'rolled back to' if row[2] == 'rollback' else 'published'} by {row[3]}"
+               if row else "its publications are gone")
+        raise PublicationMoved(f"cannot {verb}: another publish or rollback of {name!r} came in between "
+                               f"({now}); nothing was recorded: see `batchline history {name}` and try again")
+
     def publish(self, name: str, version: str, who: str, reason: str | None,
-                validation: dict[str, Any] | None, targets: dict[str, Any] | None = None) -> str | None:
+                validation: dict[str, Any] | None, *, expected: int | None,
+                targets: dict[str, Any] | None = None) -> str | None:
         op = uuid.uuid4()
 
         def body(tx: Tx) -> str | None:
             tx.one(self.q.PLAN_LOCK, {"key": f"publish:{name}"})
+            self._unmoved(tx, name, expected, f"publish {version} as {name!r}")
             # Checked under the name's lock: a version cancelled or removed since the
             # caller looked is not published.
             if not _scalar(tx, self.q.IS_SEALED, {"v": version}):
                 raise StoreError(f"cannot publish {version}: it is not sealed (cancelled, removed or unfinished)")
+            pointer = tx.one(self.q.POINTER_FOR_UPDATE, {"name": name})
+            if pointer is not None and pointer[0] == version:
+                # Published already: nothing moves, so history records nothing (a
+                # publication of a version over itself would be one a rollback returns to).
+                return version
             previous = self._point(tx, name, version)
             tx.run(self.q.INSERT_PUBLICATION, {"name": name, "v": version, "previous": previous,
                                                "action": "publish", "who": who, "reason": reason,
@@ -934,7 +975,7 @@ class StoreCore(ABC):
 
         return self._write(body, recover=recover)
 
-    def rollback(self, name: str, who: str, reason: str | None,
+    def rollback(self, name: str, who: str, reason: str | None, *, expected: int | None,
                  targets: dict[str, Any] | None = None) -> tuple[str, str]:
         op = uuid.uuid4()
 
@@ -944,10 +985,11 @@ class StoreCore(ABC):
             if row is None:
                 raise StoreError(f"nothing is published under {name!r}")
             current = str(row[0])
-            prev = tx.one(self.q.PREVIOUS_PUBLISHED, {"name": name, "v": current})
-            if prev is None or prev[0] is None:
+            self._unmoved(tx, name, expected, f"roll {name!r} back from {current}")
+            back_to = rollback_target(self._publications(tx, name), current)
+            if back_to is None:
                 raise StoreError(f"{name!r} has no earlier version to roll back to (current: {current})")
-            target = str(prev[0])
+            target = back_to
             if not _scalar(tx, self.q.IS_SEALED, {"v": target}):
                 raise StoreError(f"cannot roll {name!r} back to {target}: that version was removed")
             self._point(tx, name, target)
@@ -966,10 +1008,13 @@ class StoreCore(ABC):
         return self._write(body, recover=recover)
 
     def publications(self, name: str) -> list[Publication]:
-        rows = self._read(lambda tx: tx.all(self.q.PUBLICATIONS, {"name": name}))
+        return self._read(lambda tx: self._publications(tx, name))
+
+    def _publications(self, tx: Tx, name: str) -> list[Publication]:
         return [Publication(int(r[0]), r[1], r[2], r[3], r[4], r[5], r[6],
                             self._unjson(r[7]) if r[7] is not None else None, float(r[8]),
-                            self._unjson(r[9]) if r[9] is not None else None) for r in rows]
+                            self._unjson(r[9]) if r[9] is not None else None)
+                for r in tx.all(self.q.PUBLICATIONS, {"name": name})]
 
     def remove_version(self, version: str) -> None:
         def body(tx: Tx) -> None:
@@ -1005,8 +1050,7 @@ class StoreCore(ABC):
             current = str(pointer[0])
             if current == version:
                 raise StoreError(f"cannot {verb} {version}: it is published as {job.name!r}")
-            back = tx.one(self.q.PREVIOUS_PUBLISHED, {"name": job.name, "v": current})
-            if back is not None and back[0] == version:
+            if rollback_target(self._publications(tx, job.name), current) == version:
                 raise StoreError(f"cannot {verb} {version}: a rollback of {job.name!r} would return to it")
         return job
 

@@ -7,6 +7,7 @@ that was refused) and `DuplicateRecord` (an id planned twice).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +60,11 @@ class Lease:
 
 def within(piece: int | None, first: int | None, end: int | None) -> bool:
     """Whether a record of `piece` belongs to a shard covering [first, end): always, for a
-    shard planned without pieces or a record that does not say."""
-    return piece is None or first is None or end is None or first <= piece < end
+    shard planned without pieces; never, for a record that does not say its piece when the
+    shard has pieces (it could be past a split point, where nothing of it may be written)."""
+    if first is None or end is None:
+        return True
+    return piece is not None and first <= piece < end
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,21 @@ class PlannedRecord:
     record_id: str
     shard_no: int
     content_hash: str
+    # An input read from the store (a job over a published job): the record's text, ACL and
+    # position in the input's order, kept with it so a worker reads them from its own
+    # version. `text` None with a position: the record had no text (a planned dead letter).
+    input: InputRecord | None = None
+
+
+@dataclass(frozen=True)
+class InputRecord:
+    """A record of an input the store holds: what a worker reads for its shard."""
+
+    record_id: str
+    text: str | None
+    acl: Any
+    content_hash: str
+    position: int
 
 
 @dataclass(frozen=True)
@@ -231,7 +250,7 @@ class JobStatus:
     shards: dict[str, int]
     dead_letters_by_kind: dict[str, int]
     leases_lost: int  # ran out: another worker reclaimed the shard after its lease expired
-    records_done_last_minutes: int  # in shards completed within the window
+    records_done_last_minutes: int  # outcomes workers wrote within the window, in any shard
     window_seconds: float
     now: float
 
@@ -240,6 +259,9 @@ class JobStatus:
 
     splits: int = 0  # unstarted tails split off to idle workers
     started_at: float | None = None  # the first claim of a shard of this version
+    # Why no worker can finish the version as it is, in one line: a shard whose input
+    # changed since planning (its last worker refused it, and none has claimed it since).
+    stopped: str | None = None
 
     @property
     def rate_window(self) -> float:
@@ -251,7 +273,7 @@ class JobStatus:
 
     @property
     def records_per_second(self) -> float | None:
-        """Records of shards completed within the rate window, per second; None before any claim."""
+        """Outcomes written within the rate window, per second; None before any claim."""
         if self.started_at is None:
             return None
         return self.records_done_last_minutes / self.rate_window
@@ -320,6 +342,15 @@ class Publication:
     ts: float
     # What each publication target showed readers after this publish or rollback, by its key.
     targets: dict[str, Any] | None = None
+
+
+def rollback_target(history: Sequence[Publication], current: str | None) -> str | None:
+    """The version a rollback of a name showing `current` returns to, from the name's
+    publications oldest first: the one the latest publish of `current` replaced (None:
+    none). Never `current` itself: a store written by an older release may hold a
+    publish of the published version over itself, which replaced nothing."""
+    return next((p.previous for p in reversed(history)
+                 if p.version == current and p.action == "publish" and p.previous != current), None)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from batchline.store.model import (
     DeadLetterRow,
     Event,
     Halt,
+    InputRecord,
     JobInfo,
     JobStatus,
     Lease,
@@ -44,6 +45,10 @@ class StoreHandle(Protocol):
     url: str
 
     def close(self) -> None: ...
+
+    def where(self) -> str:
+        """The store, as messages name it (no password)."""
+        ...
 
     def now(self) -> float:
         """The database's clock."""
@@ -137,6 +142,15 @@ class OutcomeWriter(Protocol):
                   detail: dict[str, Any] | None = None) -> None: ...
 
 
+class ShardInput(Protocol):
+    """A leased shard's records, where the store holds its input (a job over a published
+    job: planning copied them into the version's own records)."""
+
+    def input_records(self, version: str, start: int, end: int) -> list[InputRecord]:
+        """The version's records at positions [start, end), in order."""
+        ...
+
+
 class ProviderParking(Protocol):
     """A hosted route's shard, parked at its provider without a lease."""
 
@@ -160,7 +174,7 @@ class RuntimePins(Protocol):
         ...
 
 
-class WorkerStore(StoreHandle, ShardLeases, OutcomeWriter, ProviderParking, RuntimePins, Protocol):
+class WorkerStore(StoreHandle, ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, Protocol):
     """Everything a worker may call."""
 
 
@@ -269,16 +283,20 @@ class PublisherStore(ReaderStore, Protocol):
     def record_validation(self, version: str, passed: bool, report: dict[str, Any]) -> None: ...
 
     def publish(self, name: str, version: str, who: str, reason: str | None,
-                validation: dict[str, Any] | None, targets: dict[str, Any] | None = None) -> str | None:
+                validation: dict[str, Any] | None, *, expected: int | None,
+                targets: dict[str, Any] | None = None) -> str | None:
         """Points `name` (and the view named after it) at `version` in one atomic
         step, recording what each publication target now shows; returns the
-        version it pointed at before."""
+        version it pointed at before. A compare-and-set: `expected` is the id of the
+        name's latest publication as the caller read it before moving the targets
+        (None: it read none), and a name published or rolled back since is refused
+        with `PublicationMoved`, recording nothing."""
         ...
 
-    def rollback(self, name: str, who: str, reason: str | None,
+    def rollback(self, name: str, who: str, reason: str | None, *, expected: int | None,
                  targets: dict[str, Any] | None = None) -> tuple[str, str]:
         """Points `name` back at the version published before the current one;
-        returns (from, to)."""
+        returns (from, to). The same compare-and-set on `expected` as `publish`."""
         ...
 
     def remove_version(self, version: str) -> None:

@@ -44,7 +44,17 @@ from psycopg.types.json import Json
 
 from batchline.errors import StoreError
 from batchline.store import postgres_sql as q
-from batchline.store.core import DuplicateKey, Missing, Params, Row, StoreCore, Tx, acl_json, fence
+from batchline.store.core import (
+    DuplicateKey,
+    Missing,
+    Params,
+    Row,
+    StoreCore,
+    Tx,
+    acl_json,
+    fence,
+    input_columns,
+)
 from batchline.store.model import DeadLetterRow, Lease, PlannedRecord, ResultRow
 
 T = TypeVar("T")
@@ -302,9 +312,14 @@ class PostgresStore(StoreCore):
     def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord]) -> None:
         assert isinstance(tx, _Tx)
         try:
-            with tx.cur.copy(q.COPY_RECORDS) as copy:
-                for r in rows:
-                    copy.write_row((version, r.record_id, r.shard_no, r.content_hash))
+            if any(r.input is not None for r in rows):
+                with tx.cur.copy(q.COPY_RECORDS_WITH_INPUT) as copy:
+                    for r in rows:
+                        copy.write_row((version, r.record_id, r.shard_no, r.content_hash, *input_columns(r)))
+            else:
+                with tx.cur.copy(q.COPY_RECORDS) as copy:
+                    for r in rows:
+                        copy.write_row((version, r.record_id, r.shard_no, r.content_hash))
         except errors.UniqueViolation:
             raise DuplicateKey() from None
 

@@ -265,6 +265,22 @@ UPDATE jobs j SET planned_dead = d.n
 FROM (SELECT version, count(*) AS n FROM dead_letters WHERE worker IS NULL GROUP BY version) d
 WHERE j.version = d.version;
 """),
+    # A job over a published job reads its input from the store: planning copies each
+    # upstream record's chosen text and ACL into the downstream's own records, at their
+    # position in its input order, so a worker reads its shard from its own version's
+    # partition alone (its role's policy admits no other).
+    (11, "records hold the text, ACL and position of an input read from the store", """
+ALTER TABLE records ADD COLUMN text text;
+ALTER TABLE records ADD COLUMN acl text;
+ALTER TABLE records ADD COLUMN position bigint;
+CREATE INDEX records_by_position ON records (version, position) WHERE position IS NOT NULL;
+"""),
+    # Status counts the outcomes workers wrote within its window, so its rate moves
+    # while a shard is under way rather than only as whole shards complete.
+    (12, "outcomes by the time they were written", """
+CREATE INDEX results_written ON results (version, created_at) WHERE origin IS NULL;
+CREATE INDEX dead_letters_written ON dead_letters (version, created_at) WHERE worker IS NOT NULL;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -372,6 +388,7 @@ PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = %(v)s FOR UPDATE"
 INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece) "
                 "VALUES (%(v)s, %(s)s, %(slice)s, %(n)s, 'ready', %(route)s, %(first)s, %(end)s)")
 COPY_RECORDS = "COPY records (version, record_id, shard_no, content_hash) FROM STDIN"
+COPY_RECORDS_WITH_INPUT = "COPY records (version, record_id, shard_no, content_hash, text, acl, position) FROM STDIN"
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = %(v)s AND record_id = %(r)s"
 PLAN_DEAD_LETTER = """
 INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, created_at)
@@ -512,6 +529,11 @@ SELECT record_id FROM results WHERE version = %(v)s AND record_id = ANY(%(ids)s)
 UNION ALL
 SELECT record_id FROM dead_letters WHERE version = %(v)s AND record_id = ANY(%(ids)s)""",
     *reads("results", "dead_letters"))
+# A shard's input where the store holds it (a job over a published job), by position: the
+# one read of the planned records a worker makes, of its own version's rows.
+INPUT_RECORDS = WorkerStatement(
+    "SELECT record_id, text, acl, content_hash, position FROM records WHERE version = %(v)s "
+    "AND position >= %(start)s AND position < %(end)s ORDER BY position", *reads("records"))
 ATTEMPTS = WorkerStatement(
     "SELECT record_id, attempts FROM attempts WHERE version = %(v)s AND record_id = ANY(%(ids)s)",
     *reads("attempts"))
@@ -645,8 +667,18 @@ DEAD_BY_KIND = "SELECT kind, count(*) FROM dead_letters WHERE version = %(v)s GR
 LEASES_LOST = "SELECT count(*) FROM events WHERE version = %(v)s AND kind = 'lease_expired'"
 COUNT_EVENTS = "SELECT count(*) FROM events WHERE version = %(v)s AND kind = %(kind)s"
 FIRST_CLAIM = "SELECT min(ts) FROM events WHERE version = %(v)s AND kind = 'claim'"
-RECENT = ("SELECT COALESCE(sum(record_count), 0) FROM shards WHERE version = %(v)s AND state = 'done' "
-          "AND done_at >= %(since)s")
+# Outcomes computed within the window (not carried results, not the planner's dead letters).
+RECENT = ("SELECT (SELECT count(*) FROM results WHERE version = %(v)s AND created_at >= %(since)s "
+          "AND origin IS NULL) + (SELECT count(*) FROM dead_letters WHERE version = %(v)s "
+          "AND created_at >= %(since)s AND worker IS NOT NULL)")
+# The newest refusal of a changed input on a shard not done that nobody has claimed since.
+STOPPED_BY_INPUT = """
+SELECT e.shard_no, e.detail FROM events e
+JOIN shards s ON s.version = e.version AND s.shard_no = e.shard_no AND s.state <> 'done'
+WHERE e.version = %(v)s AND e.kind = 'input_changed'
+  AND NOT EXISTS (SELECT 1 FROM events c WHERE c.version = e.version AND c.kind = 'claim'
+                  AND c.shard_no = e.shard_no AND c.id > e.id)
+ORDER BY e.id DESC LIMIT 1"""
 SHARD_ROWS = ("SELECT shard_no, state, owner, epoch, lease_expires, claims, record_count, results_count, "
               "dead_count, route, batch ->> 'batch_id', poll_at FROM shards WHERE version = %(v)s ORDER BY shard_no")
 ROUTE_TOTALS = ("SELECT route, count(*), sum(record_count), sum(results_count), sum(carried), sum(dead_count), "
@@ -749,9 +781,9 @@ INSERT_PUBLICATION = """
 INSERT INTO publications (name, version, previous, action, who, reason, validation, targets, ts)
 VALUES (%(name)s, %(v)s, %(previous)s, %(action)s, %(who)s, %(reason)s, %(validation)s, %(targets)s,
         batchline_now())"""
-PREVIOUS_PUBLISHED = """
-SELECT previous FROM publications WHERE name = %(name)s AND version = %(v)s AND action = 'publish'
-ORDER BY id DESC LIMIT 1"""
+# The name's latest publication: a publish or rollback refuses unless it is still the
+# one its publisher read (a compare-and-set on its id, under the name's lock).
+LATEST_PUBLICATION = "SELECT id, version, action, who FROM publications WHERE name = %(name)s ORDER BY id DESC LIMIT 1"
 IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = %(v)s AND state = 'sealed')"
 PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts, targets FROM publications "
                 "WHERE name = %(name)s ORDER BY id")

@@ -19,7 +19,17 @@ from typing import Any, TypeVar
 
 from batchline.errors import StoreError
 from batchline.store import sqlite_sql as q
-from batchline.store.core import DuplicateKey, Missing, Params, Row, StoreCore, Tx, acl_json, fence
+from batchline.store.core import (
+    DuplicateKey,
+    Missing,
+    Params,
+    Row,
+    StoreCore,
+    Tx,
+    acl_json,
+    fence,
+    input_columns,
+)
 from batchline.store.model import DeadLetterRow, Lease, PlannedRecord, ResultRow
 
 T = TypeVar("T")
@@ -189,7 +199,12 @@ class SQLiteStore(StoreCore):
     def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord]) -> None:
         assert isinstance(tx, _Tx)
         try:
-            tx.cur.executemany(q.INSERT_RECORD, [(version, r.record_id, r.shard_no, r.content_hash) for r in rows])
+            if any(r.input is not None for r in rows):
+                tx.cur.executemany(q.INSERT_RECORD_WITH_INPUT, [
+                    (version, r.record_id, r.shard_no, r.content_hash, *input_columns(r)) for r in rows])
+            else:
+                tx.cur.executemany(q.INSERT_RECORD, [(version, r.record_id, r.shard_no, r.content_hash)
+                                                     for r in rows])
         except sqlite3.IntegrityError:
             raise DuplicateKey() from None
 

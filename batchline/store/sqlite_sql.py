@@ -233,6 +233,23 @@ DROP TABLE jobs;
 ALTER TABLE jobs_rebuilt RENAME TO jobs;
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, created_at);
 """),
+    # A job over a published job reads its input from the store: planning copies each
+    # upstream record's chosen text and ACL into the downstream's own records, at their
+    # position in its input order, so a worker reads its shard from its own version alone.
+    (9, "records hold the text, ACL and position of an input read from the store", """
+ALTER TABLE records ADD COLUMN text TEXT;
+ALTER TABLE records ADD COLUMN acl TEXT;
+ALTER TABLE records ADD COLUMN position INTEGER;
+CREATE INDEX IF NOT EXISTS records_by_position ON records (version, position) WHERE position IS NOT NULL;
+"""),
+    # Status counts the outcomes workers wrote within its window, so its rate moves
+    # while a shard is under way rather than only as whole shards complete. The column
+    # of each index's condition is in it too: SQLite reads the table to test it otherwise.
+    (10, "outcomes by the time they were written", """
+CREATE INDEX IF NOT EXISTS results_written ON results (version, created_at, origin) WHERE origin IS NULL;
+CREATE INDEX IF NOT EXISTS dead_letters_written ON dead_letters (version, created_at, worker)
+    WHERE worker IS NOT NULL;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -288,6 +305,8 @@ PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = :v"
 INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece) "
                 "VALUES (:v, :s, :slice, :n, 'ready', :route, :first, :end)")
 INSERT_RECORD = "INSERT INTO records (version, record_id, shard_no, content_hash) VALUES (?, ?, ?, ?)"
+INSERT_RECORD_WITH_INPUT = ("INSERT INTO records (version, record_id, shard_no, content_hash, text, acl, position) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?)")
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = :v AND record_id = :r"
 PLAN_DEAD_LETTER = (f"INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
                     f"created_at) VALUES (:v, :r, :s, :kind, :error, :acl, 0, {NOW_EXPR})")
@@ -391,6 +410,9 @@ RESUME_JOB = ("UPDATE jobs SET state = 'ready', halt = NULL, abort_rate = :abort
 
 ANSWERED = (f"SELECT record_id FROM results WHERE version = :v AND record_id IN {IDS} UNION ALL "
             f"SELECT record_id FROM dead_letters WHERE version = :v AND record_id IN {IDS}")
+# A shard's input where the store holds it (a job over a published job), by position.
+INPUT_RECORDS = ("SELECT record_id, text, acl, content_hash, position FROM records WHERE version = :v "
+                 "AND position >= :start AND position < :end ORDER BY position")
 ATTEMPTS = f"SELECT record_id, attempts FROM attempts WHERE version = :v AND record_id IN {IDS}"
 FENCE_LOCK = f"SELECT first_piece, end_piece FROM shards WHERE {FENCE}"
 BUMP_STARTED = ("UPDATE shards SET started_piece = MAX(COALESCE(started_piece, first_piece), :high) "
@@ -438,8 +460,18 @@ DEAD_BY_KIND = "SELECT kind, COUNT(*) FROM dead_letters WHERE version = :v GROUP
 LEASES_LOST = "SELECT COUNT(*) FROM events WHERE version = :v AND kind = 'lease_expired'"
 COUNT_EVENTS = "SELECT COUNT(*) FROM events WHERE version = :v AND kind = :kind"
 FIRST_CLAIM = "SELECT MIN(ts) FROM events WHERE version = :v AND kind = 'claim'"
-RECENT = ("SELECT COALESCE(SUM(record_count), 0) FROM shards WHERE version = :v AND state = 'done' "
-          "AND done_at >= :since")
+# Outcomes computed within the window (not carried results, not the planner's dead letters).
+RECENT = ("SELECT (SELECT COUNT(*) FROM results WHERE version = :v AND created_at >= :since AND origin IS NULL) "
+          "+ (SELECT COUNT(*) FROM dead_letters WHERE version = :v AND created_at >= :since "
+          "AND worker IS NOT NULL)")
+# The newest refusal of a changed input on a shard not done that nobody has claimed since.
+STOPPED_BY_INPUT = """
+SELECT e.shard_no, e.detail FROM events e
+JOIN shards s ON s.version = e.version AND s.shard_no = e.shard_no AND s.state <> 'done'
+WHERE e.version = :v AND e.kind = 'input_changed'
+  AND NOT EXISTS (SELECT 1 FROM events c WHERE c.version = e.version AND c.kind = 'claim'
+                  AND c.shard_no = e.shard_no AND c.id > e.id)
+ORDER BY e.id DESC LIMIT 1"""
 SHARD_ROWS = ("SELECT shard_no, state, owner, epoch, lease_expires, claims, record_count, results_count, "
               "dead_count, route, json_extract(batch, '$.batch_id'), poll_at FROM shards WHERE version = :v "
               "ORDER BY shard_no")
@@ -513,8 +545,9 @@ WHERE p.name = '{name}'"""
 IS_VIEW = "SELECT type = 'view' FROM sqlite_master WHERE name = :name"
 INSERT_PUBLICATION = (f"INSERT INTO publications (name, version, previous, action, who, reason, validation, targets, "
                       f"ts) VALUES (:name, :v, :previous, :action, :who, :reason, :validation, :targets, {NOW_EXPR})")
-PREVIOUS_PUBLISHED = ("SELECT previous FROM publications WHERE name = :name AND version = :v "
-                      "AND action = 'publish' ORDER BY id DESC LIMIT 1")
+# The name's latest publication: a publish or rollback refuses unless it is still the
+# one its publisher read (a compare-and-set on its id, under the name's lock).
+LATEST_PUBLICATION = "SELECT id, version, action, who FROM publications WHERE name = :name ORDER BY id DESC LIMIT 1"
 IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = :v AND state = 'sealed')"
 PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts, targets FROM publications "
                 "WHERE name = :name ORDER BY id")

@@ -17,8 +17,17 @@ once it has been recorded):
   returns the state to record;
 - `restore` puts a target back to the state the store recorded, when the store's
   own publish failed or was refused after `show` (only if the target still shows
-  what `show` left);
+  what `show` left: one that shows something else was moved on since by another
+  publisher, whose publication the store recorded, and is left as it is);
 - `forget` removes a version's data once retention has dropped the version.
+
+Two publishers of one name are kept apart by the publish path
+(`batchline.publish.pointer`), not by each target: the publisher reads the name's
+latest publication, shows each target from what it recorded, and the store
+records the publication only if that is still the latest one (a compare-and-set
+in the store, refused with `PublicationMoved`), else the targets are put back.
+So a target that can check nothing in `show` (a store without a conditional
+write) still never disagrees with the store once both publishers return.
 
 Each member of the TARGETS table (batchline.registry) is a `TargetFamily`: it owns
 keys of the job's `output` section, parses them into a `TargetSpec`, and builds

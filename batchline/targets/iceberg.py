@@ -14,7 +14,8 @@
   moved since it was read. A commit that loses a race to another writer is tried
   again against the new metadata; one that finds main moved is refused.
 - `restore` puts main back to the recorded snapshot when the store's own
-  publish failed after the catalog commit.
+  publish failed or was refused after the catalog commit, unless main has moved
+  on since (another publisher's, whose publication the store recorded).
 - `forget` removes a pruned version's branch, expires every snapshot no branch
   reaches any more, and deletes the files only those snapshots used
   (`expire_snapshots` by itself deletes no file).
@@ -153,16 +154,15 @@ class IcebergTable:
                 raise BatchlineError(f"{self.describe()}: no empty first snapshot to go back to")
             return int(baseline)
 
-        def allowed(table: Any) -> str | None:
-            main = table.metadata.current_snapshot_id
-            if main != shown["snapshot_id"]:
-                return f"main is snapshot {main}, not {shown['snapshot_id']} as this publish left it"
-            return None
+        def moved_on(table: Any) -> bool:
+            # Another publisher moved main since (the one whose publication the store
+            # recorded instead of this one): what main shows is not this publish's to undo.
+            return bool(table.metadata.current_snapshot_id != shown["snapshot_id"])
 
-        self._move_main(target, allowed, "put back")
+        self._move_main(target, lambda _table: None, "put back", leave=moved_on)
 
     def _move_main(self, target: Callable[[Any], int], allowed: Callable[[Any], str | None],
-                   what: str) -> dict[str, Any]:
+                   what: str, leave: Callable[[Any], bool] = lambda _table: False) -> dict[str, Any]:
         from pyiceberg.exceptions import CommitFailedException
 
         with open_catalog(self.ref, self.store_url, self.storage) as catalog:
@@ -170,6 +170,8 @@ class IcebergTable:
                 table = load_table(catalog, self.ref)
                 if table is None:
                     raise BatchlineError(f"{self.describe()}: no such table")
+                if leave(table):
+                    return self._state(table, table.metadata.current_snapshot_id)
                 problem = allowed(table)
                 if problem is not None:
                     raise BatchlineError(f"{self.describe()}: {problem}; not changing it (store and table must "

@@ -29,7 +29,7 @@ from batchline.providers.base import (
     SubmittedBatch,
     custom_id_map,
 )
-from batchline.snapshot import Record, Slice, read_slice
+from batchline.snapshot import Record
 from batchline.spec import ProviderSpec
 from batchline.store import DeadLetterRow, Lease, LeaseLost, ResultRow
 from batchline.store.core import chunks
@@ -68,7 +68,7 @@ class HostedShardRun:
             return "lost"
 
     def _run(self) -> str:
-        records = read_slice(Slice.from_json(self.lease.slice), self.job.spec.input, self.job.spec.routing)
+        records = self.ctx.records()
         by_id = {r.id: r for r in records}
         to_record = custom_id_map(by_id, self.provider.acceptable_custom_id)
         to_custom = {record_id: custom for custom, record_id in to_record.items()}
@@ -220,7 +220,7 @@ class HostedShardRun:
                 canonical, answer = chosen
                 results.append(ResultRow(record_id, canonical, record.acl, attempts.get(record_id, 0) + 1,
                                          answer.input_tokens, answer.output_tokens, self.job.label(canonical),
-                                         answer.model or self.spec.model))
+                                         answer.model or self.spec.model, record.piece))
             elif problem is not None:
                 failed.append((record, "invalid_output", problem))
             elif any(a.kind == "error" for a in group):
@@ -242,7 +242,7 @@ class HostedShardRun:
                     given_up.append(DeadLetterRow(
                         record_id, EXPIRED_KIND, f"{self.spec.route}: expired at the provider in "
                         f"{expired.pop(record_id)} batches in a row without an answer", record.acl,
-                        attempts.get(record_id, 0)))
+                        attempts.get(record_id, 0), record.piece))
                 else:
                     counts["expired"] += 1
         if batch_error and not grouped:

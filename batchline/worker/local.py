@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchline.errors import EngineFatal
-from batchline.snapshot import Record, Slice, read_slice
+from batchline.snapshot import Record
 from batchline.store import DeadLetterRow, LeaseLost, ResultRow
 from batchline.worker.engine_process import EngineProcess, describe_exit
 from batchline.worker.shard import ShardContext
@@ -77,7 +77,7 @@ class LocalShardRun:
 
     def _run(self) -> str:
         lease = self.ctx.lease
-        records = read_slice(Slice.from_json(lease.slice), self.job.spec.input, self.job.spec.routing)
+        records = self.ctx.records()
         ids = [r.id for r in records]
         answered = self.ctx.store.answered(lease.version, ids)
         self.attempts = self.ctx.store.attempts(lease.version, ids)

@@ -13,7 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -22,7 +22,7 @@ from batchline.prompts.examples import ExampleIndex
 from batchline.prompts.render import render
 from batchline.providers.base import BatchProvider
 from batchline.registry import ENGINES
-from batchline.snapshot import Record
+from batchline.snapshot import Record, Slice, StoredReader, read_slice
 from batchline.spec import JobSpec
 from batchline.store import (
     ChargeResult,
@@ -152,6 +152,18 @@ class ShardContext:
         self.store.log_event(kind, version=self.lease.version, worker=self.worker.worker_id,
                              shard_no=self.lease.shard_no, epoch=self.lease.epoch, detail=detail)
 
+    def records(self) -> list[Record]:
+        """The records of the pieces the lease holds, read from the input. A shard whose
+        tail was split off keeps its planned slice, and the split-off pieces belong to
+        another shard: they are not read here, so nothing of them is computed twice."""
+        sl = Slice.from_json(self.lease.slice)
+        if sl.pieces:
+            held = tuple(p for p in sl.pieces if self.lease.holds(p.no))
+            if not held:
+                return []
+            sl = replace(sl, pieces=held)
+        return read_slice(sl, self.job.spec.input, self.job.spec.routing, self.stored_reader())
+
     def renew_if_due(self, now: float | None = None, started: int | None = None) -> None:
         """Renews once renew_seconds have passed; `started`: every piece before it has been
         started (where a split of the tail may begin). The lease may come back shorter."""
@@ -178,6 +190,12 @@ class ShardContext:
     def renew_soon(self) -> None:
         """The next renew_if_due renews at once (after a pause as long as an engine restart)."""
         self.last_renew = 0.0
+
+    def stored_reader(self) -> StoredReader:
+        """Where the store holds the input (a job over a published job), how this shard's
+        records are read: from the version's own records, which planning copied there."""
+        version = self.lease.version
+        return lambda start, end: self.store.input_records(version, start, end)
 
     def charge(self, record: Record, kind: str, error: str, *, max_attempts: int | None = None) -> ChargeResult:
         """Charges the record an attempt (none if it was answered meanwhile, or split off to

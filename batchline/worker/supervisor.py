@@ -16,7 +16,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from batchline.check.outputs import OutputChecker
-from batchline.errors import EngineFatal, InputError, SourceUnavailable, VersionHalted
+from batchline.errors import (
+    EngineFatal,
+    InputError,
+    NoSuchVersion,
+    SourceUnavailable,
+    VersionHalted,
+)
 from batchline.prompts.render import split_template
 from batchline.providers.base import BatchProvider
 from batchline.spec import LOCAL_ROUTE, ProviderSpec, stored_spec
@@ -80,6 +86,9 @@ class Worker:
                     provider.close()
 
     def _loop(self) -> int:
+        if self.version is not None and self.store.job(self.version) is None:
+            # Not "no work left" (0): a Job that exits 0 shows Complete, having done nothing.
+            raise NoSuchVersion(self.version, self.store.where())
         while True:
             self._leave_halted()
             if self.stop.is_set():

@@ -20,7 +20,15 @@ import pytest
 
 from batchline.engines.synthetic import SLOWDOWN_ENV
 from batchline.store import LeaseHolder, Store
-from tests.helpers import call_counts, check_invariants, planned, start_worker, stop_all, wait_for
+from tests.helpers import (
+    call_counts,
+    check_invariants,
+    planned,
+    run_to_seal,
+    start_worker,
+    stop_all,
+    wait_for,
+)
 
 pytestmark = pytest.mark.acceptance
 
@@ -163,3 +171,24 @@ def test_an_idle_worker_splits_off_a_slow_workers_tail(job_factory: Any, store: 
     # Unsplit, the slow worker alone would take left * per_record * slowdown.
     alone = left * per_record * slowdown
     assert took < 0.5 * alone, f"{took:.1f}s with splitting, {alone:.1f}s for the slow worker alone"
+
+
+def test_a_shard_re_leased_after_its_tail_was_split_computes_none_of_the_split_off_tail(
+        job_factory: Any, store: Store, tmp_path: Path) -> None:
+    calls = tmp_path / "calls.log"
+    records = 160
+    spec_path = job_factory(n=records, options={"call_log": str(calls)}, shards={"size": records})
+    spec, version = planned(spec_path, store)
+    # Its owner dies with its tail split off to a shard of its own, before writing anything.
+    owner = store.claim("gone", version)
+    assert owner is not None and (owner.first_piece, owner.end_piece) == (0, 16)
+    assert store.split(version, "idle") == 1
+    [holder] = store.leases(version)
+    assert store.take_back(version, holder, "test", {"kind": "test", "note": "the owner died"})
+    run_to_seal(store, version)
+    results, dead = check_invariants(store, version, spec)
+    assert len(results) == records and not dead
+    counts = call_counts(calls)
+    # The shard taken back holds pieces 0..7 now; the split-off pieces are computed by
+    # the shard they were split into, and by nobody else.
+    assert sum(counts.values()) == records and set(counts.values()) == {1}

@@ -198,6 +198,19 @@ def test_a_worker_with_no_work_left_exits_0(job_factory: Any, store: Store, stor
     assert second.wait(timeout=60) == 0
 
 
+def test_a_worker_given_a_version_the_store_does_not_have_exits_66_not_0(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "w.log"
+    typo = start_worker(store_url, "test-job@0123456789ab", log)
+    assert typo.wait(timeout=60) == 66
+    lines = log.read_text().strip().splitlines()
+    assert lines[-1] == f"batchline: error: no job version 'test-job@0123456789ab' in {store.where()}"
+    # A version that exists and will never have work again is still "no work left".
+    _spec, version = planned(job_factory(n=10), store)
+    assert store.cancel(version, "test", None)
+    assert start_worker(store_url, version).wait(timeout=60) == 0
+
+
 POISON = {
     "crash_on": ["r000007", "r000333"],
     "error_on": ["r000050", "r000051"],

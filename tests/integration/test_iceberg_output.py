@@ -15,14 +15,21 @@ from typing import Any
 import pytest
 
 from batchline.check.validate import validate
-from batchline.errors import BatchlineError, SpecError, StoreError
+from batchline.errors import BatchlineError, PublicationMoved, SpecError, StoreError
 from batchline.plan.planner import plan
 from batchline.publish.pointer import publish, rollback
 from batchline.spec import load_spec
-from batchline.store import Store
+from batchline.store import Store, open_store
 from batchline.targets.iceberg import IcebergTable
 from batchline.targets.iceberg_schema import node_of
-from tests.helpers import SIMPLE_SCHEMA, make_records, planned, read_during_switches, run_to_seal
+from tests.helpers import (
+    SIMPLE_SCHEMA,
+    before_the_store_records,
+    make_records,
+    planned,
+    read_during_switches,
+    run_to_seal,
+)
 from tests.iceberg_support import (
     duckdb_iceberg,
     main_rows,
@@ -291,6 +298,42 @@ def test_a_store_that_fails_to_publish_after_the_catalog_commit_gets_the_table_p
     monkeypatch.undo()
     publish(store, v2)  # and the next publish starts from the state the store recorded
     assert main_versions(store_url) == {v2: 25}
+
+
+def test_two_publishers_at_once_leave_the_store_and_the_table_agreeing(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One publisher names the version main already shows, the other another version; the
+    second publishes in full between the first's catalog commit and its store write (as
+    they fell when released together: the first's commit changed nothing, so the second's
+    check of main passed)."""
+    wh = tmp_path / "wh"
+    v1 = sealed(job_factory, store, wh, n=20)
+    v2 = sealed(job_factory, store, wh, make_records(25, "x"))
+    publish(store, v1)
+    other = open_store(store_url)
+    try:
+        came_between = before_the_store_records(monkeypatch, store, "publish", lambda: publish(other, v2))
+        with pytest.raises(PublicationMoved, match=rf"^cannot publish {v1} as 'test-job': another publish or "
+                                                   rf"rollback of 'test-job' came in between \(it now shows {v2}, "
+                                                   r"published by .*\); nothing was recorded"):
+            publish(store, v1)
+        assert [r.version for r in came_between] == [v2]
+        monkeypatch.undo()
+
+        # The store, the table and what the store recorded of the table all say v2.
+        assert store.resolve_name("test-job") == v2 and main_versions(store_url) == {v2: 25}
+        history = store.publications("test-job")
+        assert [(p.version, p.previous) for p in history] == [(v1, None), (v2, v1)]
+        assert history[-1].targets == {"iceberg:store/lake.results": {
+            "table_uuid": str(pyiceberg_table(store_url, TABLE).metadata.table_uuid),
+            "snapshot_id": pyiceberg_table(store_url, TABLE).metadata.current_snapshot_id, "version": v2}}
+        # So the next rollback and publish are not refused.
+        assert rollback(store, "test-job") == (v2, v1)
+        assert main_versions(store_url) == {v1: 20}
+        publish(store, v2)
+        assert store.resolve_name("test-job") == v2 and main_versions(store_url) == {v2: 25}
+    finally:
+        other.close()
 
 
 def test_the_first_publish_into_a_new_table_puts_back_its_empty_first_snapshot_when_the_store_fails(

@@ -13,13 +13,14 @@ import yaml
 
 from batchline.check.validate import population_stability, validate
 from batchline.engines.synthetic import synthetic_instance
-from batchline.errors import BatchlineError, StoreError
+from batchline.errors import BatchlineError, PublicationMoved, StoreError
 from batchline.publish.pointer import publish, rollback
-from batchline.store import Store
+from batchline.store import Store, open_store
 from batchline.targets.files import export_jsonl, export_parquet
 from batchline.targets.parquet import PARQUET
 from tests.helpers import (
     Database,
+    before_the_store_records,
     call_counts,
     make_records,
     planned,
@@ -197,6 +198,61 @@ def test_rollback_returns_to_the_previous_version(job_factory: Any, store: Store
     assert [p.action for p in store.publications(spec.name)] == ["publish", "publish", "rollback"]
     with pytest.raises(BatchlineError, match="no earlier version"):
         rollback(store, spec.name)
+
+
+def test_publishing_the_version_already_published_records_nothing_and_rollback_never_goes_to_itself(
+        job_factory: Any, store: Store, store_url: str) -> None:
+    from batchline.api import Jobs
+    from tests.integration.test_cli import cli
+
+    spec, v1 = sealed_version(job_factory, store, n=20)
+    _, v2 = sealed_version(job_factory, store, make_records(25, "x"))
+    jobs = Jobs(store_url)
+    for v in (v1, v2):
+        assert jobs.validate(v).passed
+    said: list[str] = []
+
+    def publish_again(version: str) -> None:
+        """Through the Jobs API and the command line: one line, exit 0, nothing recorded."""
+        line = f"{version} is published as {spec.name} already; nothing changed"
+        again = jobs.publish(version, log=said.append)
+        assert not again.changed and again.summary() == line and again.removed == ()
+        run = cli("publish", version, "--store", store_url)
+        assert run.returncode == 0 and run.stderr.splitlines() == [line], run.stderr
+
+    def history() -> list[tuple[str, str, str | None]]:
+        return [(p.action, p.version, p.previous) for p in jobs.history(spec.name)]
+
+    assert jobs.publish(v1).changed
+    publish_again(v1)
+    assert history() == [("publish", v1, None)]
+    # So there is nothing to roll back to: not v1 itself.
+    run = cli("rollback", spec.name, "--store", store_url)
+    assert run.returncode == 4 and run.stderr.splitlines() == [
+        f"batchline: error: {spec.name!r} has no earlier version to roll back to (current: {v1})"]
+    with pytest.raises(StoreError, match="no earlier version to roll back to"):
+        jobs.rollback(spec.name)
+
+    assert jobs.publish(v2).previous == v1
+    publish_again(v2)
+    run = cli("rollback", spec.name, "--store", store_url)
+    assert run.returncode == 0 and run.stderr.splitlines() == [f"{spec.name}: rolled back from {v2} to {v1}"]
+    publish_again(v1)
+    with pytest.raises(StoreError, match="no earlier version to roll back to"):
+        jobs.rollback(spec.name)
+    assert history() == [("publish", v1, None), ("publish", v2, v1), ("rollback", v1, v2)]
+    assert said == [] and store.resolve_name(spec.name) == v1
+
+    # A store an older release wrote may hold a publish of the published version over
+    # itself, which replaced nothing: rollback passes it by, and so do cancel and delete.
+    assert jobs.publish(v2).previous == v1
+    with Database(store_url) as db:
+        db.execute("INSERT INTO publications (name, version, previous, action, who, ts) "
+                   "VALUES (?, ?, ?, 'publish', 'an older release', 0)", (spec.name, v2, v2))
+    with pytest.raises(StoreError, match=f"cannot delete {v1}: a rollback of 'test-job' would return to it"):
+        store.delete(v1, "ops@host")
+    assert jobs.rollback(spec.name) == (v2, v1)
+    assert store.resolve_name(spec.name) == v1
 
 
 def test_a_reader_paging_through_a_version_or_the_view_reads_one_whole_version_during_publish(
@@ -417,6 +473,80 @@ def test_a_publication_target_follows_the_pointer_and_refuses_a_state_the_store_
     with pytest.raises(BatchlineError, match=r"CURRENT names 'elsewhere', not 'test-job-.* as the store recorded"):
         publish(store, v2, targets=[dataset])
     assert store.resolve_name(spec.name) == v1
+
+
+class Unchecked:
+    """A target whose `show` can check nothing (an index without a conditional write): it
+    shows whatever it is told. Two publishers keep it in line only through the store."""
+
+    key = "unchecked"
+
+    def __init__(self) -> None:
+        self.current: str | None = None
+
+    def describe(self) -> str:
+        return "a target that checks nothing"
+
+    def stage(self, store: Any, version: str) -> None:
+        pass
+
+    def show(self, name: str, version: str, recorded: dict[str, Any] | None) -> dict[str, Any]:
+        self.current = version
+        return {"current": version}
+
+    def restore(self, name: str, recorded: dict[str, Any] | None, shown: dict[str, Any]) -> None:
+        if self.current == shown["current"]:
+            self.current = recorded["current"] if recorded else None
+
+    def forget(self, name: str, version: str) -> None:
+        pass
+
+
+def three_validated(job_factory: Any, store: Store) -> tuple[str, list[str]]:
+    spec, v1 = sealed_version(job_factory, store, n=20)
+    versions = [v1] + [sealed_version(job_factory, store, make_records(n, f"v{n}-"))[1] for n in (25, 15)]
+    for v in versions:
+        validate(store, v)
+    return spec.name, versions
+
+
+def test_two_publishers_at_once_leave_the_store_and_a_target_that_checks_nothing_agreeing(
+        job_factory: Any, store: Store, store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    name, (v1, v2, v3) = three_validated(job_factory, store)
+    target = Unchecked()
+    publish(store, v1, targets=[target])
+    other = open_store(store_url)
+    try:
+        came_between = before_the_store_records(monkeypatch, store, "publish",
+                                                lambda: publish(other, v3, targets=[target]))
+        with pytest.raises(PublicationMoved, match=rf"cannot publish {v2} .* \(it now shows {v3}, published by"):
+            publish(store, v2, targets=[target])
+        assert came_between and target.current == v3 == store.resolve_name(name)
+        assert store.publications(name)[-1].targets == {"unchecked": {"current": v3}}
+        assert [p.version for p in store.publications(name)] == [v1, v3]
+    finally:
+        other.close()
+
+
+def test_a_rollback_raced_by_a_publish_leaves_the_store_and_a_target_that_checks_nothing_agreeing(
+        job_factory: Any, store: Store, store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    name, (v1, v2, v3) = three_validated(job_factory, store)
+    target = Unchecked()
+    for v in (v1, v2):
+        publish(store, v, targets=[target])
+    other = open_store(store_url)
+    try:
+        came_between = before_the_store_records(monkeypatch, store, "rollback",
+                                                lambda: publish(other, v3, targets=[target]))
+        with pytest.raises(PublicationMoved, match=rf"cannot roll '{name}' back from {v3}: .* came in between"):
+            rollback(store, name, targets=[target])
+        assert came_between and target.current == v3 == store.resolve_name(name)
+        assert [(p.action, p.version) for p in store.publications(name)] == [
+            ("publish", v1), ("publish", v2), ("publish", v3)]
+        monkeypatch.undo()
+        assert rollback(store, name, targets=[target]) == (v3, v2) and target.current == v2
+    finally:
+        other.close()
 
 
 def test_a_store_that_fails_to_publish_leaves_the_parquet_current_as_it_recorded(

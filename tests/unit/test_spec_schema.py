@@ -16,6 +16,7 @@ import yaml
 
 from batchline.cli import main
 from batchline.errors import SpecError
+from batchline.sources import keyed_families
 from batchline.spec import parse_spec
 from batchline.spec.schema import spec_schema
 
@@ -45,11 +46,16 @@ def rich_specs(folder: Path) -> list[dict[str, Any]]:
     }
     files = {**copy.deepcopy(common), "input": {"path": "in.jsonl", "acl_field": "acl",
                                                 "storage": {"region": "eu-west-1"}}}
-    # One spec more for each source family's own key, with the example its schema gives.
+    # One spec more for each source family's own key, with the examples its schema gives for the
+    # key and the family's options (routing is the files spec's to show: not every source has classes).
     declared = {key: value.get("anyOf", [value])[0] for key, value in spec_schema()["properties"]["input"]
                 ["properties"].items()}
-    keyed = [{**copy.deepcopy(common), "input": {key: copy.deepcopy(value["examples"][0]), "acl_field": "acl"}}
-             for key, value in declared.items() if "examples" in value]
+    without_routing = {k: v for k, v in common.items() if k != "routing"}
+    keyed = [{**copy.deepcopy(without_routing),
+              "input": {key: copy.deepcopy(declared[key]["examples"][0]), "acl_field": "acl",
+                        **{name: option["examples"][0] for name, option in family.options.items()
+                           if "examples" in option}}}
+             for key, family in keyed_families().items() if "examples" in declared[key]]
     return [files, *keyed]
 
 

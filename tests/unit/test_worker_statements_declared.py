@@ -72,8 +72,10 @@ def test_the_worker_role_is_the_union_of_the_declarations() -> None:
     for statement in q.worker_statements().values():
         for a in statement.access:
             assert set(a.columns) <= rights[(a.table, a.privilege)]
-    # What publication and planning need is never among them.
-    assert not {t for t, _ in rights} & {"pointers", "publications", "validations", "records"}
+    # What publication and planning need is never among them: a worker reads the planned
+    # records (where the store holds its input) and never writes one.
+    assert not {t for t, _ in rights} & {"pointers", "publications", "validations"}
+    assert {p for t, p in rights if t == "records"} == {"SELECT"}
     assert ("results", "UPDATE") not in rights and ("jobs", "INSERT") not in rights
 
 

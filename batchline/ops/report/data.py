@@ -12,7 +12,7 @@ from typing import Any
 from batchline.errors import BatchlineError
 from batchline.spec import LOCAL_ROUTE, JobSpec, ProviderSpec, stored_spec
 from batchline.store import Event, JobInfo, JobStatus, ReaderStore, RouteTotals, StoredDeadLetter
-from batchline.store.model import ValidationRecord
+from batchline.store.model import ValidationRecord, rollback_target
 
 DEFAULT_GPU_HOUR_PRICE = 3.50
 THROUGHPUT_BINS = 60
@@ -309,8 +309,7 @@ def _comparison(store: ReaderStore, name: str, version: str) -> tuple[str | None
     if published and published != version:
         return published, published, f"the version published as {name}"
     if published == version:
-        before = [p for p in store.publications(name) if p.version == version and p.action == "publish"]
-        compare_to = before[-1].previous if before else None
+        compare_to = rollback_target(store.publications(name), version)
         why = "the version published before this one" if compare_to else "nothing was published before this one"
         return published, compare_to, why
     return published, None, f"nothing is published as {name} yet"

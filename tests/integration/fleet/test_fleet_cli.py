@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,12 @@ def test_launch_k8s_prints_one_job_per_worker_with_the_jobs_grace_period(
 
 
 def test_launch_refuses_a_version_the_store_does_not_have(store_url: str, store: Store) -> None:
-    with pytest.raises(BatchlineError, match="no job version"):
+    with pytest.raises(BatchlineError, match=re.escape(f"no job version 'nope@1' in {store.where()}")) as k8s:
         run(["launch", "k8s", "--store", store_url, "--job", "nope@1", "--image", "i", "--queue", "q",
              "--store-secret", "s"])
-    with pytest.raises(BatchlineError, match="no job version"):
+    with pytest.raises(BatchlineError, match="no job version 'nope@1'") as ray:
         run(["launch", "ray", "--store", store_url, "--job", "nope@1"])
+    assert k8s.value.exit_code == ray.value.exit_code == 66
 
 
 def test_grants_refuses_a_sqlite_store(tmp_path: Path) -> None:

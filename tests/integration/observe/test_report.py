@@ -14,7 +14,8 @@ from batchline.cli import observe
 from batchline.errors import BatchlineError
 from batchline.ops.report.data import collect
 from batchline.ops.report.page import SENTINEL_JS, render, write_report
-from batchline.store import LeaseLost, ResultRow, Store
+from batchline.snapshot import Slice, read_slice
+from batchline.store import Lease, LeaseLost, ResultRow, Store
 from tests.helpers import planned
 from tests.integration.observe.support import EVIL, EVIL_LABEL, EVIL_NEW_LABEL, hostile_job, parse
 
@@ -103,11 +104,16 @@ def test_it_shows_what_the_store_holds(hostile: Any, store: Store, tmp_path: Pat
 def test_an_expired_and_re_leased_shard_is_on_the_timeline_without_the_clock_shift(
         job_factory: Any, store: Store) -> None:
     spec_path = job_factory(n=20, shards={"size": 10, "lease_seconds": 30})
-    _spec, version = planned(spec_path, store)
+    spec, version = planned(spec_path, store)
     ids = list(store.planned_ids(version))
 
     def rows(chosen: list[str]) -> list[ResultRow]:
-        return [ResultRow(i, '{"category":"a","summary":"s"}', None, 1, 3, 4) for i in chosen]
+        # Each row says its piece, as a worker's do: the fence refuses those that do not.
+        pieces = {r.id: r.piece for lease in (stalled, second) if lease is not None
+                  for r in read_slice(Slice.from_json(lease.slice), spec.input)}
+        return [ResultRow(i, '{"category":"a","summary":"s"}', None, 1, 3, 4, piece=pieces[i]) for i in chosen]
+
+    second: Lease | None = None
 
     stalled = store.claim("host:101:aaaaaa", version)
     assert stalled is not None and stalled.shard_no == 0

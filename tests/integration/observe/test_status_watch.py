@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
 import re
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from batchline.cli import main
 from batchline.cli.observe import watch_status, workers_alive
 from batchline.store import Store
 from tests.helpers import planned, start_worker, stop_all, wait_for
@@ -35,3 +40,24 @@ def test_watch_follows_workers_elsewhere_until_the_seal(job_factory: Any, store:
     done = [int(re.match(r"\w+ +([\d,]+)/", ln).group(1).replace(",", "")) for ln in lines]  # type: ignore[union-attr]
     assert done == sorted(done), "progress never goes backwards"
     assert workers_alive(store, version, store.now()) == 0
+
+
+def test_status_names_a_version_stopped_by_a_changed_input_instead_of_a_rate_and_an_eta(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec, version = planned(job_factory(n=100, shards={"size": 50}), store)
+    path = Path(spec.input.locations[0])
+    planned_input = path.read_bytes()
+    path.write_bytes(planned_input.replace(b"record number 70 ", b"record number 7X "))
+    assert start_worker(store_url, version, tmp_path / "w.log").wait(timeout=60) == 3
+    st = store.status(version)
+    assert st.results == 50 and st.records_per_second, "the first shard was done: there is a rate"
+    assert main(["status", version, "--store", store_url]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert "rec/s" not in line and "ETA" not in line
+    assert re.search(rf"\| stopped: shard 1: {re.escape(str(path))}:\d+: input changed since planning", line), line
+    assert main(["status", version, "--store", store_url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stopped"] == st.stopped
+    # Put back as planned, the input is read again: the version is no longer stopped.
+    path.write_bytes(planned_input)
+    assert start_worker(store_url, version, tmp_path / "w2.log").wait(timeout=60) == 0
+    assert store.status(version).stopped is None

@@ -89,7 +89,7 @@ def test_a_worker_under_the_role_does_its_job_and_nothing_else(job_factory: Any,
         assert not narrow.has_open_shards(other)
         assert narrow.job(other) is None and [j.version for j in narrow.jobs()] == [mine]
         with pytest.raises(StoreError, match="permission denied"):
-            narrow.publish(spec.name, mine, "intruder", None, None)
+            narrow.publish(spec.name, mine, "intruder", None, None, expected=None)
         with pytest.raises(StoreError, match="permission denied"):
             narrow.remove_version(other)
     finally:
@@ -106,7 +106,7 @@ def test_a_worker_under_the_role_does_its_job_and_nothing_else(job_factory: Any,
         "delete a dead letter": "DELETE FROM dead_letters WHERE version = %(v)s",
         "delete a shard": "DELETE FROM shards WHERE version = %(v)s",
         "delete events": "DELETE FROM events WHERE version = %(v)s",
-        "read the planned records": "SELECT count(*) FROM records WHERE version = %(v)s",
+        "write a planned record": "UPDATE records SET content_hash = 'x' WHERE version = %(v)s",
         "another job's result": "INSERT INTO results (version, record_id, shard_no, output, worker, epoch, "
                                 "attempt, created_at) VALUES (%(o)s, 'o000001', 0, '{}', 'x', 1, 1, 0)",
         "another job's event": "INSERT INTO events (version, ts, kind) VALUES (%(o)s, 0, 'seal')",
@@ -126,6 +126,9 @@ def test_a_worker_under_the_role_does_its_job_and_nothing_else(job_factory: Any,
         # Its own job, once sealed, is out of its reach too.
         assert conn.execute("UPDATE jobs SET state = 'ready' WHERE version = %s", (mine,)).rowcount == 0
         assert conn.execute("SELECT count(*) FROM events WHERE version = %s", (other,)).fetchone() == (0,)
+        # Its own planned records it may read (where the store holds its input), another job's not.
+        assert conn.execute("SELECT count(*) FROM records WHERE version = %s", (mine,)).fetchone() == (300,)
+        assert conn.execute("SELECT count(*) FROM records WHERE version = %s", (other,)).fetchone() == (0,)
     # The owner still sees the other job untouched, and can publish the worker's.
     assert all(r.owner is None and r.epoch == 0 for r in store.shard_rows(other))
     from batchline.check.validate import validate
@@ -174,3 +177,24 @@ def test_a_hosted_route_runs_under_the_role(job_factory: Any, store: Store, stor
             narrow.close()
     check_invariants(store, version, spec)
     assert store.route_totals(version)["hosted"].results == 10
+
+
+def test_a_job_over_a_published_job_runs_under_the_role_reading_only_its_own_versions_rows(
+        job_factory: Any, store: Store, store_url: str, role: str, tmp_path: Path) -> None:
+    from tests.integration.test_job_input import downstream_job, publish_upstream, texts_read
+
+    _up, upstream = publish_upstream(job_factory, store, make_records(150))
+    spec, version = planned(downstream_job(job_factory, shards={"size": 40}), store)
+    access = grant(store_url, version, role=role).access
+    assert [line for line in access if line.startswith(f"input job tickets (version {upstream}, output.summary)")]
+    url = as_role(store_url, role)
+    log = tmp_path / "worker.log"
+    assert start_worker(url, version, log).wait(timeout=120) == 0, log.read_text()[-3000:]
+    results, _dead = check_invariants(store, version, spec)
+    assert len(results) == 150 and "permission denied" not in log.read_text()
+    # The role reads its own version's records, with their text, and nothing of the upstream's.
+    with psycopg.connect(url, autocommit=True) as conn:
+        for table in ("records", "results", "dead_letters", "shards", "jobs"):
+            assert conn.execute(f"SELECT count(*) FROM {table} WHERE version = %s", (upstream,)).fetchone() == (0,)
+        rows = conn.execute("SELECT record_id, text FROM records WHERE version = %s", (version,)).fetchall()
+    assert dict(rows) == texts_read(store, version) and all(text for _rid, text in rows)

@@ -13,6 +13,7 @@ from batchline.errors import StoreError
 from batchline.store import (
     DeadLetterRow,
     DuplicateRecord,
+    InputRecord,
     Lease,
     LeaseLost,
     PlannedRecord,
@@ -39,6 +40,12 @@ def plan_version(store: Store, version: str = "job@1", shards: int = 3, per_shar
 
 def answer_all(store: Store, lease: Lease, ids: list[str]) -> None:
     store.put_results(lease, [ResultRow(rid, OUT) for rid in ids])
+
+
+def latest_publication(store: Store, name: str) -> int | None:
+    """The id a publisher passes as the publication it read (None: the name has none)."""
+    history = store.publications(name)
+    return history[-1].id if history else None
 
 
 def test_claim_sets_owner_epoch_and_expiry_from_the_database_clock(store: Store) -> None:
@@ -91,6 +98,24 @@ def test_duplicate_ids_are_refused_at_planning(store: Store) -> None:
         writer.add_records([PlannedRecord("b", 1, "h"), PlannedRecord("a", 1, "h")])
     assert (info.value.record_id, info.value.first_shard) == ("a", 0)
     writer.abort()
+
+
+def test_records_planned_with_their_input_are_read_back_by_position_in_their_version_only(store: Store) -> None:
+    # An input the store holds (a job over a published job): a worker reads its shard's records
+    # by position, text and ACL as planned (a record without text as None), and nothing of another version.
+    rows = [InputRecord(f"r{i}", None if i == 3 else f"text {i}", [f"g{i % 2}"] if i % 4 else None, f"h{i}", i)
+            for i in range(6)]
+    for version in ("job@1", "job@2"):
+        writer = store.begin_plan(version, "job", {"name": "job", "shards": {"lease_seconds": LEASE}})
+        writer.add_shards([PlannedShard(0, {}, 3), PlannedShard(1, {}, 3)])
+        mine = rows if version == "job@1" else [InputRecord(r.record_id, "other", None, "x", r.position)
+                                                for r in rows]
+        writer.add_records([PlannedRecord(r.record_id, r.position // 3, r.content_hash, r) for r in mine])
+        writer.commit(6, 2)
+    assert store.input_records("job@1", 2, 5) == rows[2:5]
+    assert store.input_records("job@1", 0, 6) == rows
+    assert store.input_records("job@1", 6, 9) == []
+    assert [r.text for r in store.input_records("job@2", 0, 2)] == ["other", "other"]
 
 
 def test_expired_lease_is_reclaimed_with_a_higher_epoch(store: Store) -> None:
@@ -260,6 +285,59 @@ def test_status_counts_shards_and_outcomes(store: Store) -> None:
     assert (st.records, st.results, st.dead_letters, st.pending) == (12, 3, 1, 8)
     assert st.dead_letters_by_kind == {"too_long": 1}
     assert st.records_done_last_minutes == 4
+
+
+def test_the_rate_counts_outcomes_written_before_their_shard_completes(store: Store) -> None:
+    ids = plan_version(store, shards=2, per_shard=4)
+    lease = store.claim("w1")
+    assert lease is not None
+    answer_all(store, lease, ids[0][:2])
+    store.dead_letter(lease, [DeadLetterRow(ids[0][2], "engine_error", "x")])
+    st = store.status("job@1", window_seconds=60)
+    assert st.shards["done"] == 0
+    assert st.records_done_last_minutes == 3
+    assert st.records_per_second is not None and st.records_per_second > 0
+    store.shift_clock(61)  # the outcomes are older than the window now
+    later = store.status("job@1", window_seconds=60)
+    assert later.records_done_last_minutes == 0 and later.records_per_second == 0
+
+
+def test_the_rate_is_counted_from_an_index_of_when_outcomes_were_written(store: Store) -> None:
+    plan_version(store)
+    q = store.q  # type: ignore[attr-defined]
+    params = {"v": "job@1", "since": 0.0}
+
+    def plan(tx: Any) -> str:
+        if store.url.startswith("sqlite"):
+            return " ".join(str(r[-1]) for r in tx.all(f"EXPLAIN QUERY PLAN {q.RECENT}", params))
+        # Tables this small are scanned whatever their indexes: what matters is that the
+        # index answers the query at all.
+        tx.run("SET LOCAL enable_seqscan = off")
+        return " ".join(str(r[0]) for r in tx.all(f"EXPLAIN {q.RECENT}", params))
+
+    text = store._write(plan)  # type: ignore[attr-defined]
+    if store.url.startswith("sqlite"):
+        assert "COVERING INDEX results_written" in text and "COVERING INDEX dead_letters_written" in text, text
+    else:
+        assert "Seq Scan" not in text and text.count("Index Only Scan") == 2 and "AND (created_at >=" in text, text
+
+
+def test_the_rate_leaves_out_what_no_worker_computed(store: Store) -> None:
+    ids = plan_version(store, "job@1", shards=1, per_shard=4)
+    lease = store.claim("w1")
+    assert lease is not None
+    answer_all(store, lease, ids[0])
+    store.complete(lease)
+    # The same records again: carried from job@1 at planning, none computed.
+    writer = store.begin_plan("job@2", "job", {"name": "job", "shards": {"lease_seconds": LEASE}})
+    writer.add_shards([PlannedShard(0, {"shard": 0}, 5)])
+    writer.add_records([PlannedRecord(rid, 0, "h") for rid in [*ids[0], "new"]])
+    writer.carry_from("job@1")
+    writer.add_dead_letters(0, [DeadLetterRow("new", "too_long", "over the cap")])
+    writer.commit(5, 1)
+    st = store.status("job@2")
+    assert (st.results, st.dead_letters) == (4, 1)
+    assert st.records_done_last_minutes == 0
 
 
 def test_clock_shift_is_seen_by_every_connection(store: Store, open_again: Callable[[], Store]) -> None:
@@ -470,6 +548,27 @@ def test_a_split_moves_the_unstarted_tail_to_a_new_shard_and_fences_the_owner_of
     assert store.status("job@1").results == 15
 
 
+def test_a_row_that_does_not_say_its_piece_is_refused_past_a_split_point(store: Store) -> None:
+    ids = plan_pieces(store, pieces=8, per_piece=2)
+    owner = store.claim("slow")
+    assert owner is not None and store.split("job@1", "idle") == 1  # pieces 4..7 move
+    owner = store.renew(owner)
+    assert owner is not None and owner.end_piece == 4
+    # Rows that do not say their piece could be any piece's: past the split point they
+    # would be the other shard's records, so none is written, before it or past it.
+    assert store.put_results(owner, [ResultRow(ids[6][0], OUT), ResultRow(ids[1][0], OUT)]) == 0
+    assert store.dead_letter(owner, [DeadLetterRow(ids[7][0], "too_long", "x")]) == 0
+    assert store.charge_attempt(owner, ids[5][0], "engine_error", "x", None, 1).attempts == 0
+    assert store.status("job@1").results == store.status("job@1").dead_letters == 0
+    assert store.put_results(owner, rows_of(ids, range(0, 4))) == 8
+    store.complete(owner)
+    tail = store.claim("idle")
+    assert tail is not None and store.put_results(tail, rows_of(ids, range(4, 8))) == 8
+    store.complete(tail)
+    cov = store.coverage("job@1")
+    assert (cov.records, cov.missing, cov.unexpected, cov.both) == (16, 0, 0, 0)
+
+
 def test_a_split_needs_two_unstarted_pieces_a_live_lease_and_a_local_shard(store: Store) -> None:
     plan_pieces(store, pieces=3)
     assert store.split("job@1", "idle") is None  # nothing leased
@@ -531,4 +630,7 @@ def test_status_route_totals_and_tokens_read_no_result_row(store: Store, monkeyp
     totals = store.route_totals("job@1")["local"]
     assert store.token_totals("job@1") == (12, 8)
     assert (st.results, totals.results, totals.input_tokens, totals.output_tokens) == (4, 4, 12, 8)
-    assert seen and not [s for s in seen if " results " in f" {s} "], "a statement read the results table"
+    # But for the rate: it counts the outcomes written within its window (from an index
+    # of when they were written), not every result.
+    rate = " ".join(str(store.q.RECENT).split())  # type: ignore[attr-defined]
+    assert seen and [s for s in seen if " results " in f" {s} "] == [rate], "a statement read the results table"

@@ -11,7 +11,7 @@ import pytest
 
 from batchline.errors import StoreError
 from batchline.store import LeaseLost, ResultRow, Store, open_store
-from tests.integration.store.test_contract import OUT, answer_all, plan_version
+from tests.integration.store.test_contract import OUT, answer_all, latest_publication, plan_version
 
 WHO = "ops@host"
 
@@ -55,8 +55,8 @@ def test_the_published_version_and_the_one_a_rollback_returns_to_are_neither_can
         store: Store) -> None:
     for version in ("job@1", "job@2", "job@3"):
         seal(store, version, plan_version(store, version))
-    store.publish("job", "job@1", WHO, None, None)
-    store.publish("job", "job@2", WHO, None, None)
+    store.publish("job", "job@1", WHO, None, None, expected=None)
+    store.publish("job", "job@2", WHO, None, None, expected=latest_publication(store, "job"))
     assert store.published() == {"job": "job@2"}
     for verb, operation in (("cancel", lambda v: store.cancel(v, WHO, None)),
                             ("delete", lambda v: store.delete(v, WHO))):
@@ -69,7 +69,7 @@ def test_the_published_version_and_the_one_a_rollback_returns_to_are_neither_can
     # A sealed version that was never published may be cancelled, and is then never published.
     assert store.cancel("job@3", WHO, "superseded") is True
     with pytest.raises(StoreError, match="cannot publish job@3: it is not sealed"):
-        store.publish("job", "job@3", WHO, None, None)
+        store.publish("job", "job@3", WHO, None, None, expected=latest_publication(store, "job"))
     assert store.resolve_name("job") == "job@2"
 
 

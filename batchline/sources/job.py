@@ -1,0 +1,271 @@
+"""A published job's results as a job's input (`input.job`): a job over a job.
+
+    input:
+      job: ticket-triage        # the name a version of it is published under
+      field: output.summary     # the text each record is read from
+      acl_field: acl            # the upstream's ACL field: its records' ACLs are carried
+
+The input is pinned at planning to the version the name is published at then
+(`job_version` is written into the stored spec; a spec may also name a sealed
+version of the job itself). The upstream version and the field are the
+snapshot's pin, so the version hash moves when either does, and an incremental
+run (`base: published`) carries every record whose text and ACL are unchanged.
+
+Each record is one of the upstream's results: its id, the text of the chosen
+output field, and its ACL. Upstream dead letters are not records. A result whose
+field is missing, null or not text is a record without text: the planner
+dead-letters it (kind `missing_text`, no attempt charged), so coverage and the
+dead-letter gate account for it. Planning copies the records into the
+downstream version's own rows in the store (text, ACL, content hash, position),
+and a worker reads its shard's from there: under the narrow role it reads its
+own version's rows and nothing of the upstream's, and a republish of the
+upstream after planning changes nothing the downstream reads.
+
+`acl_field` must be given exactly when the upstream carries ACLs, and must name
+the upstream's: a downstream never drops the access rules its records came
+with, and a reader of its results (a search index) knows they are there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import closing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar
+
+from batchline.errors import InputError, SpecError
+from batchline.sources.base import (
+    KeyedFamily,
+    ParseContext,
+    Pin,
+    Snapshot,
+    SourceContext,
+    StoredRow,
+)
+from batchline.spec.model import NAME_PATTERN, STORED
+
+if TYPE_CHECKING:
+    from batchline.spec.model import InputSpec
+    from batchline.spec.reader import Fields, SpecReader
+    from batchline.store import JobInfo, ReaderStore
+
+FIELD_PATTERN = re.compile(r"^output(\.[A-Za-z0-9_][A-Za-z0-9_-]*)+$")
+
+OPTIONS: Fields = {
+    "field": {"type": "string", "pattern": FIELD_PATTERN.pattern,
+              "description": "With input.job: the output field each record's text is read from "
+                             "(output.NAME, output.NAME.INNER for a nested one)",
+              "examples": ["output.summary"]},
+    "job_version": {"type": "string", "minLength": 1,
+                    "description": "With input.job: the sealed version of it read (the one published when the "
+                                   "job is planned when left out; written in at planning)"},
+}
+
+# What the rest of the input section says of a file, and why a job's records need none of it.
+_NOT_WITH_JOB = {
+    "id_field": "each record keeps its id from the upstream job",
+    "text_field": "input.field names the output field read",
+    "ids": "each record keeps its id from the upstream job",
+    "format": "the records are read from the store",
+    "acl_missing": "every record keeps the ACL the upstream's record has",
+}
+
+
+def _store(url: str | None, where: str) -> ReaderStore:
+    from batchline.store import open_store
+
+    if url is None:
+        raise InputError(f"{where}: a job over a published job is read from the store, and none was given")
+    return open_store(url, create=False)
+
+
+def field_value(output: Any, field: str) -> tuple[str | None, str | None]:
+    """The text at `field` (output.a.b) of a result's output, or None and why there is none."""
+    value = output
+    for part in field.split(".")[1:]:
+        if not isinstance(value, dict) or part not in value:
+            return None, "is missing"
+        value = value[part]
+    if value is None:
+        return None, "is null"
+    if not isinstance(value, str):
+        return None, f"is not text ({type(value).__name__})"
+    return value, None
+
+
+class UpstreamRecords:
+    """The upstream version's results as rows of text: the one location of a job input."""
+
+    def __init__(self, store_url: str, version: str, field: str) -> None:
+        self.store_url = store_url
+        self.version = version
+        self.field = field
+        self.location = f"job:{version}"
+
+    def rows(self) -> Iterator[StoredRow]:
+        with closing(_store(self.store_url, self.location)) as store:
+            for result in store.iter_results(self.version):
+                try:
+                    output = json.loads(result.output) if result.output is not None else None
+                except ValueError:
+                    output = None
+                text, why = field_value(output, self.field)
+                yield StoredRow(result.record_id, text, result.acl,
+                                None if why is None else f"{self.field} {why} in {self.version}")
+
+    # What a location of a file would be read through: a job's records are rows, never bytes.
+    def _no_bytes(self) -> InputError:
+        return InputError(f"{self.location}: a job's records are read from the store, not as a file")
+
+    def pin(self) -> Pin:
+        raise self._no_bytes()
+
+    def stream(self) -> BinaryIO:
+        raise self._no_bytes()
+
+    def read(self, start: int, end: int) -> bytes:
+        raise self._no_bytes()
+
+    def random_access(self) -> BinaryIO:
+        raise self._no_bytes()
+
+    def still(self, pin: Pin) -> bool:
+        return True
+
+    def slice_pin(self) -> Pin | None:
+        return None
+
+
+@dataclass(frozen=True)
+class JobSource:
+    """`input.job`: a published job's results, the text of one output field each."""
+
+    name: str
+    field: str
+    version: str | None = None  # the upstream version read, pinned at planning
+    format: str | None = STORED
+
+    @property
+    def locations(self) -> tuple[str, ...]:
+        return ()
+
+    def describe(self) -> str:
+        at = self.version or f"the version published as {self.name}"
+        return f"{self.field} of job {self.name} ({at})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.name, "field": self.field, **({"job_version": self.version} if self.version else {})}
+
+    def snapshot(self, ctx: SourceContext) -> Snapshot:
+        url = ctx.store_url
+        with closing(_store(url, self.describe())) as store:
+            upstream = self.upstream(store, ctx.input)
+        assert url is not None
+        pinned = JobSource(self.name, self.field, upstream.version)
+        material = f"{upstream.version}\0{self.field}".encode()
+        pin = Pin(f"job:{self.name}", upstream.record_count, digest="sha256:" + hashlib.sha256(material).hexdigest())
+
+        def still() -> bool:
+            # A sealed version never changes; it can only be removed meanwhile.
+            with closing(_store(url, pinned.describe())) as store:
+                job = store.job(upstream.version)
+            return job is not None and job.state == "sealed"
+
+        return Snapshot(pinned, [UpstreamRecords(url, upstream.version, self.field)], [pin], still)
+
+    def upstream(self, store: ReaderStore, spec: InputSpec) -> JobInfo:
+        """The version read (the one named, else the one published now), once it is known to
+        be a sealed version of the job whose output has the field, and whose ACLs the spec
+        carries."""
+        version = self.version or store.resolve_name(self.name)
+        if version is None:
+            raise InputError(f"input.job: nothing is published as {self.name!r} in {store.url}; publish a version "
+                             "of it first (or name a sealed one in input.job_version)")
+        job = store.job(version)
+        if job is None or job.name != self.name:
+            what = "no such version" if job is None else f"a version of {job.name!r}, not of {self.name!r}"
+            raise InputError(f"input.job_version: {version} is {what} in {store.url}")
+        if job.state != "sealed":
+            raise InputError(f"input.job_version: {version} is {job.state}; only a sealed version is read")
+        _check_field(self.field, job)
+        _check_acl(spec, job)
+        return job
+
+
+def _check_field(field: str, job: JobInfo) -> None:
+    """A field the upstream's output schema does not declare is a typo, refused with the fields it has."""
+    schema: Any = job.spec.get("output", {}).get("schema", {})
+    walked = "output"
+    for part in field.split(".")[1:]:
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(properties, dict):
+            return  # a schema that does not list its fields: each record says what it has
+        if part not in properties:
+            raise SpecError(f"input.field: {job.name}'s output schema ({job.version}) has no {walked}.{part} "
+                            f"(fields of {walked}: {', '.join(sorted(properties)) or 'none'})")
+        schema = properties[part]
+        walked = f"{walked}.{part}"
+    kinds = schema.get("type") if isinstance(schema, dict) else None
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    if isinstance(kinds, list) and "string" not in kinds:
+        raise SpecError(f"input.field: {field} of {job.name} is {' or '.join(map(str, kinds))} in its output schema; "
+                        "a job reads text")
+
+
+def _check_acl(spec: InputSpec, job: JobInfo) -> None:
+    theirs = job.spec.get("input", {}).get("acl_field")
+    if spec.acl_field == theirs:
+        return
+    if theirs is None:
+        raise SpecError(f"input.acl_field: {job.version}'s records carry no ACL (its input has no acl_field); "
+                        "leave it out")
+    raise SpecError(f"input.acl_field: {job.version}'s records carry the ACLs of its input.acl_field {theirs!r}; "
+                    f"set input.acl_field: {theirs} so that they are carried (a downstream never drops them)")
+
+
+class JobInput(KeyedFamily):
+    """A published job's results as the input (`input.job`, with `input.field`)."""
+
+    name = "job"
+    keys: ClassVar[Fields] = {"job": {"type": "string", "pattern": NAME_PATTERN.pattern,
+                                      "description": "A published job: its results are the records (pinned at "
+                                                     "planning to the version published then)",
+                                      "examples": ["ticket-triage"]}}
+    options: ClassVar[Fields] = OPTIONS
+
+    def parse(self, key: str, section: Mapping[str, Any], r: SpecReader, ctx: ParseContext) -> JobSource:
+        name = r.string(section[key], "input.job")
+        if not NAME_PATTERN.match(name):
+            r.fail("input.job", f"{name!r} is not a job's name (lower-case letters, digits, '-' or '_')")
+        if section.get("field") is None:
+            r.fail("input.field", "is required with input.job: the output field each record's text is read from "
+                                  "(for example output.summary)")
+        field = r.string(section["field"], "input.field")
+        if not FIELD_PATTERN.match(field):
+            r.fail("input.field", f"{field!r} must name a field of the job's output: output.NAME "
+                                  "(output.NAME.INNER for a nested one)")
+        version = r.optional_string(section.get("job_version"), "input.job_version")
+        if version is not None and not version.startswith(f"{name}@"):
+            r.fail("input.job_version", f"{version!r} is not a version of {name!r} ({name}@...)")
+        if not ctx.resolved:  # a stored spec writes the fields every input has
+            for other, why in _NOT_WITH_JOB.items():
+                if section.get(other) is not None:
+                    r.fail(f"input.{other}", f"is not used with input.job: {why}")
+        return JobSource(name, field, version)
+
+    def access(self, section: Mapping[str, Any]) -> list[str]:
+        if not section.get("job"):
+            return []
+        return [f"input job {section['job']} (version {section.get('job_version')}, {section.get('field')}): "
+                "read from the version's own records in the store, which planning copied there; the worker "
+                "needs nothing outside the database, and nothing of the upstream's rows"]
+
+    def reads_versions(self, section: Mapping[str, Any]) -> list[str]:
+        version = section.get("job_version") if section.get("job") else None
+        return [str(version)] if version else []
+
+
+JOB = JobInput()
