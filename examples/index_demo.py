@@ -6,9 +6,10 @@ as two groups.
 1. The triage example on the synthetic engine (examples/tickets/synthetic.yaml over the
    299 tickets of demo.jsonl) is run and published: a category and a summary per ticket,
    each result with its ticket's ACL.
-2. An embedding job (the packaged MiniLM model) over the published summaries, with each
-   ticket's ACL, publishes its vectors into a LanceDB index under the demo's folder
-   (`output.index`).
+2. An embedding job (the packaged MiniLM model) over the published triage's summaries
+   (`input.job`, `input.field: output.summary`: each ticket's ACL comes with it) publishes
+   its vectors into a LanceDB index under the demo's folder (`output.index`), each row
+   with the ticket's category and summary.
 3. `batchline search` as two groups, with a ticket's own summary as the query: a ticket
    only the service desk may see (ACL `["it-service-desk"]`) never reaches a caller of the
    group `hr-confidential`, and comes first for a caller of `it-service-desk`; an HR ticket
@@ -53,30 +54,26 @@ def triage_spec(out: Path) -> Path:
     return path
 
 
-def summaries(store_url: str, name: str, out: Path) -> Path:
-    """The published triage's summaries, each with its ticket's ACL, as the embedding job's input."""
-    jobs = Jobs(store_url)
+def summaries(store_url: str, name: str, out: Path) -> list[dict[str, Any]]:
+    """The published triage's summaries with their tickets' ACLs, to choose the queries from."""
     exported = out / "triage-results.jsonl"
-    jobs.export(name, out=exported)
-    path = out / "summaries.jsonl"
-    with path.open("w", encoding="utf-8") as f:
-        for line in exported.read_text().splitlines():
-            row = json.loads(line)
-            f.write(json.dumps({"id": row["id"], "summary": row["output"]["summary"], "acl": row["acl"]}) + "\n")
-    return path
+    Jobs(store_url).export(name, out=exported)
+    return [{"id": row["id"], "summary": row["output"]["summary"], "acl": row["acl"]}
+            for row in map(json.loads, exported.read_text().splitlines())]
 
 
-def embedding_spec(out: Path, source: Path) -> Path:
+def embedding_spec(out: Path, triage: str) -> Path:
     from batchline.engines.models import MINILM_PACKAGE, packaged_model_digest
 
     (out / "embedding.schema.json").write_text(json.dumps(EMBEDDING_SCHEMA, indent=2))
     spec = {
         "name": "ticket-summaries",
-        "input": {"path": str(source), "id_field": "id", "text_field": "summary", "acl_field": "acl"},
+        "input": {"job": triage, "field": "output.summary", "acl_field": "acl"},
         "model": {"engine": "embedding", "digest": packaged_model_digest(MINILM_PACKAGE),
                   "options": {"device": "cpu"}},
         "prompt": {"text": "Embed the summary.\n", "version": "v1"},
-        "output": {"schema": "embedding.schema.json", "index": {"uri": str(out / "index")}},
+        "output": {"schema": "embedding.schema.json",
+                   "index": {"uri": str(out / "index"), "fields": ["category", "summary"]}},
         "shards": {"size": 100, "batch_size": 32},
     }
     path = out / "embedding.yaml"
@@ -92,7 +89,7 @@ def search(store_url: str, query: str, group: str, k: int = 5) -> list[dict[str,
     found = json.loads(done.stdout)
     print(f"\n$ batchline search ticket-summaries --query {query[:40]!r}... --groups {group} --k {k}")
     for hit in found["hits"]:
-        print(f"  {hit['score']:.4f}  {hit['id']}")
+        print(f"  {hit['score']:.4f}  {hit['id']}  {hit['fields']['category']:<14}  {hit['fields']['summary'][:50]!r}")
     hits: list[dict[str, Any]] = found["hits"]
     return hits
 
@@ -108,12 +105,11 @@ def main() -> int:
     for spec in (triage_spec(out),):
         if batchline("run", str(spec), "--store", store_url, "--workers", "1", "--publish").returncode != 0:
             return 1
-    source = summaries(store_url, triage, out)
-    if batchline("run", str(embedding_spec(out, source)), "--store", store_url, "--workers", "1",
+    if batchline("run", str(embedding_spec(out, triage)), "--store", store_url, "--workers", "1",
                  "--publish").returncode != 0:
         return 1
 
-    rows = [json.loads(line) for line in source.read_text().splitlines()]
+    rows = summaries(store_url, triage, out)
     desk_only = next(r for r in rows if r["acl"] == ["it-service-desk"])
     hr = next(r for r in rows if "hr-confidential" in r["acl"])
     print(f"\nticket {desk_only['id']} (acl {desk_only['acl']}): {desk_only['summary']!r}")

@@ -33,7 +33,7 @@ null matches no group and is never returned.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -129,24 +129,35 @@ class IndexOutput:
         return LanceIndex(self, storage)
 
     def check(self, spec: JobSpec, store_url: str | None) -> None:
-        refusal = self.refusal(spec)
+        upstream_props: dict[str, Any] = {}
+        version = upstream_version(spec)
+        if version is not None and store_url is not None:
+            from contextlib import closing
+
+            from batchline.store import open_store
+
+            with closing(open_store(store_url, create=False)) as store:
+                job = store.job(version)
+            upstream_props = _properties(job.spec.get("output", {}).get("schema")) if job is not None else {}
+        refusal = self.refusal(spec, upstream_props)
         if refusal is not None:
             raise SpecError(f"output.index: {refusal}")
 
-    def refusal(self, spec: JobSpec) -> str | None:
-        """Why this index cannot take the job's results, or None."""
+    def refusal(self, spec: JobSpec, upstream: Mapping[str, Any] | None = None) -> str | None:
+        """Why this index cannot take the job's results, or None; `upstream`: the output
+        fields of the job it reads (input.job), which rows may hold too."""
         if spec.input.acl_field is None:
             return ("the job has no input.acl_field, and the index never holds a row nobody decided the access "
                     "of: name the records' ACL field (input.acl_missing says what a missing one means)")
-        props = spec.output_schema.get("properties")
-        props = props if isinstance(props, dict) else {}
+        props = _properties(spec.output_schema)
         vector = props.get(self.vector_field)
         if not isinstance(vector, dict) or vector.get("type") != "array":
             return (f"vector_field {self.vector_field!r} is not an array in the output schema (an embedding "
                     f"engine's output is {{\"embedding\": [...]}})")
         for name in self.fields:
-            if name not in props:
-                return f"field {name!r} is not in the output schema (it has {', '.join(sorted(props)) or 'none'})"
+            if name not in props and name not in (upstream or {}):
+                have = sorted(props) + [f"{f} (of input.job's output)" for f in sorted(upstream or {})]
+                return f"field {name!r} is not in the output schema (it has {', '.join(have) or 'none'})"
         return None
 
     def table_for(self, name: str) -> str:
@@ -217,17 +228,23 @@ class LanceIndex:
         db = self.connect()
         name = table_name(self.output.table_for(info.name), version)
         if not _has_table(db, name):
-            schema, batches = self.rows(spec, version, store.iter_results(version))
+            schema, batches = self.rows(spec, version, store.iter_results(version), _upstream_reader(store, spec))
             write_table(db, name, schema, batches)
         build_indexes(db.open_table(name), self.output)
 
-    def rows(self, spec: JobSpec, version: str, results: Iterator[StoredResult]) -> tuple[Any, Iterator[Any]]:
-        """The Arrow schema of the version's table and its rows in batches. The vector's
-        length is the first result's; a result of another length is refused by its id."""
+    def rows(self, spec: JobSpec, version: str, results: Iterator[StoredResult],
+             upstream: Upstream | None = None) -> tuple[Any, Iterator[Any]]:
+        """The Arrow schema of the version's table and its rows in batches. A chosen field
+        is the result's own output field, else (`upstream`, for a job over a job) the
+        upstream result's. The vector's length is the first result's; a result of another
+        length is refused by its id."""
         import pyarrow as pa
 
-        props = spec.output_schema.get("properties") or {}
-        columns = [(name, *_arrow_type(props.get(name))) for name in self.output.fields]
+        props = _properties(spec.output_schema)
+        theirs = upstream.properties if upstream is not None else {}
+        own = [name for name in self.output.fields if name in props or name not in theirs]
+        columns = [(name, *_arrow_type(props.get(name) if name in own else theirs.get(name)))
+                   for name in self.output.fields]
         first = next(results, None)
         dims = len(self._vector(first)) if first is not None else _schema_dims(props.get(self.output.vector_field))
         schema = pa.schema([
@@ -241,6 +258,10 @@ class LanceIndex:
 
         def batch(rows: list[StoredResult]) -> Any:
             outputs = [orjson.loads(r.output) for r in rows]
+            if upstream is not None and len(own) < len(self.output.fields):
+                found = upstream.outputs([r.record_id for r in rows])
+                outputs = [{**{k: v for k, v in found.get(r.record_id, {}).items() if k not in own}, **out}
+                           if isinstance(out, dict) else out for r, out in zip(rows, outputs, strict=True)]
             vectors: list[float] = []
             for r, out in zip(rows, outputs, strict=True):
                 vector = self._vector(r, out)
@@ -337,6 +358,40 @@ class LanceIndex:
                      for f in self.output.fields}, str(row[VERSION])) for row in rows]
 
 
+@dataclass(frozen=True)
+class Upstream:
+    """The results of the version a job over a job reads (input.job), for the fields its
+    rows take from there."""
+
+    properties: Mapping[str, Any]
+    outputs: Callable[[list[str]], dict[str, Any]]  # record ids -> each one's upstream output
+
+
+def upstream_version(spec: JobSpec) -> str | None:
+    """The version of another job this job's input reads (input.job, pinned at planning)."""
+    from batchline.sources.job import JobSource
+
+    source = spec.input.source
+    return source.version if isinstance(source, JobSource) else None
+
+
+def _upstream_reader(store: ReaderStore, spec: JobSpec) -> Upstream | None:
+    version = upstream_version(spec)
+    job = store.job(version) if version is not None else None
+    if version is None or job is None:
+        return None
+
+    def outputs(ids: list[str]) -> dict[str, Any]:
+        return {rid: orjson.loads(r.output) for rid, r in store.results_for(version, ids).items()}
+
+    return Upstream(_properties(job.spec.get("output", {}).get("schema")), outputs)
+
+
+def _properties(schema: Any) -> dict[str, Any]:
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    return dict(props) if isinstance(props, dict) else {}
+
+
 def _has_table(db: Any, name: str) -> bool:
     try:
         db.open_table(name)
@@ -352,10 +407,22 @@ def write_table(db: Any, name: str, schema: Any, batches: Iterator[Any]) -> None
     wrote the same version's rows, so its table is taken as this one."""
     import pyarrow as pa
 
-    reader = pa.RecordBatchReader.from_batches(schema, batches)
+    refused: list[BatchlineError] = []
+
+    def kept(source: Iterator[Any]) -> Iterator[Any]:
+        # Lance reports an error raised while it reads the rows as its own; ours is one line.
+        try:
+            yield from source
+        except BatchlineError as exc:
+            refused.append(exc)
+            raise
+
+    reader = pa.RecordBatchReader.from_batches(schema, kept(batches))
     try:
         db.create_table(name, data=reader, schema=schema, mode="create")
     except (OSError, ValueError, RuntimeError) as exc:
+        if refused:
+            raise refused[0] from None
         if "exist" in str(exc).lower() and _has_table(db, name):
             return
         raise
@@ -417,7 +484,8 @@ INDEX_FIELDS: Fields = {
     "vector_field": {"type": "string", "minLength": 1, "default": IndexOutput.vector_field,
                      "description": "The output field holding the vector"},
     "fields": {"type": "array", "items": {"type": "string", "minLength": 1}, "default": [],
-               "description": "Output fields each row holds and each hit returns"},
+               "description": "Output fields each row holds and each hit returns: this job's, or the output "
+                              "fields of the job it reads (input.job)"},
     "approximate_min_rows": {"type": "integer", "minimum": 1, "default": DEFAULT_APPROXIMATE_MIN_ROWS,
                              "description": "Versions of at least this many rows get an approximate (IVF_PQ) index"},
     "nprobes": {"type": "integer", "minimum": 1, "default": DEFAULT_NPROBES,

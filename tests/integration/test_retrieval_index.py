@@ -320,3 +320,33 @@ def test_each_hit_carries_its_chosen_fields_typed_as_the_output_schema_says(tmp_
     rows.append(StoredResult("odd", json.dumps({"embedding": [1.0, 0.0, 0.0]}), ["g"], 0, "w", 1, 1, 0.0, None, None))
     with pytest.raises(BatchlineError, match="record 'odd': its embedding has 3 values, not 2"):
         list(index.rows(spec, version, iter(rows))[1])
+
+
+def test_an_index_over_a_published_job_holds_the_upstream_s_fields_and_acls(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    records = make_records(12)
+    records[4]["acl"] = ["legal"]
+    upstream = sealed(job_factory(records, name="triage"), store)
+    publish(store, upstream)
+    d = tmp_path / "over-job"
+    d.mkdir()
+    (d / "schema.json").write_text(json.dumps(VECTOR_SCHEMA))
+    spec = {"name": "tickets-index", "input": {"job": "triage", "field": "output.summary", "acl_field": "acl"},
+            "model": {"engine": "synthetic"}, "prompt": {"text": "Embed.\n", "version": "v1"},
+            "output": {"schema": "schema.json",
+                       "index": {"uri": str(tmp_path / "index"), "fields": ["category", "summary"]}}}
+    (d / "job.yaml").write_text(yaml.safe_dump(spec))
+    version = sealed(d / "job.yaml", store)
+    publish(store, version)
+    expected = {r.record_id: json.loads(r.output) for r in store.iter_results(upstream)}
+    found = Jobs(store_url).search("tickets-index", "anything", ["legal"], k=5)
+    assert [(h.record_id, h.fields) for h in found.hits] == [("r000004", expected["r000004"])]
+    found = Jobs(store_url).search("tickets-index", "anything", ["group-1"], k=20)
+    assert sorted(h.record_id for h in found.hits) == ["r000001", "r000007", "r000010"]
+    assert all(h.fields == expected[h.record_id] for h in found.hits)
+    # A field neither job's output has is refused at planning, naming those there are.
+    spec["output"]["index"]["fields"] = ["categry"]  # type: ignore[index]
+    spec["prompt"]["version"] = "v2"  # type: ignore[index]
+    (d / "job.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(SpecError, match=r"field 'categry' is not in the output schema .*category \(of input\.job's"):
+        plan(load_spec(d / "job.yaml"), store)
