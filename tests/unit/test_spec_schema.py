@@ -35,6 +35,7 @@ def rich_specs(folder: Path) -> list[dict[str, Any]]:
         "prompt": {"text": "Classify.\n", "version": "v1", "examples": {"file": "examples.jsonl", "k": 1}},
         "decoding": {"temperature": 0, "max_tokens": 16, "stop": ["\n\n"]},
         "output": {"schema": SCHEMA_FILE, "label_field": "category", "table": {"catalog": "store", "name": "a.b"},
+                   "index": {"uri": "index", "fields": ["summary"]},
                    "dataset": "datasets"},
         "shards": {"size": 10},
         "validate": {"max_dead_letter_rate": 0.1, "drift": {"max_psi": 1},
