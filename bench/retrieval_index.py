@@ -14,7 +14,8 @@ searches (seeded random unit vectors) as the group `all` (unselective: every row
 and as `rare` (selective: 1%), exact; the IVF_PQ index is built (its seconds reported) and
 the same searches run approximate (the target's nprobes and refine factor, falling back to
 exact where fewer than k come back). recall@10: the share of the exact top k the
-approximate search returns. Bytes per row: the table's folder, before and after the
+approximate search returns (--nprobes and --refine-factor: the same searches with other
+settings on the same index). Bytes per row: the table's folder, before and after the
 vector index, over the rows.
 """
 
@@ -103,7 +104,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run(rows: int, queries: int, dims: int, k: int, root: Path) -> dict[str, Any]:
+def run(rows: int, queries: int, dims: int, k: int, root: Path, probes: list[int] = [],  # noqa: B006
+        refines: list[int] = []) -> dict[str, Any]:  # noqa: B006
     spec = spec_for(root, dims)
     output = IndexOutput(str(root / "index"), approximate_min_rows=rows + 1)
     index = LanceIndex(output)
@@ -124,7 +126,7 @@ def run(rows: int, queries: int, dims: int, k: int, root: Path) -> dict[str, Any
     qs = unit_vectors(np.random.default_rng(7), queries, dims)
     groups = {"unselective": ["all"], "selective 1%": ["rare"]}
 
-    def searches(exact: bool) -> dict[str, tuple[list[float], list[list[str]]]]:
+    def searches(exact: bool, index: LanceIndex = index) -> dict[str, tuple[list[float], list[list[str]]]]:
         out: dict[str, tuple[list[float], list[list[str]]]] = {}
         for label, g in groups.items():
             index.search("bench", VERSION, qs[0].tolist(), g, k, exact=exact)  # warm the caches
@@ -144,6 +146,11 @@ def run(rows: int, queries: int, dims: int, k: int, root: Path) -> dict[str, Any
     index_seconds = time.perf_counter() - started
     bytes_approx = folder_bytes(table_dir)
     approx = searches(exact=False)
+    settings = {}
+    for nprobes in probes:
+        for refine in refines:
+            tuned = LanceIndex(IndexOutput(output.uri, nprobes=nprobes, refine_factor=refine))
+            settings[(nprobes, refine)] = searches(exact=False, index=tuned)
 
     figures: dict[str, Any] = {"rows": rows, "dims": dims, "queries": queries, "k": k,
                                "write_rows_per_s": rows / write_seconds, "write_seconds": write_seconds,
@@ -155,9 +162,16 @@ def run(rows: int, queries: int, dims: int, k: int, root: Path) -> dict[str, Any
             times = found[label][0]
             figures[f"{kind} {label} p50 ms"] = 1000 * statistics.median(times)
             figures[f"{kind} {label} p99 ms"] = 1000 * percentile(times, 0.99)
-        recall = [len(set(a) & set(e)) / k for a, e in zip(approx[label][1], exact[label][1], strict=True)]
-        figures[f"recall@{k} {label}"] = statistics.mean(recall)
+        figures[f"recall@{k} {label}"] = recall(approx[label][1], exact[label][1], k)
+        for (nprobes, refine), found in settings.items():
+            where = f"nprobes {nprobes}, refine {refine}"
+            figures[f"approximate {label} p50 ms ({where})"] = 1000 * statistics.median(found[label][0])
+            figures[f"recall@{k} {label} ({where})"] = recall(found[label][1], exact[label][1], k)
     return figures
+
+
+def recall(approx: list[list[str]], exact: list[list[str]], k: int) -> float:
+    return statistics.mean(len(set(a) & set(e)) / k for a, e in zip(approx, exact, strict=True))
 
 
 def main() -> int:
@@ -166,11 +180,15 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--dims", type=int, default=384)
     parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--nprobes", type=int, nargs="*", default=[],
+                        help="also search the approximate index with these nprobes (each with each --refine-factor)")
+    parser.add_argument("--refine-factor", type=int, nargs="*", default=[DEFAULT_REFINE_FACTOR])
     parser.add_argument("--work-dir", type=Path, default=None, help="where the tables go (default: a temporary folder)")
     args = parser.parse_args()
     for rows in args.rows:
         with tempfile.TemporaryDirectory(prefix="bench-index-", dir=args.work_dir) as tmp:
-            figures = run(rows, args.queries, args.dims, args.k, Path(tmp))
+            figures = run(rows, args.queries, args.dims, args.k, Path(tmp), args.nprobes,
+                          args.refine_factor if args.nprobes else [])
         width = max(len(key) for key in figures)
         print(f"== {rows:,} rows")
         for key, value in figures.items():
