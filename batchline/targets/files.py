@@ -114,6 +114,27 @@ def _table(pa: Any, schema: Any, rows: list[StoredResult], version: str) -> Any:
     }, schema=schema)
 
 
+def umask() -> int:
+    """The process's umask, read without changing it where Linux says it (os.umask can only
+    be read by setting it, which another thread creating a file at that moment would see)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def as_umask_allows(path: Path, *, folder: bool = False) -> None:
+    """The mode a file or folder made by open() or mkdir() would have. Scratch files and folders
+    (mkstemp, mkdtemp) are private to their writer whatever the umask, and an export renamed
+    into place keeps that: a loader running as another user could not read it."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~umask())
+
+
 def atomic_write(out: Path, write: Any) -> int:
     """`write(tmp)` into a file beside `out`, then renamed over it: readers see the old file or the new."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -122,6 +143,7 @@ def atomic_write(out: Path, write: Any) -> int:
     tmp = Path(name)
     try:
         n = int(write(tmp))
+        as_umask_allows(tmp)
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
