@@ -27,6 +27,7 @@ from batchline.snapshot import (
     scan,
     scan_with_header,
     shared_columns,
+    unruled_acl_array,
 )
 from batchline.sources import Snapshot, Source, snapshot_digest
 from batchline.spec import LOCAL_ROUTE, JobSpec, stored_spec
@@ -166,6 +167,9 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
     parquet = spec.input.format == "parquet"
 
     pieces = 0
+    # A CSV job's ACL cells read as one group each are checked for JSON arrays.
+    unruled = (spec.input.format == "csv" and spec.input.acl_field is not None and not spec.input.acl_json
+               and spec.input.acl_separator is None)
     occurrences = _Occurrences() if spec.input.ids == "content" else None
     for source in sources:
         groups = parquet_row_groups(source) if parquet else None
@@ -175,6 +179,10 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
                 chunk = occurrences.number(chunk)
             first, last = chunk[0], chunk[-1]
             batch = [s.record for s in chunk]
+            for r in batch if unruled else ():
+                refusal = unruled_acl_array(r, spec.input, source.location)
+                if refusal:
+                    raise InputError(refusal)
             over = {r.id for r in batch if byte_bound is not None and len(r.text.encode()) > byte_bound}
             digest, shard_pieces = _digests(source, chunk, spec, pieces, over)
             sl = Slice(path=source.location, format=spec.input.format, start=first.start, end=last.end,

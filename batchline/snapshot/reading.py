@@ -357,6 +357,8 @@ def _acl(obj: dict[str, Any], spec: InputSpec, path: Path | str, line_no: int, r
     """A record's ACL as a list of strings. A missing one is refused unless the spec says
     what it means: a reader downstream would take it for "open to all"."""
     acl = obj.get(spec.acl_field) if spec.acl_field else None
+    if isinstance(acl, str) and (spec.acl_json or spec.acl_separator is not None):
+        acl = _acl_cell(acl, spec, path, line_no, record_id)
     if acl is None:
         if spec.acl_missing is not None:
             return list(spec.acl_missing)
@@ -370,6 +372,49 @@ def _acl(obj: dict[str, Any], spec: InputSpec, path: Path | str, line_no: int, r
         raise InputError(f"{path}:{line_no}: id {record_id!r}: ACL field {spec.acl_field!r} must be a list of "
                          f"strings (or one string), not {json.dumps(acl, default=str)[:80]}")
     return acl
+
+
+def _acl_cell(cell: str, spec: InputSpec, path: Path | str, line_no: int, record_id: str) -> list[str] | None:
+    """A CSV cell's groups under the spec's rule; None for an empty cell (a missing ACL)."""
+    text = cell.strip()
+    if not text:
+        return None
+    where = f"{path}:{line_no}: id {record_id!r}: ACL cell {cell[:80]!r}"
+    if spec.acl_json:
+        try:
+            groups = json.loads(text)
+        except json.JSONDecodeError:
+            groups = None
+        if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
+            raise InputError(f"{where} is not a JSON array of group names (input.acl_json reads every cell as one)")
+        return groups
+    separator = spec.acl_separator
+    assert separator is not None
+    if text.startswith("["):
+        raise InputError(f"{where} starts like a JSON array, but input.acl_separator reads groups between "
+                         f"{separator!r}; set input.acl_json: true instead if every cell is a JSON array")
+    groups = [g.strip() for g in text.split(separator)]
+    if not all(groups):
+        raise InputError(f"{where} has an empty group between {separator!r} (input.acl_separator)")
+    return groups
+
+
+def unruled_acl_array(record: Record, spec: InputSpec, path: str) -> str | None:
+    """At planning: why a CSV ACL cell read under no rule (one cell, one group, as CSV jobs planned
+    before the rules read it) holds a JSON array, which would become one group named like the
+    array: a silently wrong security label. None when it does not."""
+    if spec.format != "csv" or spec.acl_json or spec.acl_separator is not None or not isinstance(record.acl, list):
+        return None
+    if len(record.acl) != 1 or not record.acl[0].lstrip().startswith("["):
+        return None
+    try:
+        if not isinstance(json.loads(record.acl[0]), list):
+            return None
+    except json.JSONDecodeError:
+        return None
+    return (f"{path}:{record.line}: id {record.id!r}: ACL cell {record.acl[0][:80]!r} holds a JSON array, which "
+            "would be read as one group; say how cells hold groups: input.acl_json: true (a JSON array in "
+            "every cell) or input.acl_separator")
 
 
 def class_key(spec: InputSpec, data_class: Any) -> str | None:

@@ -51,6 +51,10 @@ class InputSpec:
     # What a missing or null ACL means; None: a record without one is refused at planning,
     # since a reader downstream would take a missing ACL for "open to all".
     acl_missing: tuple[str, ...] | None = None
+    # How a CSV cell holds several groups: a JSON array in every cell (`acl_json`), or groups
+    # between a separator. Neither: the cell is one group, as CSV jobs planned before read it.
+    acl_json: bool = False
+    acl_separator: str | None = None
     # "field": the id is the record's `id_field`; "content": a digest of the whole row,
     # stable across snapshots (identical rows numbered by their order).
     ids: str = "field"
@@ -321,6 +325,8 @@ class JobSpec:
                 "max_bytes_per_token": self.input.max_bytes_per_token,
                 # New keys enter only when set, so no existing version's hash moves.
                 **({"acl_missing": list(self.input.acl_missing)} if self.input.acl_missing is not None else {}),
+                **({"acl_json": True} if self.input.acl_json else {}),
+                **({"acl_separator": self.input.acl_separator} if self.input.acl_separator is not None else {}),
                 **({"ids": self.input.ids} if self.input.ids != "field" else {}),
             },
             "model": model,
@@ -386,6 +392,10 @@ class JobSpec:
             out["input"]["acl_field"] = self.input.acl_field
         if self.input.acl_missing is not None:
             out["input"]["acl_missing"] = list(self.input.acl_missing)
+        if self.input.acl_json:
+            out["input"]["acl_json"] = True
+        if self.input.acl_separator is not None:
+            out["input"]["acl_separator"] = self.input.acl_separator
         if self.input.ids != "field":
             out["input"]["ids"] = self.input.ids
             del out["input"]["id_field"]

@@ -94,6 +94,9 @@ INPUT_FIELDS: Fields = {
     "text_field": _doc(_STR, "The field holding the text the prompt shows (messages for openai-batch)", "text"),
     "acl_field": _doc(_STR, "A list of groups (or one) on every record, copied onto its result or dead letter"),
     "acl_missing": _doc(_STRS, "What a missing ACL means; without it a record without one stops planning"),
+    "acl_json": _doc(_BOOL, "CSV: every ACL cell is a JSON array of groups, such as [\"a\", \"b\"]", False),
+    "acl_separator": _doc({"type": "string", "minLength": 1, "maxLength": 8},
+                          "CSV: every ACL cell is groups between this separator, such as ;"),
     "ids": _doc({"enum": ["field", "content"]}, "field: the id_field; content: a digest of each whole row", "field"),
     "max_input_tokens": _doc({**_INT, "minimum": 1}, "A record over this many tokens is a dead letter, uncharged"),
     "max_bytes_per_token": _doc({**_INT, "minimum": 1}, "The planner's cheap bound: longer than max_input_tokens "
@@ -365,6 +368,7 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         if acl_field is None:
             r.fail("input.acl_missing", "says what a missing ACL means; it needs input.acl_field")
         acl_missing = tuple(r.string_list(inp["acl_missing"], "input.acl_missing"))
+    acl_json, acl_separator = _acl_rule(r, inp, fmt, acl_field)
     return InputSpec(
         source=source,
         ids=ids,
@@ -375,6 +379,8 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         text_field=r.string(inp.get("text_field", "messages" if chat else INPUT_FIELDS["text_field"]["default"]),
                             "input.text_field"),
         acl_field=acl_field,
+        acl_json=acl_json,
+        acl_separator=acl_separator,
         max_input_tokens=r.optional_int(inp.get("max_input_tokens"), "input.max_input_tokens", 1),
         max_bytes_per_token=r.integer(
             inp.get("max_bytes_per_token", DEFAULT_MAX_BYTES_PER_TOKEN), "input.max_bytes_per_token", 1
@@ -382,6 +388,26 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         format=fmt,
         storage=storage,
     )
+
+
+def _acl_rule(r: SpecReader, inp: Mapping[str, Any], fmt: str, acl_field: str | None) -> tuple[bool, str | None]:
+    """How a CSV cell holds several groups: a CSV cell is text, so the spec says how to read a
+    list from it (JSON and Parquet inputs hold lists themselves)."""
+    acl_json = r.boolean(inp.get("acl_json", False), "input.acl_json")
+    separator = r.optional_string(inp.get("acl_separator"), "input.acl_separator")
+    for key, given in (("acl_json", acl_json), ("acl_separator", separator is not None)):
+        if not given:
+            continue
+        if fmt != "csv":
+            r.fail(f"input.{key}", f"says how a CSV cell holds several groups; a {fmt} input holds a list itself")
+        if acl_field is None:
+            r.fail(f"input.{key}", "says how ACL cells are read; it needs input.acl_field")
+    if acl_json and separator is not None:
+        r.fail("input.acl_separator", "goes without input.acl_json: a cell is a JSON array or groups between a "
+                                      "separator, not both")
+    if separator is not None and (separator != separator.strip() or len(separator) > 8):
+        r.fail("input.acl_separator", f"{separator!r} must be 1 to 8 characters, not starting or ending in a space")
+    return acl_json, separator
 
 
 def _parse_model(r: SpecReader, raw: Any, base_dir: Path, resolved: bool) -> ModelSpec:
