@@ -8,12 +8,20 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from batchline.errors import BatchlineError
 from batchline.store import JobInfo, ReaderStore, StoredResult
+from batchline.targets.columns import (
+    ACL,
+    acl_values,
+    arrow_type,
+    converter,
+    output_node,
+    output_values,
+)
 
 PARQUET_ROWS_PER_GROUP = 50_000
 
@@ -54,16 +62,38 @@ def export_jsonl(store: ReaderStore, version: str, out: Path | None) -> int:
     return atomic_write(out, write_file)
 
 
-def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+# The Parquet export's format, in each file's key-value metadata: `typed` (output a struct typed
+# from the output schema, acl a list of strings). A file without it was written before (output and
+# acl JSON text); a dataset folder keeps the format it was staged in (it is never rewritten).
+FORMAT_KEY = b"batchline.format"
+TYPED = b"typed"
 
-    schema = pa.schema([
-        ("id", pa.string()), ("output", pa.string()), ("acl", pa.string()), ("label", pa.string()),
+
+def parquet_schema(output_schema: Mapping[str, Any]) -> Any:
+    """The Parquet export's columns: `output` and `acl` typed as the Iceberg table types them."""
+    import pyarrow as pa
+
+    node = output_node(output_schema)
+    return pa.schema([
+        ("id", pa.string()), *([("output", arrow_type(node))] if node is not None else []),
+        ("raw_output", pa.string()), ("acl", arrow_type(ACL)), ("label", pa.string()),
         ("version", pa.string()),
         ("worker", pa.string()), ("attempt", pa.int32()), ("input_tokens", pa.int64()),
         ("output_tokens", pa.int64()), ("created_at", pa.timestamp("ms", tz="UTC")), ("model", pa.string()),
-    ])
+    ], metadata={FORMAT_KEY: TYPED})
+
+
+def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
+    import pyarrow.parquet as pq
+
+    from batchline.spec import stored_spec
+
+    info = store.job(version)
+    if info is None:
+        raise BatchlineError(f"no job version {version!r} in {store.url}")
+    output_schema = stored_spec(info).output_schema
+    schema = parquet_schema(output_schema)
+    convert = converter(output_node(output_schema))
 
     def write(tmp: Path) -> int:
         n = 0
@@ -72,11 +102,11 @@ def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
             for r in _rows(store, version):
                 batch.append(r)
                 if len(batch) == PARQUET_ROWS_PER_GROUP:
-                    writer.write_table(_table(pa, schema, batch, version))
+                    writer.write_table(_table(schema, batch, version, convert))
                     n += len(batch)
                     batch = []
             if batch or n == 0:
-                writer.write_table(_table(pa, schema, batch, version))
+                writer.write_table(_table(schema, batch, version, convert))
                 n += len(batch)
         return n
 
@@ -98,11 +128,13 @@ def export_to(out: str, write: Callable[[Path], int]) -> int:
     return n
 
 
-def _table(pa: Any, schema: Any, rows: list[StoredResult], version: str) -> Any:
-    return pa.Table.from_pydict({
+def _table(schema: Any, rows: list[StoredResult], version: str, convert: Callable[[Any], Any] | None) -> Any:
+    import pyarrow as pa
+
+    columns: dict[str, Any] = {
         "id": [r.record_id for r in rows],
-        "output": [r.output for r in rows],
-        "acl": [None if r.acl is None else json.dumps(r.acl, sort_keys=True) for r in rows],
+        "raw_output": [r.output for r in rows],
+        "acl": acl_values(rows),
         "label": [r.label for r in rows],
         "version": [version] * len(rows),
         "worker": [r.worker for r in rows],
@@ -111,7 +143,10 @@ def _table(pa: Any, schema: Any, rows: list[StoredResult], version: str) -> Any:
         "output_tokens": [r.output_tokens for r in rows],
         "created_at": [int(r.created_at * 1000) for r in rows],
         "model": [r.model for r in rows],
-    }, schema=schema)
+    }
+    if "output" in schema.names:
+        columns["output"] = output_values(rows, convert, version)
+    return pa.Table.from_pydict(columns, schema=schema)
 
 
 def umask() -> int:
