@@ -195,7 +195,7 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
                                             first_piece=pieces, end_piece=pieces + len(shard_pieces))])
             pieces += len(shard_pieces)
             try:
-                writer.add_records([PlannedRecord(r.id, shard_no, r.content_hash) for r in batch])
+                writer.add_records([PlannedRecord(r.id, shard_no, r.content_hash, r.carried) for r in batch])
             except DuplicateRecord as dup:
                 raise _duplicate_error(dup, batch, slices, spec) from None
             too_long = [

@@ -49,6 +49,8 @@ class Record:
     # `text` is then the last user message.
     messages: tuple[dict[str, Any], ...] | None = None
     piece: int | None = None  # the piece of its shard it was read from (see Piece)
+    # output.carry: the input fields copied onto its result and dead letter, as read.
+    carried: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -342,8 +344,22 @@ def _record(obj: dict[str, Any], path: Path | str, line_no: int, spec: InputSpec
         raise InputError(f"{path}:{line_no}: id {record_id!r}: text field {spec.text_field!r} is {what}")
     acl = _acl(obj, spec, path, line_no, record_id) if spec.acl_field else None
     data_class = obj.get(spec.class_field) if spec.class_field else None
+    carried = _carried(obj, spec, path, line_no, record_id) if spec.carry else None
     return Record(record_id, text, acl, content_hash(text, acl, class_key(spec, data_class)), line_no,
-                  data_class)
+                  data_class, carried=carried)
+
+
+def _carried(obj: dict[str, Any], spec: InputSpec, path: Path | str, line_no: int,
+             record_id: str) -> dict[str, Any]:
+    """The fields output.carry names, as the record holds them (null included). A record without
+    one is refused: a result that cannot be joined back would be silently lost downstream."""
+    out: dict[str, Any] = {}
+    for name in spec.carry:
+        if name not in obj:
+            raise InputError(f"{path}:{line_no}: id {record_id!r}: carried field {name!r} is missing; every "
+                             "record needs each field output.carry names")
+        out[name] = obj[name]
+    return out
 
 
 def content_id(row: dict[str, Any]) -> str:
@@ -436,6 +452,10 @@ def _csv_columns(source: Source, first: bytes, spec: InputSpec) -> tuple[str, ..
         if name not in header:
             raise InputError(f"{source.location}:1: CSV header has no column {name!r} "
                              f"(columns: {', '.join(header)})")
+    for name in spec.carry:
+        if name not in header:
+            raise InputError(f"{source.location}:1: CSV header has no column {name!r}, which output.carry "
+                             f"names (columns: {', '.join(header)})")
     return header
 
 
@@ -537,6 +557,9 @@ def shared_columns(source: Source) -> Mapping[str, Any]:
 def _parquet_columns(pf: Any, path: str, spec: InputSpec, shared: Mapping[str, Any]) -> list[str]:
     """The file's columns to read; a field among `shared` is not read from the file."""
     names = [*pf.schema_arrow.names, *shared]
+    for name in spec.carry:
+        if name not in names:
+            raise InputError(f"{path}: Parquet file has no column {name!r}, which output.carry names")
     if spec.ids == "content":
         # The id is a digest of the whole row.
         if spec.text_field not in names:
@@ -547,7 +570,7 @@ def _parquet_columns(pf: Any, path: str, spec: InputSpec, shared: Mapping[str, A
     for name in columns[:2]:
         if name not in names:
             raise InputError(f"{path}: Parquet file has no column {name!r}")
-    return [c for c in columns if c in names]
+    return list(dict.fromkeys([c for c in columns if c in names] + list(spec.carry)))
 
 
 def _file_columns(columns: list[str], shared: Mapping[str, Any]) -> list[str]:

@@ -62,6 +62,9 @@ class InputSpec:
     max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN
     format: str = "jsonl"
     class_field: str | None = None  # routing.class_field, read with each record
+    # output.carry: input fields copied onto each record's result and dead letter, read with
+    # each record at planning (the store keeps them with the planned record).
+    carry: tuple[str, ...] = ()
     # openai-batch only: what every request line must agree with (the job's decoding
     # and output schema), so a line asking for something else is refused at planning.
     chat_rules: ChatRules | None = None
@@ -301,6 +304,8 @@ class JobSpec:
         material = self.version_material("")
         del material["input"]["snapshot"], material["name"]
         material.pop("base", None)
+        # Carried fields are copied from this version's input, whatever computed the result.
+        material.pop("carry", None)
         return hashlib.sha256(canonical_json(material).encode()).hexdigest()
 
     def version_material(self, snapshot_digest: str, base_version: str | None = None) -> dict[str, Any]:
@@ -344,6 +349,8 @@ class JobSpec:
             # properties in the schema's order, so the order changes results.
             "output_schema": json.dumps(self.output_schema, ensure_ascii=False, separators=(",", ":")),
             "label_field": self.label_field,
+            # Only when set, so no existing version's hash moves.
+            **({"carry": list(self.input.carry)} if self.input.carry else {}),
             **({"base": base_version} if base_version else {}),
             **({"routing": {"class_field": self.routing.class_field,
                             "providers": {p.route: p.identity() for p in self.routing.providers}}}
@@ -384,6 +391,8 @@ class JobSpec:
         }
         if self.label_field:
             out["output"]["label_field"] = self.label_field
+        if self.input.carry:
+            out["output"]["carry"] = list(self.input.carry)
         for target in self.targets:
             out["output"].update(target.to_dict())
         if self.base:

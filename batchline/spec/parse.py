@@ -146,6 +146,8 @@ assert set(PENALTY_DEFAULTS) <= set(DECODING_FIELDS)
 OUTPUT_FIELDS: Fields = {
     "schema": _doc({"anyOf": [_STR, {"type": "object"}]}, "A JSON Schema file, or the schema itself"),
     "label_field": _doc(_STR, "The output field that drift, evaluation and the report count as a label"),
+    "carry": _doc(_STRS, "Input fields copied onto every result and dead letter, so results join back to "
+                  "the input; a record without one stops planning"),
 }
 _SHARD_TYPES = {"int": _INT, "float": _NUM, "bool": _BOOL, "int | None": _INT, "float | None": _NUM}
 _SHARD_DOCS = {
@@ -294,6 +296,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     out = r.section(top["output"], "output", output_fields(), required=set(SECTIONS["output"][1]))
     schema, schema_path = _load_schema(r, out["schema"], base_dir)
     label_field = r.optional_string(out.get("label_field"), "output.label_field")
+    carry = _parse_carry(r, out.get("carry"), chat)
     if prompt_spec.examples is not None and label_field is None:
         r.fail("prompt.examples", "needs output.label_field: the output field an example's label answers")
     ctx = ParseContext(base_dir, input_spec.storage, resolved)
@@ -315,11 +318,27 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
         input_spec = replace(input_spec, chat_rules=ChatRules(decoding=decoding, output_schema=schema))
     if routing is not None:
         input_spec = replace(input_spec, class_field=routing.class_field)
+    if carry:
+        input_spec = replace(input_spec, carry=carry)
     return JobSpec(name=name, input=input_spec, model=model_spec, prompt=prompt_spec,
                    decoding=decoding, output_schema=schema, schema_path=schema_path,
                    shards=shards, deadline=deadline, validate=validate, source=source,
                    label_field=label_field, base=base, retention=retention, routing=routing,
                    targets=named)
+
+
+def _parse_carry(r: SpecReader, value: Any, chat: bool) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    names = r.string_list(value, "output.carry")
+    if not names:
+        r.fail("output.carry", "names no field; leave it out to carry none")
+    if len(set(names)) != len(names):
+        r.fail("output.carry", f"names a field twice: {names}")
+    if chat:
+        r.fail("output.carry", f"is not supported with input.format {OPENAI_BATCH}: join its results back by "
+                               "custom_id, the record's id")
+    return tuple(names)
 
 
 def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved: bool) -> InputSpec:

@@ -7,6 +7,7 @@ that was refused) and `DuplicateRecord` (an id planned twice).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,9 @@ class PlannedRecord:
     record_id: str
     shard_no: int
     content_hash: str
+    # output.carry's fields of the record: its results and dead letters are read with them
+    # (whichever version computed the result, the values are this version's input's).
+    carry: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,7 @@ class StoredResult:
     label: str | None = None
     origin: str | None = None  # for a carried result, the version that computed it
     model: str | None = None
+    carry: Mapping[str, Any] | None = None  # output.carry's fields of the record, from this version's input
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,7 @@ class StoredDeadLetter:
     attempts: int
     worker: str | None
     created_at: float
+    carry: Mapping[str, Any] | None = None  # output.carry's fields of the record
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,17 @@ from psycopg.types.json import Json
 
 from batchline.errors import StoreError
 from batchline.store import postgres_sql as q
-from batchline.store.core import DuplicateKey, Missing, Params, Row, StoreCore, Tx, acl_json, fence
+from batchline.store.core import (
+    DuplicateKey,
+    Missing,
+    Params,
+    Row,
+    StoreCore,
+    Tx,
+    acl_json,
+    carry_json,
+    fence,
+)
 from batchline.store.model import DeadLetterRow, Lease, PlannedRecord, ResultRow
 
 T = TypeVar("T")
@@ -304,7 +314,7 @@ class PostgresStore(StoreCore):
         try:
             with tx.cur.copy(q.COPY_RECORDS) as copy:
                 for r in rows:
-                    copy.write_row((version, r.record_id, r.shard_no, r.content_hash))
+                    copy.write_row((version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry)))
         except errors.UniqueViolation:
             raise DuplicateKey() from None
 
@@ -327,7 +337,8 @@ class PostgresStore(StoreCore):
         assert isinstance(tx, _Tx)
         view = sql.Identifier(q.PUBLISHED_SCHEMA, name)
         taken = tx.one(q.RELATION_EXISTS, {"relation": view.as_string(tx.cur)})
-        if not (taken and taken[0]):
+        stale = tx.one(q.VIEW_WITHOUT_CARRY, {"name": name})
+        if not (taken and taken[0]) or (stale and stale[0]):
             tx.cur.execute(sql.SQL(q.CREATE_VIEW).format(view=view, name=sql.Literal(name)))
 
     def _is_view(self, tx: Tx, name: str) -> bool:

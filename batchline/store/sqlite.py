@@ -19,7 +19,17 @@ from typing import Any, TypeVar
 
 from batchline.errors import StoreError
 from batchline.store import sqlite_sql as q
-from batchline.store.core import DuplicateKey, Missing, Params, Row, StoreCore, Tx, acl_json, fence
+from batchline.store.core import (
+    DuplicateKey,
+    Missing,
+    Params,
+    Row,
+    StoreCore,
+    Tx,
+    acl_json,
+    carry_json,
+    fence,
+)
 from batchline.store.model import DeadLetterRow, Lease, PlannedRecord, ResultRow
 
 T = TypeVar("T")
@@ -189,7 +199,8 @@ class SQLiteStore(StoreCore):
     def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord]) -> None:
         assert isinstance(tx, _Tx)
         try:
-            tx.cur.executemany(q.INSERT_RECORD, [(version, r.record_id, r.shard_no, r.content_hash) for r in rows])
+            tx.cur.executemany(q.INSERT_RECORD, [(version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry))
+                                                 for r in rows])
         except sqlite3.IntegrityError:
             raise DuplicateKey() from None
 
@@ -200,7 +211,11 @@ class SQLiteStore(StoreCore):
         return None  # SQLite plans the coverage joins well on its primary keys alone
 
     def _make_view(self, tx: Tx, name: str) -> None:
-        tx.run(q.CREATE_VIEW.format(name=name.replace('"', '""').replace("'", "''")))
+        quoted = name.replace('"', '""').replace("'", "''")
+        stale = tx.one(q.VIEW_WITHOUT_CARRY, {"name": name})
+        if stale and stale[0]:
+            tx.run(q.DROP_VIEW.format(name=quoted))
+        tx.run(q.CREATE_VIEW.format(name=quoted))
 
     def _is_view(self, tx: Tx, name: str) -> bool:
         row = tx.one(q.IS_VIEW, {"name": name})

@@ -93,6 +93,28 @@ def acl_values(rows: Sequence[Any], as_text: bool = False) -> list[Any]:
     return [None if r.acl is None else dumps(r.acl, sort_keys=True) for r in rows]
 
 
+CARRY_COLUMN = "carry"
+
+
+def carry_node(names: Sequence[str]) -> Node | None:
+    """The `carry` struct column (output.carry's input fields), or None for a job that carries
+    none. Each field is a string: an input field has no type its job declares, and a column's
+    type may not change from one version to the next, so a value that is not a string is
+    written as its JSON text."""
+    return Node("struct", tuple((name, Node("string")) for name in names)) if names else None
+
+
+def carry_values(rows: Sequence[Any]) -> list[dict[str, Any] | None]:
+    """The `carry` column's values: each row's carried fields, strings as they are and other
+    values as their JSON text (null stays null)."""
+    dumps = json.dumps
+
+    def text(v: Any) -> Any:
+        return v if v is None or isinstance(v, str) else dumps(v, ensure_ascii=False, separators=(",", ":"))
+
+    return [None if r.carry is None else {k: text(v) for k, v in r.carry.items()} for r in rows]
+
+
 # --- Arrow types -----------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,11 @@ from batchline.errors import BatchlineError
 from batchline.store import JobInfo, ReaderStore, StoredResult
 from batchline.targets.columns import (
     ACL,
+    CARRY_COLUMN,
     acl_values,
     arrow_type,
+    carry_node,
+    carry_values,
     converter,
     output_node,
     output_values,
@@ -48,8 +51,10 @@ def export_jsonl(store: ReaderStore, version: str, out: Path | None) -> int:
     def write(f: Any) -> int:
         n = 0
         for r in _rows(store, version):
-            f.write(json.dumps({"id": r.record_id, "output": json.loads(r.output), "acl": r.acl,
-                                "model": r.model}, ensure_ascii=False) + "\n")
+            row = {"id": r.record_id, "output": json.loads(r.output), "acl": r.acl, "model": r.model}
+            if r.carry is not None:
+                row["carry"] = r.carry
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
             n += 1
         return n
 
@@ -69,17 +74,19 @@ FORMAT_KEY = b"batchline.format"
 TYPED = b"typed"
 
 
-def parquet_schema(output_schema: Mapping[str, Any]) -> Any:
-    """The Parquet export's columns: `output` and `acl` typed as the Iceberg table types them."""
+def parquet_schema(output_schema: Mapping[str, Any], carry: Sequence[str] = ()) -> Any:
+    """The Parquet export's columns: `output`, `acl` and `carry` typed as the Iceberg table types them."""
     import pyarrow as pa
 
     node = output_node(output_schema)
+    carried = carry_node(carry)
     return pa.schema([
         ("id", pa.string()), *([("output", arrow_type(node))] if node is not None else []),
         ("raw_output", pa.string()), ("acl", arrow_type(ACL)), ("label", pa.string()),
         ("version", pa.string()),
         ("worker", pa.string()), ("attempt", pa.int32()), ("input_tokens", pa.int64()),
         ("output_tokens", pa.int64()), ("created_at", pa.timestamp("ms", tz="UTC")), ("model", pa.string()),
+        *([(CARRY_COLUMN, arrow_type(carried))] if carried is not None else []),
     ], metadata={FORMAT_KEY: TYPED})
 
 
@@ -91,8 +98,9 @@ def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
     info = store.job(version)
     if info is None:
         raise BatchlineError(f"no job version {version!r} in {store.url}")
-    output_schema = stored_spec(info).output_schema
-    schema = parquet_schema(output_schema)
+    spec = stored_spec(info)
+    output_schema = spec.output_schema
+    schema = parquet_schema(output_schema, spec.input.carry)
     convert = converter(output_node(output_schema))
 
     def write(tmp: Path) -> int:
@@ -146,6 +154,8 @@ def _table(schema: Any, rows: list[StoredResult], version: str, convert: Callabl
     }
     if "output" in schema.names:
         columns["output"] = output_values(rows, convert, version)
+    if CARRY_COLUMN in schema.names:
+        columns[CARRY_COLUMN] = carry_values(rows)
     return pa.Table.from_pydict(columns, schema=schema)
 
 

@@ -45,8 +45,10 @@ from batchline.spec.reader import Fields, SpecReader
 from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
 from batchline.targets.base import TargetFamily
 from batchline.targets.iceberg_schema import (
+    CARRY_COLUMN,
     acl_is_text,
     acl_values,
+    carry_values,
     converter,
     iceberg_schema,
     output_node,
@@ -115,7 +117,8 @@ class IcebergTable:
         """The table, made if missing, with any new output columns added. A column the
         version lacks is left empty in its rows (planning refused removing one; an older
         version staged again after a newer one added columns lacks them)."""
-        wanted = iceberg_schema(spec.output_schema, acl_text=table is not None and acl_is_text(table.schema()))
+        wanted = iceberg_schema(spec.output_schema, acl_text=table is not None and acl_is_text(table.schema()),
+                                carry=spec.input.carry)
         if table is None:
             namespace = self.ref.name.rsplit(".", 1)[0]
             try:
@@ -291,7 +294,8 @@ def check_table_schema(ref: TableRef, spec: JobSpec, store_url: str | None) -> N
         if table is None:
             return
         have = table.schema()
-        change = schema_change(have, iceberg_schema(spec.output_schema, acl_text=acl_is_text(have)))
+        change = schema_change(have, iceberg_schema(spec.output_schema, acl_text=acl_is_text(have),
+                                                    carry=spec.input.carry))
     if change is not None:
         raise SpecError(f"output.table {ref.name}: {change}; only new columns may be added")
 
@@ -316,6 +320,7 @@ def _batches(schema: Any, store: ReaderStore, version: str, spec: JobSpec) -> It
 
     convert = converter(output_node(spec.output_schema))
     has_output = "output" in schema.names
+    carries = bool(spec.input.carry) and CARRY_COLUMN in schema.names
     # A table made before ACLs were lists keeps its column of JSON text.
     acl_text = pa.types.is_string(schema.field("acl").type) or pa.types.is_large_string(schema.field("acl").type)
     default_model = spec.model.label
@@ -335,7 +340,8 @@ def _batches(schema: Any, store: ReaderStore, version: str, spec: JobSpec) -> It
             "model": [r.model or default_model for r in rows], "label": [r.label for r in rows],
             "attempt": [r.attempt for r in rows], "input_tokens": [r.input_tokens for r in rows],
             "output_tokens": [r.output_tokens for r in rows],
-            "created_at": [int(r.created_at * 1_000_000) for r in rows]})
+            "created_at": [int(r.created_at * 1_000_000) for r in rows],
+            **({CARRY_COLUMN: carry_values(rows)} if carries else {})})
 
     def dead_letters(rows: list[StoredDeadLetter]) -> Any:
         n = len(rows)
@@ -343,7 +349,8 @@ def _batches(schema: Any, store: ReaderStore, version: str, spec: JobSpec) -> It
             "id": [d.record_id for d in rows], "outcome": ["dead_letter"] * n, "acl": acl_values(rows, acl_text),
             "version": [version] * n, "attempt": [d.attempts for d in rows],
             "created_at": [int(d.created_at * 1_000_000) for d in rows],
-            "error_kind": [d.kind for d in rows], "error": [d.error for d in rows]})
+            "error_kind": [d.kind for d in rows], "error": [d.error for d in rows],
+            **({CARRY_COLUMN: carry_values(rows)} if carries else {})})
 
     yield from _in_batches(store.iter_results(version), results)
     yield from _in_batches(store.iter_dead_letters(version), dead_letters)

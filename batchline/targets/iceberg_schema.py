@@ -9,26 +9,30 @@ that answered, and for a dead letter its error kind and error.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from batchline.targets.columns import (
     ACL,
+    CARRY_COLUMN,
     JSON,
     OUTPUT_COLUMN,
     Node,
     acl_values,
+    carry_node,
+    carry_values,
     converter,
     node_of,
     output_node,
     output_values,
 )
 
-__all__ = ["ACL", "JSON", "OUTPUT_COLUMN", "Node", "acl_is_text", "acl_values", "converter", "iceberg_schema",
+__all__ = ["ACL", "CARRY_COLUMN", "JSON", "OUTPUT_COLUMN", "Node", "acl_is_text", "acl_values", "carry_node",
+           "carry_values", "converter", "iceberg_schema",
            "node_of", "output_node", "output_values", "schema_change"]
 
 
-def iceberg_schema(schema: Mapping[str, Any], *, acl_text: bool = False) -> Any:
+def iceberg_schema(schema: Mapping[str, Any], *, acl_text: bool = False, carry: Sequence[str] = ()) -> Any:
     """The table's schema for an output schema (field ids are assigned again by the catalog);
     `acl_text`: the table's `acl` column is JSON text (made before ACLs were lists)."""
     from pyiceberg.schema import Schema
@@ -44,6 +48,9 @@ def iceberg_schema(schema: Mapping[str, Any], *, acl_text: bool = False) -> Any:
                 ("model", StringType()), ("label", StringType()), ("attempt", IntegerType()),
                 ("input_tokens", LongType()), ("output_tokens", LongType()), ("created_at", TimestamptzType()),
                 ("error_kind", StringType()), ("error", StringType())]
+    carried = carry_node(carry)
+    if carried is not None:
+        columns.append((CARRY_COLUMN, _iceberg_type(carried, ids)))
     return Schema(*(NestedField(next(ids), name, t, required=False) for name, t in columns))
 
 
