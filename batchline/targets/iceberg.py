@@ -311,18 +311,17 @@ def _reader(table: Any, store: ReaderStore, version: str, spec: JobSpec) -> Any:
     import pyarrow as pa
 
     schema = table.schema().as_arrow()
-    return pa.RecordBatchReader.from_batches(schema, _batches(schema, store, version, spec))
+    return pa.RecordBatchReader.from_batches(
+        schema, _batches(schema, store, version, spec, acl_text=acl_is_text(table.schema())))
 
 
-def _batches(schema: Any, store: ReaderStore, version: str, spec: JobSpec) -> Iterator[Any]:
+def _batches(schema: Any, store: ReaderStore, version: str, spec: JobSpec, *, acl_text: bool) -> Iterator[Any]:
     """The version's results, then its dead letters, as Arrow batches of the table's schema."""
     import pyarrow as pa
 
     convert = converter(output_node(spec.output_schema))
     has_output = "output" in schema.names
     carries = bool(spec.input.carry) and CARRY_COLUMN in schema.names
-    # A table made before ACLs were lists keeps its column of JSON text.
-    acl_text = pa.types.is_string(schema.field("acl").type) or pa.types.is_large_string(schema.field("acl").type)
     default_model = spec.model.label
 
     def batch(n: int, columns: dict[str, Any]) -> Any:
@@ -365,8 +364,6 @@ def _in_batches(rows: Iterator[Any], make: Callable[[list[Any]], Any]) -> Iterat
             chunk = []
     if chunk:
         yield make(chunk)
-
-
 
 
 # --- the family ------------------------------------------------------------------------------
