@@ -319,7 +319,8 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     rows = Jobs(_store(args)).dead_letters(args.version)
     if args.json:
         print(json.dumps([{"id": r.record_id, "kind": r.kind, "error": r.error, "attempts": r.attempts,
-                           "shard": r.shard_no, "acl": r.acl} for r in rows], indent=2))
+                           "shard": r.shard_no, "acl": r.acl, **({} if r.carry is None else {"carry": r.carry})}
+                          for r in rows], indent=2))
         return 0
     for r in rows:
         print(f"{r.record_id}\t{r.kind}\t{r.attempts} attempts\t{r.error}")

@@ -28,6 +28,7 @@ from batchline.snapshot import (
     scan_with_header,
     shared_columns,
     stored_input,
+    unruled_acl_array,
 )
 from batchline.sources import Snapshot, Source, StoredRows, snapshot_digest
 from batchline.spec import LOCAL_ROUTE, STORED, JobSpec, stored_spec
@@ -172,6 +173,9 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
     stored = spec.input.format == STORED  # kept in the version's own records, for its workers
 
     pieces = 0
+    # A CSV job's ACL cells read as one group each are checked for JSON arrays.
+    unruled = (spec.input.format == "csv" and spec.input.acl_field is not None and not spec.input.acl_json
+               and spec.input.acl_separator is None)
     occurrences = _Occurrences() if spec.input.ids == "content" else None
     for source in sources:
         groups = parquet_row_groups(source) if parquet else None
@@ -181,6 +185,10 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
                 chunk = occurrences.number(chunk)
             first, last = chunk[0], chunk[-1]
             batch = [s.record for s in chunk]
+            for r in batch if unruled else ():
+                refusal = unruled_acl_array(r, spec.input, source.location)
+                if refusal:
+                    raise InputError(refusal)
             over = {r.id for r in batch if r.missing is None and byte_bound is not None
                     and len(r.text.encode()) > byte_bound}
             missing = {r.id for r in batch if r.missing is not None}
@@ -196,7 +204,8 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
             pieces += len(shard_pieces)
             try:
                 writer.add_records([PlannedRecord(s.record.id, shard_no, s.record.content_hash,
-                                                  stored_input(s) if stored else None) for s in chunk])
+                                                  stored_input(s) if stored else None, s.record.carried)
+                                    for s in chunk])
             except DuplicateRecord as dup:
                 raise _duplicate_error(dup, batch, slices, spec) from None
             planned_dead = [

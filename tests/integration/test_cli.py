@@ -48,7 +48,7 @@ def test_run_then_status_dead_letters_and_exports(job_factory: Any, store_url: s
     assert cli("export", version, "--store", store_url, "--format", "parquet", "--out", str(pq_out)).returncode == 0
     table = pq.read_table(pq_out).to_pylist()
     assert len(table) == 149
-    assert all(json.loads(r["acl"]) == source[r["id"]] for r in table)
+    assert all(r["acl"] == source[r["id"]] for r in table)
 
     again = cli("run", str(spec), "--store", store_url)
     assert again.returncode == 0 and again.stdout.strip() == version
