@@ -131,3 +131,21 @@ def test_bad_options_are_refused() -> None:
     with pytest.raises(BatchlineError, match="aws, gcp or none"):
         render(K8sOptions(version="v@1", workers=1, image="i", queue="q", store_secret="s",
                           preemption_notice="azure"))
+
+
+def test_a_long_version_keeps_its_whole_hash_and_a_short_one_reads_as_before() -> None:
+    def names(version: str) -> list[str]:
+        objects = render(K8sOptions(version=version, workers=2, image="i", queue="q", store_secret="s",
+                                    gpus_per_worker=0))
+        return [o["metadata"]["name"] for o in jobs_of(objects)] + [
+            o["metadata"]["labels"]["batchline/job"] for o in jobs_of(objects)]
+
+    first, second = ("customer-support-ticket-classification-v2@" + h
+                     for h in ("0123456789abcdef", "0123456789abcdee"))
+    for version in (first, second):
+        for name in names(version):
+            assert version.split("@")[1] in name and len(name) <= 63, name
+    assert not set(names(first)) & set(names(second))
+    assert names("ticket-triage@3f9a0c1d2e") == ["batchline-ticket-triage-3f9a0c1d2e-0",
+                                                 "batchline-ticket-triage-3f9a0c1d2e-1",
+                                                 "ticket-triage-3f9a0c1d2e", "ticket-triage-3f9a0c1d2e"]
