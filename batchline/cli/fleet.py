@@ -59,8 +59,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--namespace", default="default")
     p.add_argument("--gpus-per-worker", type=int, default=1, metavar="G")
     p.add_argument("--gpu-resource", default="nvidia.com/gpu")
-    p.add_argument("--cpu", default="1")
-    p.add_argument("--memory", default="8Gi")
+    p.add_argument("--cpu", default=None, metavar="QUANTITY",
+                   help="CPUs each worker requests (default 1 without GPUs; required with them, as are --memory "
+                        "and --weights-cache-size: what a GPU worker needs depends on its engine and model)")
+    p.add_argument("--memory", default=None, metavar="QUANTITY",
+                   help="memory each worker requests and is limited to (default 8Gi without GPUs)")
+    p.add_argument("--weights-cache-size", default=None, metavar="QUANTITY",
+                   help="the weights cache's own volume, where weights in object storage are fetched: at least "
+                        "the weights' size (default 4Gi without GPUs)")
+    p.add_argument("--scratch-size", default="1Gi", metavar="QUANTITY",
+                   help="the scratch volume for /tmp, the worker's HOME (default 1Gi)")
     p.add_argument("--priority-class", default="batchline-batch")
     p.add_argument("--preemption-notice", choices=("none", "aws", "gcp"), default="none",
                    help="also watch the cloud's preemption notice (SIGTERM on eviction always works)")
@@ -150,13 +158,15 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
         if job is None:
             raise BatchlineError(f"no job version {args.job!r} in the store")
         grace = stored_spec(job).shards.grace_seconds
-    text = to_yaml(render(K8sOptions(
+    options = K8sOptions(
         version=args.job or (schedule.job_name if schedule else ""), workers=args.workers, image=args.image,
         queue=args.queue, store_secret=args.store_secret, store_secret_key=args.store_secret_key,
         namespace=args.namespace, gpus_per_worker=args.gpus_per_worker, gpu_resource=args.gpu_resource, cpu=args.cpu,
-        memory=args.memory, grace_seconds=grace, priority_class=args.priority_class,
+        memory=args.memory, weights_cache_size=args.weights_cache_size, scratch_size=args.scratch_size,
+        grace_seconds=grace, priority_class=args.priority_class,
         preemption_notice=args.preemption_notice, take_back=args.take_back, lake_secret=args.lake_secret,
-        service_account_annotations=annotations, schedule=schedule)))
+        service_account_annotations=annotations, schedule=schedule)
+    text = to_yaml(render(options))
     what = f"{args.workers} scheduled worker slots" if schedule else f"{args.workers} worker Jobs"
     if args.out:
         args.out.write_text(text)
