@@ -69,6 +69,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "the weights' size (default 4Gi without GPUs)")
     p.add_argument("--scratch-size", default="1Gi", metavar="QUANTITY",
                    help="the scratch volume for /tmp, the worker's HOME (default 1Gi)")
+    p.add_argument("--kueue-sample", action="store_true",
+                   help="also render a ResourceFlavor, a ClusterQueue with quota for every worker, and the "
+                        "LocalQueue --queue, for a cluster without them")
+    p.add_argument("--kueue-api", choices=("v1beta2", "v1beta1"), default="v1beta2",
+                   help="the sample's API version: v1beta2 for Kueue 0.15 and later (default), v1beta1 for 0.3 "
+                        "to 0.16")
     p.add_argument("--priority-class", default="batchline-batch")
     p.add_argument("--preemption-notice", choices=("none", "aws", "gcp"), default="none",
                    help="also watch the cloud's preemption notice (SIGTERM on eviction always works)")
@@ -128,7 +134,7 @@ def cmd_launch_ray(args: argparse.Namespace) -> int:
 def cmd_launch_k8s(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from batchline.launch.k8s import K8sOptions, Schedule, render, scheduled_spec, to_yaml
+    from batchline.launch.k8s import K8sOptions, Schedule, header, render, scheduled_spec, to_yaml
 
     if (args.job is None) == (args.schedule is None):
         raise BatchlineError("give --job VERSION (work on a planned version now) or --schedule CRON with --spec "
@@ -165,8 +171,9 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
         memory=args.memory, weights_cache_size=args.weights_cache_size, scratch_size=args.scratch_size,
         grace_seconds=grace, priority_class=args.priority_class,
         preemption_notice=args.preemption_notice, take_back=args.take_back, lake_secret=args.lake_secret,
-        service_account_annotations=annotations, schedule=schedule)
-    text = to_yaml(render(options))
+        service_account_annotations=annotations, schedule=schedule, kueue_sample=args.kueue_sample,
+        kueue_api=args.kueue_api)
+    text = header(options) + to_yaml(render(options))
     what = f"{args.workers} scheduled worker slots" if schedule else f"{args.workers} worker Jobs"
     if args.out:
         args.out.write_text(text)

@@ -67,6 +67,12 @@ Which objects, and why:
   for the weights, apart from the scratch space for /tmp (`--scratch-size`),
   and the pod requests the ephemeral storage of both, so it is placed on a node
   with that much disk.
+- **Kueue's own objects on request.** The Jobs are created suspended and only
+  Kueue unsuspends them: without Kueue, or without the LocalQueue they name,
+  they stay suspended and no worker starts (the manifests say so at the top).
+  `--kueue-sample` also renders a ResourceFlavor, a ClusterQueue whose quota
+  admits every worker of this fleet at once, and the LocalQueue, as a start
+  for a cluster that has none.
 - **A nightly schedule as one CronJob per worker slot** (`--schedule CRON
   --spec JOB.yaml`). The spec (and the prompt, schema and evaluation files it
   names, from a ConfigMap) is planned afresh at each scheduled time, so a glob
@@ -108,6 +114,11 @@ CACHE_DIR = "/var/cache/batchline"
 # What a worker without GPUs gets unless told otherwise: enough for the CPU image's
 # packaged model. A GPU worker's are not guessed (see `resources`).
 CPU_WORKER_DEFAULTS = {"cpu": "1", "memory": "8Gi", "weights_cache_size": "4Gi"}
+MINIMUM_KUBERNETES = "1.29"
+MINIMUM_KUEUE = "0.3"
+# The sample's objects use only fields both versions share; Kueue serves v1beta1 from 0.3 to
+# 0.16 and v1beta2 from 0.15 on.
+KUEUE_APIS = ("v1beta2", "v1beta1")
 
 
 @dataclass
@@ -136,6 +147,8 @@ class K8sOptions:
     lake_secret: str | None = None  # a Secret whose keys become the worker's environment
     service_account_annotations: dict[str, str] = field(default_factory=dict)  # workload identity
     schedule: Schedule | None = None  # a CronJob per slot instead of a Job per worker
+    kueue_sample: bool = False  # also a ResourceFlavor, ClusterQueue and LocalQueue that admit the fleet
+    kueue_api: str = KUEUE_APIS[0]  # the sample's kueue.x-k8s.io version
 
 
 @dataclass(frozen=True)
@@ -208,6 +221,13 @@ def quantity(text: str, flag: str) -> Decimal:
     if match is None:
         raise BatchlineError(f"{flag} {text!r} is not a Kubernetes quantity (such as 8, 500m, 64Gi)")
     return Decimal(match.group(1)) * _UNITS.get(match.group(2) or "", 1)
+
+
+def _scaled(text: str, times: int) -> str:
+    """`text` times `times`, in the unit it was written in."""
+    match = _QUANTITY.match(text)
+    assert match is not None
+    return f"{Decimal(match.group(1)) * times:f}{match.group(2) or ''}"
 
 
 def _mebibytes(amount: Decimal) -> str:
@@ -388,12 +408,57 @@ def scheduled_job(o: K8sOptions, index: int) -> dict[str, Any]:
 
 
 
+def kueue_sample(o: K8sOptions) -> list[dict[str, Any]]:
+    """A ResourceFlavor, a ClusterQueue with quota for every worker of this fleet at once (each
+    resource a worker requests, times the workers), and the LocalQueue the Jobs name: a start
+    for a cluster with no queue yet. A resource the ClusterQueue does not cover would keep
+    the Jobs from being admitted, so it covers exactly what the workers request."""
+    if o.kueue_api not in KUEUE_APIS:
+        raise BatchlineError(f"--kueue-api must be {' or '.join(KUEUE_APIS)}, not {o.kueue_api!r}")
+    api = f"kueue.x-k8s.io/{o.kueue_api}"
+    name = f"batchline-{slug(o.queue, 40)}"
+    requests = resources(o).requests(o.gpu_resource)
+    labels = _labels(o)
+    return [
+        {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": name, "labels": labels}},
+        {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": name, "labels": labels},
+         "spec": {
+             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": o.namespace}},
+             "queueingStrategy": "BestEffortFIFO",
+             "resourceGroups": [{"coveredResources": list(requests), "flavors": [{"name": name, "resources": [
+                 {"name": resource, "nominalQuota": _scaled(amount, o.workers)}
+                 for resource, amount in requests.items()]}]}]}},
+        {"apiVersion": api, "kind": "LocalQueue",
+         "metadata": {"name": o.queue, "namespace": o.namespace, "labels": labels},
+         "spec": {"clusterQueue": name}},
+    ]
+
+
+def header(o: K8sOptions) -> str:
+    """The comment the manifests begin with: what they need, and what happens without it."""
+    what = (f"scheduled runs of {o.schedule.job_name}" if o.schedule is not None
+            else f"{o.workers} worker Job{'s' if o.workers != 1 else ''} for {o.version}")
+    lines = [
+        f"batchline launch k8s: {what}.",
+        f"Needs Kubernetes {MINIMUM_KUBERNETES} or later (podReplacementPolicy, and podFailurePolicy rules "
+        "on exit codes alone) and Kueue",
+        f"{MINIMUM_KUEUE} or later (the {QUEUE_LABEL} label).",
+        "The Jobs are created suspended: Kueue unsuspends each when it admits it. Without Kueue, or",
+        f"without the LocalQueue {o.queue!r} in namespace {o.namespace!r}, they stay suspended and no worker starts"
+        + (";" if not o.kueue_sample else "."),
+    ]
+    if not o.kueue_sample:
+        lines.append("--kueue-sample renders a ResourceFlavor, ClusterQueue and LocalQueue that admit them.")
+    return "".join(f"# {line}\n" for line in lines)
+
+
 def render(o: K8sOptions) -> list[dict[str, Any]]:
     if o.workers < 1:
         raise BatchlineError("--workers must be at least 1")
     if o.preemption_notice not in ("none", "aws", "gcp"):
         raise BatchlineError(f"--preemption-notice must be aws, gcp or none, not {o.preemption_notice!r}")
-    common = [priority_class(o), service_account(o), *(pod_reader_role(o) if o.take_back else [])]
+    common = [*(kueue_sample(o) if o.kueue_sample else []), priority_class(o), service_account(o),
+              *(pod_reader_role(o) if o.take_back else [])]
     if o.schedule is None:
         return [*common, *(worker_job(o, i) for i in range(o.workers))]
     check_cron(o.schedule.cron)

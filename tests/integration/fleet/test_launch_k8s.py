@@ -5,6 +5,7 @@ fields that make preemption take one worker and replace it."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -208,3 +209,52 @@ def test_the_weights_cache_is_a_volume_of_its_own_sized_as_told_and_scratch_too(
     with pytest.raises(BatchlineError, match="--scratch-size 'lots' is not a Kubernetes quantity"):
         render(K8sOptions(version="v@1", workers=1, image="i", queue="q", store_secret="s", gpus_per_worker=0,
                           scratch_size="lots"))
+
+
+def test_the_manifests_say_that_without_kueue_their_jobs_stay_suspended(tmp_path: Path) -> None:
+    from batchline.cli import main
+
+    out = tmp_path / "fleet.yaml"
+    assert main(["launch", "k8s", "--job", "v@1", "--workers", "2", "--image", "i", "--queue", "batch",
+                 "--store-secret", "s", "--gpus-per-worker", "0", "--out", str(out)]) == 0
+    text = out.read_text()
+    comment = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+    assert "Without Kueue" in comment and "stay suspended and no worker starts" in comment
+    assert "LocalQueue 'batch'" in comment and "--kueue-sample" in comment
+    assert "Kubernetes 1.29 or later" in comment and "Kueue 0.3 or later" in comment
+    jobs = jobs_of(list(yaml.safe_load_all(text)))
+    assert len(jobs) == 2 and all(j["spec"]["suspend"] is True for j in jobs)
+
+
+@pytest.mark.parametrize("api", ["v1beta2", "v1beta1"])
+@pytest.mark.parametrize("worker", [GPU_WORKER, {"gpus_per_worker": 0}], ids=["gpu", "cpu"])
+def test_the_kueue_sample_admits_every_worker_of_the_fleet_it_was_rendered_for(
+        api: str, worker: dict[str, Any]) -> None:
+    from kubernetes.utils import parse_quantity
+
+    objects = render(K8sOptions(version="v@1", workers=5, image="i", queue="batch", namespace="jobs",
+                                store_secret="s", kueue_sample=True, kueue_api=api, **worker))
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for obj in objects:
+        by_kind.setdefault(obj["kind"], []).append(obj)
+    assert {o["apiVersion"] for k in ("ResourceFlavor", "ClusterQueue", "LocalQueue") for o in by_kind[k]} == {
+        f"kueue.x-k8s.io/{api}"}
+    jobs = by_kind["Job"]
+    [local] = [q for q in by_kind["LocalQueue"] if q["metadata"]["name"] == jobs[0]["metadata"]["labels"][
+        "kueue.x-k8s.io/queue-name"] and q["metadata"]["namespace"] == jobs[0]["metadata"]["namespace"]]
+    [cluster] = [c for c in by_kind["ClusterQueue"] if c["metadata"]["name"] == local["spec"]["clusterQueue"]]
+    assert cluster["spec"]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "jobs"}}
+    [group] = cluster["spec"]["resourceGroups"]
+    [flavor] = group["flavors"]
+    assert flavor["name"] in {f["metadata"]["name"] for f in by_kind["ResourceFlavor"]}
+    # Kueue's own rule: each flavor lists the covered resources, in their order.
+    assert [r["name"] for r in flavor["resources"]] == group["coveredResources"]
+    quota = {r["name"]: parse_quantity(r["nominalQuota"]) for r in flavor["resources"]}
+    demand: dict[str, Any] = {}
+    for job in jobs:
+        for resource, amount in (container_of(job).resources.requests or {}).items():
+            demand[resource] = demand.get(resource, 0) + parse_quantity(amount)
+    # A resource the ClusterQueue does not cover keeps a workload from being admitted.
+    assert set(demand) == set(group["coveredResources"])
+    assert all(demand[r] <= quota[r] for r in demand), (demand, quota)
+    assert ("nvidia.com/gpu" in demand) == bool(worker.get("cpu"))
