@@ -130,7 +130,8 @@ def _register_capacity(subparsers: argparse._SubParsersAction) -> None:  # type:
                    help="shared instruction prefix at the start of every input (default 500; 0 with "
                         "--from-run, whose measured rate already reflects any prefix caching)")
     w.add_argument("--deadline-hours", type=positive, default=20.0)
-    w.add_argument("--price", type=non_negative, default=3.50, help="USD per GPU-hour")
+    w.add_argument("--price", type=non_negative, default=3.50,
+                   help="USD per GPU-hour (with --from-run, per worker-hour; default 3.50)")
     w.add_argument("--interruption-allowance", type=non_negative, default=0.2,
                    help="extra fleet time interruptions cost, as a share of the ideal run "
                         "(`batchline simulate` measures it; default 0.2)")
@@ -139,7 +140,9 @@ def _register_capacity(subparsers: argparse._SubParsersAction) -> None:  # type:
     a.add_argument("--api-input-price", type=non_negative, help="USD per million input tokens")
     a.add_argument("--api-output-price", type=non_negative, help="USD per million output tokens")
     p.add_argument("--from-run", metavar="VERSION",
-                   help="use the records/s per worker that this job version measured, not the roofline")
+                   help="use the records/s per worker that this job version measured, not the roofline: the "
+                        "fleet is then sized in workers like the run's (on the device it names), priced per "
+                        "worker-hour")
     p.add_argument("--store", metavar="URL", help="store URL for --from-run (default: $BATCHLINE_STORE or sqlite:///batchline.db)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run_capacity)
@@ -148,6 +151,7 @@ def _register_capacity(subparsers: argparse._SubParsersAction) -> None:  # type:
 def measure_run(store_url: str, version: str) -> cap.RunMeasurement:
     """What a run of `version` measured, from the store: records/s per worker (the event
     log), the job's records, and the mean tokens of the results it computed."""
+    from batchline.registry import ENGINES
     from batchline.store import open_store
 
     store = open_store(store_url, create=False)
@@ -157,8 +161,12 @@ def measure_run(store_url: str, version: str) -> cap.RunMeasurement:
             raise BatchlineError(f"{version}: no such job version in {store_url}")
         measured = store.run_throughput(version)
         routes = store.route_totals(version).values()
+        runtime = store.pinned_runtime(version)
     finally:
         store.close()
+    model = job.spec.get("model", {})
+    engine = str(model.get("engine", "unknown"))
+    entry = ENGINES.get(engine)
     if not 0 < measured < math.inf:
         raise BatchlineError(f"{version}: the event log has no measured throughput yet")
     computed = sum(t.results for t in routes)
@@ -166,7 +174,8 @@ def measure_run(store_url: str, version: str) -> cap.RunMeasurement:
     output_tokens = sum(t.output_tokens for t in routes)
     return cap.RunMeasurement(
         version=version, records_per_second=measured, records=job.record_count,
-        engine=str(job.spec.get("model", {}).get("engine", "unknown")),
+        engine=engine,
+        device=entry.computes_on(model.get("options") or {}, runtime) if entry is not None else None,
         # An engine that reports no token counts leaves them to the command line or the defaults.
         input_tokens=input_tokens / computed if computed and input_tokens else None,
         output_tokens=output_tokens / computed if computed and output_tokens else None)
@@ -234,11 +243,13 @@ def run_capacity(args: argparse.Namespace) -> int:
 
 def print_capacity(r: cap.CapacityReport, out: TextIO) -> None:
     m, g, e, w = r.model, r.gpu, r.efficiency, r.workload
+    # A measured run's rate is per worker, on whatever that worker had: a CPU, a GPU, a server.
+    unit = r.unit
     prefix = f", {w.prefix_tokens:,.0f} of them a shared prefix" if w.prefix_tokens else ""
     lines = [
         f"job     {w.records:,} records of {w.input_tokens:,.0f} input tokens{prefix}, "
         f"and {w.output_tokens:,.0f} output tokens",
-        f"        deadline {w.deadline_hours:g} h, ${w.price_per_gpu_hour:,.2f} per GPU-hour",
+        f"        deadline {w.deadline_hours:g} h, ${w.price_per_gpu_hour:,.2f} per {unit}-hour",
     ]
     if r.roofline is not None:
         roof = r.roofline
@@ -266,8 +277,10 @@ def print_capacity(r: cap.CapacityReport, out: TextIO) -> None:
                 f"{roof.max_batch_that_fits} does (0: the weights alone do not fit)"
             )
     elif r.run is not None:
-        lines += ["", f"per GPU: {r.estimate.records_per_second:,.2f} records/s, measured by run {r.run.version} "
-                      f"on the {r.run.engine} engine"]
+        lines += ["", f"per worker: {r.estimate.records_per_second:,.2f} records/s, measured by run "
+                      f"{r.run.version} on the {r.run.engine} engine",
+                  f"  device: {r.run.device or 'not known'}; a worker is what that run's workers had, and "
+                  "--price is per worker-hour of it"]
         if r.run.engine == "synthetic":
             lines.append("  WARNING: the synthetic engine takes a set time per record; this rate says nothing "
                          "about a model's")
@@ -276,13 +289,13 @@ def print_capacity(r: cap.CapacityReport, out: TextIO) -> None:
     ]
     if r.estimate_prefix_cached is not None:
         columns.append(("prefix cached", r.estimate_prefix_cached))
-    allowance = f"GPUs with a {w.interruption_allowance:.0%} interruption allowance"
+    allowance = f"{unit}s with a {w.interruption_allowance:.0%} interruption allowance"
     rows: list[tuple[str, Any]] = [
         ("ms per record", lambda j: f"{j.milliseconds_per_record:,.1f}"),
-        ("records/s per GPU", lambda j: f"{j.records_per_second:,.1f}"),
-        ("GPU-hours", lambda j: f"{j.gpu_hours:,.0f}"),
-        ("GPUs running flat out", lambda j: f"{j.gpus_flat_out:,.1f}"),
-        ("whole GPUs", lambda j: f"{j.gpus_whole:,}"),
+        (f"records/s per {unit}", lambda j: f"{j.records_per_second:,.1f}"),
+        (f"{unit}-hours", lambda j: f"{j.gpu_hours:,.0f}"),
+        (f"{unit}s running flat out", lambda j: f"{j.gpus_flat_out:,.1f}"),
+        (f"whole {unit}s", lambda j: f"{j.gpus_whole:,}"),
         (allowance, lambda j: f"{j.gpus_with_allowance:,}"),
         ("cost", lambda j: f"${j.cost:,.0f}"),
         ("cost with the allowance", lambda j: f"${j.cost_with_allowance:,.0f}"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,16 @@ OPTIONS = EngineOptions(
     EngineOption("normalize", "boolean", "Unit-length vectors, so a dot product is the cosine", True),
     EngineOption("decimals", "integer", "Round each component to this many decimals (default: no rounding)"),
 )
+
+
+def computes_on(options: Mapping[str, Any], runtime: str | None) -> str:
+    """What a worker computed on: the torch device the options name (auto: CUDA where a GPU is visible)."""
+    device = str(OPTIONS.of(options, "device"))
+    if device == "auto":
+        return "a GPU where the worker had one, else the CPU (device: auto)"
+    if device == "cpu":
+        return "the CPU"
+    return "a GPU" if device.startswith("cuda") else f"the {device} device"
 
 
 class EmbeddingEngine:

@@ -106,6 +106,11 @@ def default_threads() -> int:
     return max(1, min(cores, _MAX_DEFAULT_THREADS))
 
 
+def computes_on(options: Mapping[str, Any], runtime: str | None) -> str:
+    """What a worker computed on: the CPU, since this engine offloads no layer to a GPU."""
+    return "the CPU"
+
+
 class LlamaCppEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

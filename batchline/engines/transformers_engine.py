@@ -151,6 +151,16 @@ class _Prefix:
     layers: list[tuple[Any, Any]]  # per layer (keys, values), batch of one
 
 
+def computes_on(options: Mapping[str, Any], runtime: str | None) -> str:
+    """What a worker computed on: the torch device the options name (auto: CUDA where a GPU is visible)."""
+    device = str(OPTIONS.of(options, "device"))
+    if device == "auto":
+        return "a GPU where the worker had one, else the CPU (device: auto)"
+    if device == "cpu":
+        return "the CPU"
+    return "a GPU" if device.startswith("cuda") else f"the {device} device"
+
+
 class TransformersEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

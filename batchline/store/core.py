@@ -934,6 +934,10 @@ class StoreCore(ABC):
 
         return self._write(body)
 
+    def pinned_runtime(self, version: str) -> str | None:
+        row = self._read(lambda tx: tx.one(self.q.PINNED_RUNTIME, {"v": version}))
+        return None if row is None else str(row[0])
+
     def pin_runtime(self, version: str, runtime: str, worker: str) -> tuple[str, str]:
         def body(tx: Tx) -> tuple[str, str]:
             # The first worker to load the version's engine pins its runtime; later ones read it.

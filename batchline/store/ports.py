@@ -222,6 +222,10 @@ class ReaderStore(StoreHandle, Protocol):
 
     def run_throughput(self, version: str) -> float: ...
 
+    def pinned_runtime(self, version: str) -> str | None:
+        """The engine runtime the version's first worker loaded, if one has."""
+        ...
+
     def iter_results(self, version: str, page_size: int = 5000, *,
                      computed_only: bool = False) -> Iterator[StoredResult]:
         """The version's results in id order, a page at a time; `computed_only`

