@@ -202,6 +202,7 @@ class StoreCore(ABC):
 
     url: str
     q: ModuleType
+    created: bool = False
 
     # --- what a backend brings ------------------------------------------------------
 

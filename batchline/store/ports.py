@@ -43,6 +43,10 @@ class StoreHandle(Protocol):
 
     def close(self) -> None: ...
 
+    def where(self) -> str:
+        """The store, as messages name it: a SQLite file's path, a URL without its password."""
+        ...
+
     def now(self) -> float:
         """The database's clock."""
         ...
@@ -174,6 +178,10 @@ class PlanWriter(Protocol):
 
 
 class PlannerStore(StoreHandle, Protocol):
+    # Made by this opening (a SQLite file that was not there): said once, so a mistyped
+    # path is seen at once rather than as an empty store later.
+    created: bool
+
     def begin_plan(self, version: str, name: str, spec: dict[str, Any]) -> PlanWriter:
         """Starts planning a version; discards what an earlier planner left half-written."""
         ...

@@ -154,3 +154,16 @@ def test_rates_count_only_this_runs_work_over_the_time_it_took(job_factory: Any,
     status = json.loads(cli("status", first.stdout.strip(), "--store", store_url, "--json").stdout)
     assert status["rate_window_seconds"] < 100  # the time since the first claim, not 300 s
     assert status["records_per_second"] > 300 / 100
+
+
+def test_plan_on_a_mistyped_sqlite_path_says_it_created_a_new_store(job_factory: Any, store: Store,
+                                                                    store_url: str, tmp_path: Path) -> None:
+    spec = job_factory(n=5)
+    typo = tmp_path / "stors" / "batchline.db"
+    first = cli("plan", str(spec), "--store", f"sqlite:///{typo}")
+    assert first.returncode == 0, first.stderr
+    assert [line for line in first.stderr.splitlines() if "store" in line] == [f"created a new store at {typo}"]
+    again = cli("plan", str(spec), "--store", f"sqlite:///{typo}")
+    assert again.returncode == 0 and "created" not in again.stderr, again.stderr
+    existing = cli("plan", str(spec), "--store", store_url)
+    assert existing.returncode == 0 and "created a new store" not in existing.stderr, existing.stderr
