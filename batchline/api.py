@@ -294,7 +294,9 @@ class Jobs:
                 if is_remote(str(out)):
                     raise BatchlineError("--format openai-batch writes two files side by side on local disk; "
                                          "--out must be a local file (copy them to object storage afterwards)")
+                files.refuse_folder(str(out_path))
                 errors_path = Path(errors) if errors is not None else export.openai_errors_path(out_path)
+                files.refuse_folder(str(errors_path), "--errors")
                 if errors_path.resolve() == out_path.resolve():
                     raise BatchlineError(f"--errors {errors_path} is the output file itself; name another file")
                 version = self._resolve(s, target)

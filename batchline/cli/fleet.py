@@ -176,7 +176,13 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
     text = header(options) + to_yaml(render(options))
     what = f"{args.workers} scheduled worker slots" if schedule else f"{args.workers} worker Jobs"
     if args.out:
-        args.out.write_text(text)
+        if args.out.is_dir():
+            raise BatchlineError(f"--out {args.out} is a folder: the manifests are one file, so name it "
+                                 f"(such as {args.out / 'fleet.yaml'})")
+        try:
+            args.out.write_text(text)
+        except OSError as exc:
+            raise BatchlineError(f"--out {args.out}: cannot write the manifests: {exc.strerror}") from None
         print(f"wrote {what} to {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

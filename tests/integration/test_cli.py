@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from batchline.store import Store
-from tests.helpers import planned, wait_for
+from tests.helpers import planned, run_to_seal, wait_for
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -167,3 +167,21 @@ def test_plan_on_a_mistyped_sqlite_path_says_it_created_a_new_store(job_factory:
     assert again.returncode == 0 and "created" not in again.stderr, again.stderr
     existing = cli("plan", str(spec), "--store", store_url)
     assert existing.returncode == 0 and "created a new store" not in existing.stderr, existing.stderr
+
+
+def test_an_export_or_manifests_to_an_existing_folder_say_so_in_one_line(job_factory: Any, store: Store,
+                                                                         store_url: str, tmp_path: Path) -> None:
+    _spec, version = planned(job_factory(n=20), store)
+    run_to_seal(store, version)
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    for args in (["export", version, "--store", store_url, "--format", "parquet", "--out", str(folder)],
+                 ["export", version, "--store", store_url, "--out", str(folder)],
+                 ["export", version, "--store", store_url, "--format", "openai-batch", "--out", str(folder)],
+                 ["launch", "k8s", "--job", version, "--image", "i", "--queue", "q", "--store-secret", "s",
+                  "--gpus-per-worker", "0", "--out", str(folder)]):
+        done = cli(*args)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        [line] = done.stderr.splitlines()
+        assert line.startswith(f"batchline: error: --out {folder} is a folder"), line
+    assert list(folder.iterdir()) == []
