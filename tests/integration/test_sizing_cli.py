@@ -220,3 +220,73 @@ def test_a_cpu_llamacpp_run_is_sized_per_worker_on_the_cpu_it_measured(
     whole = math.ceil(round(50_000_000 / rate / 3600 / 20, 9))
     [row] = [line for line in table.splitlines() if line.strip().startswith("whole workers")]
     assert row.split()[-1] == f"{whole:,}"
+
+
+def test_simulate_says_whether_the_job_meets_its_deadline(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = run_json(["simulate", *SMALL], capsys)
+    assert plain["deadline_hours"] is None and all("runs_within_deadline" not in r for r in plain["rows"])
+    worst = {(r["strategy"], r["shard_size"]): max(r["makespans_hours"]) for r in plain["rows"]}
+    assert all(len(r["makespans_hours"]) == 2 for r in plain["rows"])
+
+    def table(deadline: float) -> tuple[str, dict[tuple[str, int], str]]:
+        assert run(["simulate", *SMALL, "--deadline-hours", str(deadline)]) == 0
+        text = capsys.readouterr().out
+        verdicts = {}
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) > 3 and parts[1] in {r["strategy"] for r in plain["rows"]}:
+                verdicts[(parts[1], int(parts[2].replace(",", "")))] = " ".join(parts[8:])
+        return text, verdicts
+
+    # Between the rows: the one whose slowest run is fastest meets it every time, the slowest does not.
+    deadline = round(min(worst.values()) + 0.001, 3)
+    text, verdicts = table(deadline)
+    assert f"meets {deadline:g} h" in text
+    assert verdicts == {key: "yes" if hours <= deadline else verdicts[key] for key, hours in worst.items()}
+    assert verdicts[max(worst, key=lambda k: worst[k])] != "yes"
+    met = sum(v == "yes" for v in verdicts.values())
+    assert f"deadline {deadline:g} h: met in every run by {met} of {len(worst)} rows" in text
+    counted = run_json(["simulate", *SMALL, "--deadline-hours", str(deadline)], capsys)
+    assert counted["deadline_hours"] == deadline
+    assert sum(r["runs_within_deadline"] == 2 for r in counted["rows"]) == met
+    # Below the ideal run nothing can meet it; well above, everything does.
+    ideal = plain["ideal_hours"]
+    text, verdicts = table(round(ideal * 0.9, 3))
+    assert "MISSED; even the ideal run takes" in text and set(verdicts.values()) == {"no"}
+    text, verdicts = table(round(max(worst.values()) * 2, 3))
+    assert f"met in every run by {len(worst)} of {len(worst)} rows" in text and set(verdicts.values()) == {"yes"}
+
+
+def test_simulate_help_states_every_default(capsys: pytest.CaptureFixture[str]) -> None:
+    from batchline.cli import build_parser
+    from batchline.sizing import simulate as sim
+
+    parser = build_parser()
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    simulate = sub.choices["simulate"]
+
+    def stated(value: Any) -> str:
+        if value is None:
+            return "none"
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value)
+        return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+
+    for action in simulate._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        text = " ".join((action.help or "").split())
+        if action.nargs == 0:
+            assert "(default off)" in text, action.option_strings
+        else:
+            assert f"(default {stated(action.default)}" in text, (action.option_strings, text)
+    # The defaults it states are the reference scenario's.
+    args = parser.parse_args(["simulate"])
+    ref = sim.REFERENCE
+    assert (args.items, args.workers, args.rate, args.lease_seconds, args.model_load_seconds) == (
+        ref.items, ref.workers, ref.records_per_second, ref.lease_seconds, ref.model_load_seconds)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["simulate", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "(default 2,000,000)" in shown and "(default 500,5000,25000)" in shown
+    assert "(default none: no verdict)" in shown
