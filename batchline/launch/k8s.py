@@ -46,9 +46,10 @@ Which objects, and why:
   dropped, the runtime's seccomp profile, a read-only root filesystem; no
   host network, PID or IPC namespace, no hostPath and no shared volume (the
   only volumes are the pod's own `emptyDir`s: scratch for /tmp, and the
-  weights cache); no service links. The input snapshot and the weights are read from where they live
-  (object storage, or a read-only volume of the worker's own added by the
-  operator), with the access `batchline grants` prints.
+  weights cache); no service links. The input snapshot and the weights are
+  read from where they live (object storage, or a read-only volume of the
+  worker's own added by the operator), with the access `batchline grants`
+  prints.
 - **Object-store credentials from a Secret or the workload's identity.**
   `--lake-secret NAME` puts every key of a Secret into the worker's
   environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, or
@@ -211,8 +212,9 @@ def pod_reader_role(o: K8sOptions) -> list[dict[str, Any]]:
 
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
-_UNITS: dict[str, int | Decimal] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "m": Decimal("0.001"),
-          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_UNITS: dict[str, int | Decimal] = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 
 
 def quantity(text: str, flag: str) -> Decimal:
