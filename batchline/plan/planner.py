@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from batchline.errors import InputError, SpecError
+from batchline.errors import EngineFatal, InputError, SpecError
 from batchline.snapshot import (
     PIECES_PER_SHARD,
     Piece,
@@ -31,7 +32,7 @@ from batchline.snapshot import (
     unruled_acl_array,
 )
 from batchline.sources import Snapshot, Source, StoredRows, snapshot_digest
-from batchline.spec import LOCAL_ROUTE, STORED, JobSpec, stored_spec
+from batchline.spec import LOCAL_ROUTE, STORED, JobSpec, ModelSpec, stored_spec
 from batchline.store import DeadLetterRow, DuplicateRecord, PlannedRecord, PlannedShard, Store
 from batchline.store.ports import PlanWriter
 
@@ -56,6 +57,7 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     if existing is not None and existing.state not in ("planning", "removed"):
         return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
 
+    _check_weights(spec)
     for target in spec.targets:
         target.check(spec, store.url)
     if spec.shards.size_auto:
@@ -78,6 +80,34 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     if spec.routing is not None:
         log(routes_summary(spec, result.routes))
     return result
+
+
+def _check_weights(spec: JobSpec) -> None:
+    """Weights this machine reaches (a local file or folder, a packaged model) are checked
+    against `model.digest` before anything is planned, so a wrong digest is refused here
+    rather than by the first worker, with a version left to cancel. Weights it does not
+    reach (an object URL, fetched by each node; a path inside the workers' image; a
+    package not installed here) are the workers' to check, as before."""
+    from batchline.digests import verify_weights
+    from batchline.registry import ENGINES
+    from batchline.sources import is_remote
+
+    entry = ENGINES[spec.model.engine]
+    if entry.remote or (spec.model.path is not None and is_remote(spec.model.path)):
+        return
+    locate: Callable[[ModelSpec], Path | None] | None = getattr(entry.load(), "local_weights", None)
+    if locate is None:
+        return
+    try:
+        path = locate(spec.model)
+    except EngineFatal:
+        return
+    if path is None or not path.exists():
+        return
+    try:
+        verify_weights(path, spec.model.digest)
+    except EngineFatal as exc:
+        raise EngineFatal(f"{exc}; nothing was planned") from None
 
 
 def _pinned_input(spec: JobSpec, store_url: str) -> tuple[JobSpec, Snapshot]:

@@ -223,6 +223,7 @@ class StoreCore(ABC):
 
     url: str
     q: ModuleType
+    created: bool = False
 
     # --- what a backend brings ------------------------------------------------------
 
@@ -1095,6 +1096,10 @@ class StoreCore(ABC):
             return str(row[0])
 
         return self._write(body)
+
+    def pinned_runtime(self, version: str) -> str | None:
+        row = self._read(lambda tx: tx.one(self.q.PINNED_RUNTIME, {"v": version}))
+        return None if row is None else str(row[0])
 
     def pin_runtime(self, version: str, runtime: str, worker: str) -> tuple[str, str]:
         def body(tx: Tx) -> tuple[str, str]:

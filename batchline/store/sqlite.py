@@ -73,6 +73,7 @@ class SQLiteStore(StoreCore):
         self._lock = threading.RLock()
         try:
             if create:
+                self.created = not self.path.exists()
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             # Transactions are explicit (BEGIN IMMEDIATE); the module's implicit
             # ones would start deferred transactions that can deadlock on upgrade.

@@ -121,12 +121,23 @@ def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
     return atomic_write(out, write)
 
 
+def refuse_folder(out: str, flag: str = "--out") -> None:
+    """A version's export is one file: a destination that is a folder on this machine is
+    refused by name before anything is written (it would end in a rename over the folder)."""
+    from batchline.sources import is_remote
+
+    if not is_remote(out) and Path(out).is_dir():
+        raise BatchlineError(f"{flag} {out} is a folder: a version's export is one file, so name the file "
+                             "(only a published NAME with --format parquet exports into a folder)")
+
+
 def export_to(out: str, write: Callable[[Path], int]) -> int:
     """`write(path)` to a local file, or, for an s3:// or gs:// URL, to a scratch file that is
     then uploaded whole (readers of the object see the old one or the complete new one)."""
     from batchline.sources import is_remote, upload
 
     if not is_remote(out):
+        refuse_folder(out)
         return write(Path(out))
 
     with tempfile.TemporaryDirectory(prefix="batchline-export-") as scratch:
