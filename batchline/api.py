@@ -150,6 +150,7 @@ class Jobs:
 
         job = load_spec(spec)
         with self._opened(create=True) as s:
+            _say_created(s, log)
             return plan_spec(job, s, log=log)
 
     def run(self, spec: str | Path, *, workers: int = 1, log_dir: str | Path | None = None, publish: bool = False,
@@ -172,6 +173,7 @@ class Jobs:
             raise BatchlineError(f"workers must be at least 1, not {workers}")
         job = load_spec(spec)
         with self._opened(create=True) as s, contextlib.ExitStack() as closing:
+            _say_created(s, log)
             version, created = _plan_once(s, job, plan_key, log)
             log(f"version {version}")
             _refuse_cancelled(s, version)
@@ -366,7 +368,9 @@ class Jobs:
                 if is_remote(str(out)):
                     raise BatchlineError("--format openai-batch writes two files side by side on local disk; "
                                          "--out must be a local file (copy them to object storage afterwards)")
+                files.refuse_folder(str(out_path))
                 errors_path = Path(errors) if errors is not None else export.openai_errors_path(out_path)
+                files.refuse_folder(str(errors_path), "--errors")
                 if errors_path.resolve() == out_path.resolve():
                     raise BatchlineError(f"--errors {errors_path} is the output file itself; name another file")
                 version = self._resolve(s, target)
@@ -399,6 +403,12 @@ class Jobs:
         with self._opened() as s:
             return write_report(s, target, Path(html),
                                 price=DEFAULT_GPU_HOUR_PRICE if gpu_hour_price is None else gpu_hour_price)
+
+
+def _say_created(store: Store, log: Callable[[str], None]) -> None:
+    """A store this command made is said once, by its path: a mistyped one is seen at once."""
+    if store.created:
+        log(f"created a new store at {store.where()}")
 
 
 def _local(location: str) -> Path | str:

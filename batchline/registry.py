@@ -95,6 +95,13 @@ class Extension:
     def load(self) -> Any:
         return _load(self.target)
 
+    def computes_on(self, options: Mapping[str, Any], runtime: str | None) -> str:
+        """What a worker of this engine computed on, in words ("the CPU", "a GPU"), from the job's
+        options and the runtime its first worker loaded (None: none recorded): its module's
+        `computes_on`, which, like `OPTIONS`, imports without the extra."""
+        said: Callable[[Mapping[str, Any], str | None], str] = _load(f"{self.target.split(':')[0]}:computes_on")
+        return said(options, runtime)
+
     def options(self) -> EngineOptions:
         """The options its module declares (`OPTIONS`); the module imports what its extra brings
         only when the engine loads, so this needs no extra."""

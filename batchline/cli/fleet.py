@@ -59,8 +59,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--namespace", default="default")
     p.add_argument("--gpus-per-worker", type=int, default=1, metavar="G")
     p.add_argument("--gpu-resource", default="nvidia.com/gpu")
-    p.add_argument("--cpu", default="1")
-    p.add_argument("--memory", default="8Gi")
+    p.add_argument("--cpu", default=None, metavar="QUANTITY",
+                   help="CPUs each worker requests (default 1 without GPUs; required with them, as are --memory "
+                        "and --weights-cache-size: what a GPU worker needs depends on its engine and model)")
+    p.add_argument("--memory", default=None, metavar="QUANTITY",
+                   help="memory each worker requests and is limited to (default 8Gi without GPUs)")
+    p.add_argument("--weights-cache-size", default=None, metavar="QUANTITY",
+                   help="the weights cache's own volume, where weights in object storage are fetched: at least "
+                        "the weights' size (default 4Gi without GPUs)")
+    p.add_argument("--scratch-size", default="1Gi", metavar="QUANTITY",
+                   help="the scratch volume for /tmp, the worker's HOME (default 1Gi)")
+    p.add_argument("--kueue-sample", action="store_true",
+                   help="also render a ResourceFlavor, a ClusterQueue with quota for every worker, and the "
+                        "LocalQueue --queue, for a cluster without them")
+    p.add_argument("--kueue-api", choices=("v1beta2", "v1beta1"), default="v1beta2",
+                   help="the sample's API version: v1beta2 for Kueue 0.15 and later (default), v1beta1 for 0.3 "
+                        "to 0.16")
     p.add_argument("--priority-class", default="batchline-batch")
     p.add_argument("--preemption-notice", choices=("none", "aws", "gcp"), default="none",
                    help="also watch the cloud's preemption notice (SIGTERM on eviction always works)")
@@ -120,7 +134,7 @@ def cmd_launch_ray(args: argparse.Namespace) -> int:
 def cmd_launch_k8s(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from batchline.launch.k8s import K8sOptions, Schedule, render, scheduled_spec, to_yaml
+    from batchline.launch.k8s import K8sOptions, Schedule, header, render, scheduled_spec, to_yaml
 
     if (args.job is None) == (args.schedule is None):
         raise BatchlineError("give --job VERSION (work on a planned version now) or --schedule CRON with --spec "
@@ -150,16 +164,25 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
         if job is None:
             raise NoSuchVersion(args.job, store.where())
         grace = stored_spec(job).shards.grace_seconds
-    text = to_yaml(render(K8sOptions(
+    options = K8sOptions(
         version=args.job or (schedule.job_name if schedule else ""), workers=args.workers, image=args.image,
         queue=args.queue, store_secret=args.store_secret, store_secret_key=args.store_secret_key,
         namespace=args.namespace, gpus_per_worker=args.gpus_per_worker, gpu_resource=args.gpu_resource, cpu=args.cpu,
-        memory=args.memory, grace_seconds=grace, priority_class=args.priority_class,
+        memory=args.memory, weights_cache_size=args.weights_cache_size, scratch_size=args.scratch_size,
+        grace_seconds=grace, priority_class=args.priority_class,
         preemption_notice=args.preemption_notice, take_back=args.take_back, lake_secret=args.lake_secret,
-        service_account_annotations=annotations, schedule=schedule)))
+        service_account_annotations=annotations, schedule=schedule, kueue_sample=args.kueue_sample,
+        kueue_api=args.kueue_api)
+    text = header(options) + to_yaml(render(options))
     what = f"{args.workers} scheduled worker slots" if schedule else f"{args.workers} worker Jobs"
     if args.out:
-        args.out.write_text(text)
+        if args.out.is_dir():
+            raise BatchlineError(f"--out {args.out} is a folder: the manifests are one file, so name it "
+                                 f"(such as {args.out / 'fleet.yaml'})")
+        try:
+            args.out.write_text(text)
+        except OSError as exc:
+            raise BatchlineError(f"--out {args.out}: cannot write the manifests: {exc.strerror}") from None
         print(f"wrote {what} to {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -191,8 +191,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     pace = (f"{done:,} records answered this run, {done / summary.seconds:,.2f} records/s" if done
             else "nothing was left to answer")
     tokens = store.token_totals(st.version)
+    # Stopped early (Ctrl-C, SIGTERM): the version is still open, and what it takes is the same command.
+    stopped = st.state not in ("sealed", "cancelled") and summary.exit_code != 0
     lines = [
-        f"{st.state}: {st.version}",
+        f"stopped: {st.pending:,} records left; run the same command again to go on\n  version      {st.version}"
+        if stopped else f"{st.state}: {st.version}",
         f"  records      {st.records:,}",
         f"  results      {st.results:,}" + (f" ({info.carried:,} carried from the base)" if info.carried else ""),
         f"  dead letters {st.dead_letters:,}"
@@ -329,7 +332,8 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     rows = Jobs(_store(args)).dead_letters(args.version)
     if args.json:
         print(json.dumps([{"id": r.record_id, "kind": r.kind, "error": r.error, "attempts": r.attempts,
-                           "shard": r.shard_no, "acl": r.acl} for r in rows], indent=2))
+                           "shard": r.shard_no, "acl": r.acl, **({} if r.carry is None else {"carry": r.carry})}
+                          for r in rows], indent=2))
         return 0
     for r in rows:
         print(f"{r.record_id}\t{r.kind}\t{r.attempts} attempts\t{r.error}")

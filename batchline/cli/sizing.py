@@ -130,7 +130,8 @@ def _register_capacity(subparsers: argparse._SubParsersAction) -> None:  # type:
                    help="shared instruction prefix at the start of every input (default 500; 0 with "
                         "--from-run, whose measured rate already reflects any prefix caching)")
     w.add_argument("--deadline-hours", type=positive, default=20.0)
-    w.add_argument("--price", type=non_negative, default=3.50, help="USD per GPU-hour")
+    w.add_argument("--price", type=non_negative, default=3.50,
+                   help="USD per GPU-hour (with --from-run, per worker-hour; default 3.50)")
     w.add_argument("--interruption-allowance", type=non_negative, default=0.2,
                    help="extra fleet time interruptions cost, as a share of the ideal run "
                         "(`batchline simulate` measures it; default 0.2)")
@@ -139,7 +140,9 @@ def _register_capacity(subparsers: argparse._SubParsersAction) -> None:  # type:
     a.add_argument("--api-input-price", type=non_negative, help="USD per million input tokens")
     a.add_argument("--api-output-price", type=non_negative, help="USD per million output tokens")
     p.add_argument("--from-run", metavar="VERSION",
-                   help="use the records/s per worker that this job version measured, not the roofline")
+                   help="use the records/s per worker that this job version measured, not the roofline: the "
+                        "fleet is then sized in workers like the run's (on the device it names), priced per "
+                        "worker-hour")
     p.add_argument("--store", metavar="URL", help="store URL for --from-run (default: $BATCHLINE_STORE or sqlite:///batchline.db)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run_capacity)
@@ -148,6 +151,7 @@ def _register_capacity(subparsers: argparse._SubParsersAction) -> None:  # type:
 def measure_run(store_url: str, version: str) -> cap.RunMeasurement:
     """What a run of `version` measured, from the store: records/s per worker (the event
     log), the job's records, and the mean tokens of the results it computed."""
+    from batchline.registry import ENGINES
     from batchline.store import open_store
 
     store = open_store(store_url, create=False)
@@ -157,8 +161,12 @@ def measure_run(store_url: str, version: str) -> cap.RunMeasurement:
             raise BatchlineError(f"{version}: no such job version in {store_url}")
         measured = store.run_throughput(version)
         routes = store.route_totals(version).values()
+        runtime = store.pinned_runtime(version)
     finally:
         store.close()
+    model = job.spec.get("model", {})
+    engine = str(model.get("engine", "unknown"))
+    entry = ENGINES.get(engine)
     if not 0 < measured < math.inf:
         raise BatchlineError(f"{version}: the event log has no measured throughput yet")
     computed = sum(t.results for t in routes)
@@ -166,7 +174,8 @@ def measure_run(store_url: str, version: str) -> cap.RunMeasurement:
     output_tokens = sum(t.output_tokens for t in routes)
     return cap.RunMeasurement(
         version=version, records_per_second=measured, records=job.record_count,
-        engine=str(job.spec.get("model", {}).get("engine", "unknown")),
+        engine=engine,
+        device=entry.computes_on(model.get("options") or {}, runtime) if entry is not None else None,
         # An engine that reports no token counts leaves them to the command line or the defaults.
         input_tokens=input_tokens / computed if computed and input_tokens else None,
         output_tokens=output_tokens / computed if computed and output_tokens else None)
@@ -234,11 +243,13 @@ def run_capacity(args: argparse.Namespace) -> int:
 
 def print_capacity(r: cap.CapacityReport, out: TextIO) -> None:
     m, g, e, w = r.model, r.gpu, r.efficiency, r.workload
+    # A measured run's rate is per worker, on whatever that worker had: a CPU, a GPU, a server.
+    unit = r.unit
     prefix = f", {w.prefix_tokens:,.0f} of them a shared prefix" if w.prefix_tokens else ""
     lines = [
         f"job     {w.records:,} records of {w.input_tokens:,.0f} input tokens{prefix}, "
         f"and {w.output_tokens:,.0f} output tokens",
-        f"        deadline {w.deadline_hours:g} h, ${w.price_per_gpu_hour:,.2f} per GPU-hour",
+        f"        deadline {w.deadline_hours:g} h, ${w.price_per_gpu_hour:,.2f} per {unit}-hour",
     ]
     if r.roofline is not None:
         roof = r.roofline
@@ -266,8 +277,10 @@ def print_capacity(r: cap.CapacityReport, out: TextIO) -> None:
                 f"{roof.max_batch_that_fits} does (0: the weights alone do not fit)"
             )
     elif r.run is not None:
-        lines += ["", f"per GPU: {r.estimate.records_per_second:,.2f} records/s, measured by run {r.run.version} "
-                      f"on the {r.run.engine} engine"]
+        lines += ["", f"per worker: {r.estimate.records_per_second:,.2f} records/s, measured by run "
+                      f"{r.run.version} on the {r.run.engine} engine",
+                  f"  device: {r.run.device or 'not known'}; a worker is what that run's workers had, and "
+                  "--price is per worker-hour of it"]
         if r.run.engine == "synthetic":
             lines.append("  WARNING: the synthetic engine takes a set time per record; this rate says nothing "
                          "about a model's")
@@ -276,13 +289,13 @@ def print_capacity(r: cap.CapacityReport, out: TextIO) -> None:
     ]
     if r.estimate_prefix_cached is not None:
         columns.append(("prefix cached", r.estimate_prefix_cached))
-    allowance = f"GPUs with a {w.interruption_allowance:.0%} interruption allowance"
+    allowance = f"{unit}s with a {w.interruption_allowance:.0%} interruption allowance"
     rows: list[tuple[str, Any]] = [
         ("ms per record", lambda j: f"{j.milliseconds_per_record:,.1f}"),
-        ("records/s per GPU", lambda j: f"{j.records_per_second:,.1f}"),
-        ("GPU-hours", lambda j: f"{j.gpu_hours:,.0f}"),
-        ("GPUs running flat out", lambda j: f"{j.gpus_flat_out:,.1f}"),
-        ("whole GPUs", lambda j: f"{j.gpus_whole:,}"),
+        (f"records/s per {unit}", lambda j: f"{j.records_per_second:,.1f}"),
+        (f"{unit}-hours", lambda j: f"{j.gpu_hours:,.0f}"),
+        (f"{unit}s running flat out", lambda j: f"{j.gpus_flat_out:,.1f}"),
+        (f"whole {unit}s", lambda j: f"{j.gpus_whole:,}"),
         (allowance, lambda j: f"{j.gpus_with_allowance:,}"),
         ("cost", lambda j: f"${j.cost:,.0f}"),
         ("cost with the allowance", lambda j: f"${j.cost_with_allowance:,.0f}"),
@@ -304,6 +317,19 @@ def print_capacity(r: cap.CapacityReport, out: TextIO) -> None:
 # --- simulate ------------------------------------------------------------------------
 
 
+def _default(value: object) -> str:
+    """A default as --help states it: a count with thousands separators, a list as it is typed."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)  # as it is typed: no thousands separators
+    return str(value)
+
+
 def _register_simulate(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ref = sim.REFERENCE
     p = subparsers.add_parser(
@@ -314,47 +340,58 @@ def _register_simulate(subparsers: argparse._SubParsersAction) -> None:  # type:
             "A discrete-event simulation of a job on workers that die (a replacement loads the "
             "model) or stall past their lease (and come back still writing), for three write "
             "strategies and several shard sizes, averaged over seeds. Defaults are the "
-            "reference scenario."
+            "reference scenario; with --deadline-hours it says which rows meet the deadline."
         ),
     )
+
+    def option(group: Any, flag: str, default: Any, help_text: str, *, unset: str = "", **kwargs: Any) -> None:
+        """An option whose help states its default, as every value-taking option here does
+        (`unset`: what no value means, for one without a default)."""
+        said = f"none: {unset}" if default is None else _default(default)
+        group.add_argument(flag, default=default, help=f"{help_text} (default {said})", **kwargs)
+
     j = p.add_argument_group("the job and the fleet")
-    j.add_argument("--items", type=whole_count, default=ref.items)
-    j.add_argument("--workers", type=whole_count, default=ref.workers)
-    j.add_argument("--rate", type=positive, default=ref.records_per_second, help="items/s per worker")
-    j.add_argument("--interruptions-per-hour", type=non_negative, default=ref.interruptions_per_hour,
-                   help="per worker; exponential gaps (default 1)")
-    j.add_argument("--stall-share", type=share, default=ref.stall_share,
-                   help="share of interruptions that are stalls rather than deaths (default 0.2)")
-    j.add_argument("--stall-extra-seconds", type=non_negative, default=ref.stall_extra_seconds,
-                   help="mean time a stalled worker stays away beyond its lease (default 0)")
-    j.add_argument("--model-load-seconds", type=positive, default=ref.model_load_seconds)
-    j.add_argument("--lease-seconds", type=positive, default=ref.lease_seconds)
-    j.add_argument("--shard-overhead-seconds", type=non_negative, default=ref.shard_overhead_seconds)
-    j.add_argument("--waves-per-hour", type=non_negative, default=0.0,
-                   help="correlated reclaim waves, as when a zone runs short (default 0)")
-    j.add_argument("--wave-share", type=share, default=0.5, help="share of workers a wave takes")
-    j.add_argument("--wave-recovery-seconds", type=non_negative, default=0.0,
-                   help="how long a wave's replacements wait for capacity before loading")
+    option(j, "--items", ref.items, "records in the job", type=whole_count)
+    option(j, "--workers", ref.workers, "workers at once", type=whole_count)
+    option(j, "--rate", ref.records_per_second, "items/s per worker", type=positive)
+    option(j, "--interruptions-per-hour", ref.interruptions_per_hour, "per worker; exponential gaps",
+           type=non_negative)
+    option(j, "--stall-share", ref.stall_share, "share of interruptions that are stalls rather than deaths",
+           type=share)
+    option(j, "--stall-extra-seconds", ref.stall_extra_seconds,
+           "mean time a stalled worker stays away beyond its lease", type=non_negative)
+    option(j, "--model-load-seconds", ref.model_load_seconds, "what a new or replacement worker spends loading",
+           type=positive)
+    option(j, "--lease-seconds", ref.lease_seconds, "how long a silent worker's lease holds", type=positive)
+    option(j, "--shard-overhead-seconds", ref.shard_overhead_seconds, "per shard: claim, read, complete",
+           type=non_negative)
+    option(j, "--waves-per-hour", 0.0, "correlated reclaim waves, as when a zone runs short", type=non_negative)
+    option(j, "--wave-share", 0.5, "share of workers a wave takes", type=share)
+    option(j, "--wave-recovery-seconds", 0.0, "how long a wave's replacements wait for capacity before loading",
+           type=non_negative)
+    option(j, "--deadline-hours", None, "the job's deadline: say which rows meet it, in how many of their runs",
+           unset="no verdict", type=positive, metavar="HOURS")
     s = p.add_argument_group("what to compare")
-    s.add_argument("--shard-sizes", type=size_list, default=list(sim.REFERENCE_SHARD_SIZES),
-                   help="comma-separated (default 500,5000,25000)")
-    s.add_argument("--strategies", type=strategy_list, default=list(sim.Strategy),
-                   help="comma-separated, of " + ", ".join(str(x) for x in sim.Strategy))
-    s.add_argument("--seeds", type=whole_count, default=len(sim.REFERENCE_SEEDS),
-                   help="runs per cell, seeds 0..N-1 (default 5)")
+    option(s, "--shard-sizes", list(sim.REFERENCE_SHARD_SIZES), "comma-separated", type=size_list)
+    option(s, "--strategies", list(sim.Strategy), "comma-separated", type=strategy_list)
+    option(s, "--seeds", len(sim.REFERENCE_SEEDS), "runs per cell, seeds 0..N-1", type=whole_count)
     s.add_argument("--notice", action="store_true",
-                   help="workers get a preemption notice and give their shard back at once")
+                   help="workers get a preemption notice and give their shard back at once (default off)")
     s.add_argument("--tail-split", action="store_true",
-                   help="idle workers split the unstarted tail of the last shards off, as the store does")
+                   help="idle workers split the unstarted tail of the last shards off, as the store does "
+                        "(default off)")
     s.add_argument("--take-back", action="store_true",
-                   help="a dead worker's lease is taken back once it is proven dead, not left to run out")
-    s.add_argument("--batchline", action="store_true", help="--notice, --take-back and --tail-split")
+                   help="a dead worker's lease is taken back once it is proven dead, not left to run out "
+                        "(default off)")
+    s.add_argument("--batchline", action="store_true", help="--notice, --take-back and --tail-split (default off)")
     s.add_argument("--compare", action="store_true",
-                   help="every row twice: as the seed design ran it, and as batchline runs it")
+                   help="every row twice: as the seed design ran it, and as batchline runs it (default off)")
     p.add_argument("--recommend-shard-size", action="store_true",
-                   help="also pick the shard size with the least expected makespan for keyed-per-record")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--plot", metavar="PNG", help="draw makespan against shard size per strategy")
+                   help="also pick the shard size with the least expected makespan for keyed-per-record "
+                        "(default off)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table (default off)")
+    option(p, "--plot", None, "draw makespan against shard size per strategy into this file", unset="no plot",
+           metavar="PNG")
     p.set_defaults(func=run_simulate)
 
 
@@ -404,25 +441,29 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.plot:
         plot_sweep(results, args.plot)
     if args.json:
-        json.dump(simulate_json(results, choice, seeds), sys.stdout, indent=2)
+        json.dump(simulate_json(results, choice, seeds, args.deadline_hours), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print_simulation(results, choice, seeds, elapsed, sys.stdout)
+        print_simulation(results, choice, seeds, elapsed, sys.stdout, deadline_hours=args.deadline_hours)
         if args.plot:
             print(f"plot: {args.plot}")
     return 0
 
 
 def simulate_json(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]],
-                  choice: sim.ShardSizeChoice | None, seeds: Sequence[int]) -> dict[str, Any]:
+                  choice: sim.ShardSizeChoice | None, seeds: Sequence[int],
+                  deadline_hours: float | None = None) -> dict[str, Any]:
     base = results[0][0]
     return {
         "scenario": {k: v for k, v in asdict(base).items() if k not in ("notice", "tail_split", "take_back")},
         "ideal_hours": base.ideal_seconds / 3600.0,
         "seeds": list(seeds),
+        # With a deadline, each row's runs_within_deadline: how many of its runs ended by it.
+        "deadline_hours": deadline_hours,
         "rows": [
             {"notice": scenario.notice, "tail_split": scenario.tail_split, "take_back": scenario.take_back,
-             **row.to_json()}
+             **row.to_json(),
+             **({"runs_within_deadline": row.runs_within(deadline_hours)} if deadline_hours is not None else {})}
             for scenario, rows in results for row in rows
         ],
         "recommendation": None if choice is None else {
@@ -435,9 +476,35 @@ def simulate_json(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]],
     }
 
 
+def _meets(row: sim.SweepRow, deadline_hours: float) -> str:
+    """Whether a row meets the deadline: in every run (yes), in none (no), or in some (k of n)."""
+    within = row.runs_within(deadline_hours)
+    return "yes" if within == row.seeds else "no" if within == 0 else f"{within} of {row.seeds}"
+
+
+def deadline_verdict(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]], deadline_hours: float) -> str:
+    """One line: whether the job meets its deadline, and with what."""
+    rows = [(scenario, row) for scenario, rows in results for row in rows]
+    fastest_scenario, fastest = min(rows, key=lambda sr: sr[1].makespan_hours)
+    best = (f"{fastest.strategy} at shard size {fastest.shard_size:,} (features: {_features(fastest_scenario)})"
+            f" takes {fastest.makespan_hours:.2f} h on average")
+    always = [row for _scenario, row in rows if row.runs_within(deadline_hours) == row.seeds]
+    ideal = results[0][0].ideal_seconds / 3600.0
+    if ideal > deadline_hours:
+        return (f"deadline {deadline_hours:g} h: MISSED; even the ideal run takes {ideal:.2f} h (more workers, or a "
+                f"faster rate, are needed); {best}")
+    if always:
+        return f"deadline {deadline_hours:g} h: met in every run by {len(always)} of {len(rows)} rows; {best}"
+    if fastest.makespan_hours <= deadline_hours:
+        return (f"deadline {deadline_hours:g} h: AT RISK; no row meets it in every run; {best}, "
+                f"{deadline_hours - fastest.makespan_hours:.2f} h inside it")
+    return (f"deadline {deadline_hours:g} h: MISSED by every row; {best}, "
+            f"{fastest.makespan_hours - deadline_hours:.2f} h over it")
+
+
 def print_simulation(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]],
                      choice: sim.ShardSizeChoice | None, seeds: Sequence[int], elapsed: float,
-                     out: TextIO) -> None:
+                     out: TextIO, *, deadline_hours: float | None = None) -> None:
     sc = results[0][0]
     work_hours = sc.items / (sc.workers * sc.records_per_second) / 3600.0
     waves = (f"; {_per_hour(sc.waves_per_hour, 'reclaim wave')} per hour taking {sc.wave_share:.0%} of workers"
@@ -452,7 +519,8 @@ def print_simulation(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]],
         f"({sc.model_load_seconds / 3600:.2f} h)",
         "",
         f"{'features':<33}{'strategy':<18}{'shard size':>11}{'makespan h':>12}{'sd':>6}"
-        f"{'over ideal':>12}{'GPU-h lost':>12}{'duplicate rows':>16}",
+        f"{'over ideal':>12}{'GPU-h lost':>12}{'duplicate rows':>16}"
+        + (f"{f'meets {deadline_hours:g} h':>13}" if deadline_hours is not None else ""),
     ]
     for scenario, rows in results:
         for row in rows:
@@ -460,6 +528,7 @@ def print_simulation(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]],
                 f"{_features(scenario):<33}{row.strategy:<18}{row.shard_size:>11,}{row.makespan_hours:>12.2f}"
                 f"{row.makespan_hours_stdev:>6.2f}{row.over_ideal:>11.2f}x{row.gpu_hours_lost:>12.1f}"
                 f"{row.duplicate_rows:>16,.0f}"
+                + (f"{_meets(row, deadline_hours):>13}" if deadline_hours is not None else "")
             )
     if choice is not None:
         chosen = results[-1][0]
@@ -471,6 +540,8 @@ def print_simulation(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]],
             f"{sim.SHARD_SIZE_TOLERANCE:.0%} of the least expected makespan)",
             f"  expected makespan by size: {curve}",
         ]
+    if deadline_hours is not None:
+        lines += ["", deadline_verdict(results, deadline_hours)]
     lines += ["", f"simulated in {elapsed:.1f} s"]
     out.write("\n".join(lines) + "\n")
 

@@ -25,7 +25,8 @@ ENVIRONMENT = {
     "BATCHLINE_STORE_WAIT": "worker --store-wait: seconds to wait for a store that cannot be reached yet",
     "BATCHLINE_PREEMPTION_NOTICE": "worker --preemption-notice: none, aws or gcp",
     "BATCHLINE_LOG_DIR": "where run puts its workers' logs without --log-dir (default: the temp folder)",
-    "BATCHLINE_CACHE_DIR": "where packaged model weights are assembled (default ~/.cache/batchline)",
+    "BATCHLINE_CACHE_DIR": "where weights are kept: fetched from object storage, packaged ones assembled (default "
+                           "~/.cache/batchline; launch k8s manifests set it to the weights cache's volume)",
     "BATCHLINE_POD_NAME": "set by launch k8s manifests: the worker's pod, so its death can be proven",
     "BATCHLINE_POD_NAMESPACE": "set by launch k8s manifests: the pod's namespace",
     "BATCHLINE_POD_UID": "set by launch k8s manifests: the pod's uid",

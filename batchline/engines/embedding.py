@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from batchline.digests import verify_weights
@@ -28,6 +29,7 @@ from batchline.engines.base import (
 from batchline.engines.models import MINILM_PACKAGE, resolve_model_path
 from batchline.errors import EngineFatal
 from batchline.registry import EngineOption, EngineOptions
+from batchline.spec import ModelSpec
 
 OPTIONS = EngineOptions(
     EngineOption("device", "string", "A torch device, or auto: cuda when a GPU is visible, else cpu", "auto"),
@@ -35,6 +37,16 @@ OPTIONS = EngineOptions(
     EngineOption("normalize", "boolean", "Unit-length vectors, so a dot product is the cosine", True),
     EngineOption("decimals", "integer", "Round each component to this many decimals (default: no rounding)"),
 )
+
+
+def computes_on(options: Mapping[str, Any], runtime: str | None) -> str:
+    """What a worker computed on: the torch device the options name (auto: CUDA where a GPU is visible)."""
+    device = str(OPTIONS.of(options, "device"))
+    if device == "auto":
+        return "a GPU where the worker had one, else the CPU (device: auto)"
+    if device == "cpu":
+        return "the CPU"
+    return "a GPU" if device.startswith("cuda") else f"the {device} device"
 
 
 class EmbeddingEngine:
@@ -48,8 +60,13 @@ class EmbeddingEngine:
         self.decimals = None if decimals is None else int(decimals)
         self.model: Any = None
 
+    @staticmethod
+    def local_weights(model: ModelSpec) -> Path:
+        """The weights it loads, on this machine (the planner checks their digest where it can)."""
+        return resolve_model_path(model.path, MINILM_PACKAGE)
+
     def load(self) -> None:
-        path = resolve_model_path(self.config.model.path, MINILM_PACKAGE)
+        path = self.local_weights(self.config.model)
         verify_weights(path, self.config.model.digest)
         # Weights are local and pinned: the hub must never be asked for anything.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -47,6 +47,7 @@ import os
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,7 @@ from batchline.engines.grammar import GrammarSession, json_schema_grammar, pick_
 from batchline.engines.models import GEMMA_PACKAGE, resolve_model_path
 from batchline.errors import EngineFatal
 from batchline.registry import EngineOption, EngineOptions
+from batchline.spec import ModelSpec
 
 # Measured on the 2-core machine (bench/prefix_cache.py, Gemma 3 270M Q4_K_M):
 # 2 threads decode ~1.6x faster than 1 and prefill ~1.9x; more threads than
@@ -104,6 +106,11 @@ def default_threads() -> int:
     return max(1, min(cores, _MAX_DEFAULT_THREADS))
 
 
+def computes_on(options: Mapping[str, Any], runtime: str | None) -> str:
+    """What a worker computed on: the CPU, since this engine offloads no layer to a GPU."""
+    return "the CPU"
+
+
 class LlamaCppEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -135,8 +142,13 @@ class LlamaCppEngine:
 
     # --- Engine protocol ---------------------------------------------------
 
+    @staticmethod
+    def local_weights(model: ModelSpec) -> Path:
+        """The weights it loads, on this machine (the planner checks their digest where it can)."""
+        return resolve_model_path(model.path, GEMMA_PACKAGE)
+
     def load(self) -> None:
-        path = resolve_model_path(self.config.model.path, GEMMA_PACKAGE)
+        path = self.local_weights(self.config.model)
         verify_weights(path, self.config.model.digest)
         try:
             import llama_cpp

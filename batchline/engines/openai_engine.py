@@ -37,7 +37,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -78,6 +78,11 @@ def _import_httpx() -> Any:
             "the openai engine needs httpx (install batchline's 'openai' extra)"
         ) from None
     return httpx
+
+
+def computes_on(options: Mapping[str, Any], runtime: str | None) -> str:
+    """It asks a server: the rate is the server's answering one worker."""
+    return "a server (the rate is the server's, answering one worker)"
 
 
 class _RecordError(Exception):

@@ -30,12 +30,14 @@ import os
 import signal
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from batchline.engines.base import EngineConfig, EngineOutcome, RequestSource, one_at_a_time
 from batchline.engines.decoding import cut_at_stop
 from batchline.errors import EngineFatal
 from batchline.registry import EngineOption, EngineOptions
+from batchline.spec import ModelSpec
 
 SLOWDOWN_ENV = "BATCHLINE_SYNTHETIC_SLOWDOWN"
 
@@ -55,6 +57,11 @@ OPTIONS = EngineOptions(
     EngineOption("stderr_message", "string", "Written to file descriptor 2 while loading, as a native library "
                  "prints"),
 )
+
+
+def computes_on(options: Mapping[str, Any], runtime: str | None) -> str:
+    """It computes nothing: a set time per record stands in for a model's."""
+    return "none (the synthetic engine takes a set time per record)"
 
 
 class SyntheticEngine:
@@ -78,12 +85,19 @@ class SyntheticEngine:
         self.stderr_message = OPTIONS.of(opts, "stderr_message")
         self._log_fd: int | None = None
 
-    def load(self) -> None:
-        if self.model.path is not None:
-            from batchline.digests import verify_weights
-            from batchline.engines.models import resolve_model_path
+    @staticmethod
+    def local_weights(model: ModelSpec) -> Path | None:
+        """The weights it checks (it loads none), when the job names some."""
+        from batchline.engines.models import resolve_model_path
 
-            verify_weights(resolve_model_path(self.model.path, None), self.model.digest)
+        return None if model.path is None else resolve_model_path(model.path, None)
+
+    def load(self) -> None:
+        path = self.local_weights(self.model)
+        if path is not None:
+            from batchline.digests import verify_weights
+
+            verify_weights(path, self.model.digest)
         if self.stderr_message:
             os.write(2, str(self.stderr_message).encode() + b"\n")
         time.sleep(self.load_seconds)

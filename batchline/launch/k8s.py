@@ -47,10 +47,11 @@ Which objects, and why:
   ServiceAccount with no other rights on the API; a non-root user, no privilege escalation, every capability
   dropped, the runtime's seccomp profile, a read-only root filesystem; no
   host network, PID or IPC namespace, no hostPath and no shared volume (the
-  only volume is the pod's own scratch `emptyDir` for /tmp); no service
-  links. The input snapshot and the weights are read from where they live
-  (object storage, or a read-only volume of the worker's own added by the
-  operator), with the access `batchline grants` prints.
+  only volumes are the pod's own `emptyDir`s: scratch for /tmp, and the
+  weights cache); no service links. The input snapshot and the weights are
+  read from where they live (object storage, or a read-only volume of the
+  worker's own added by the operator), with the access `batchline grants`
+  prints.
 - **Object-store credentials from a Secret or the workload's identity.**
   `--lake-secret NAME` puts every key of a Secret into the worker's
   environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, or
@@ -58,6 +59,23 @@ Which objects, and why:
   identity (EKS IRSA, GKE Workload Identity) there is no Secret: the
   ServiceAccount carries the annotation that binds it to a cloud role
   (`--service-account-annotation`), and the SDK finds the credentials.
+- **Resources stated, not guessed, for a GPU worker.** What a GPU worker needs
+  besides its GPUs (CPUs, memory, room for its weights) depends on the engine
+  and the model, which the manifests cannot see: a vLLM worker of 16 GB of
+  weights evicted from a 1 GiB scratch volume is the failure a default would
+  invite. So a GPU worker's `--cpu`, `--memory` and `--weights-cache-size` are
+  required; a worker without GPUs has the small defaults of the CPU image. The
+  weights cache (`$BATCHLINE_CACHE_DIR`, where weights in object storage are
+  fetched once and a packaged model is assembled) is a volume of its own, sized
+  for the weights, apart from the scratch space for /tmp (`--scratch-size`),
+  and the pod requests the ephemeral storage of both, so it is placed on a node
+  with that much disk.
+- **Kueue's own objects on request.** The Jobs are created suspended and only
+  Kueue unsuspends them: without Kueue, or without the LocalQueue they name,
+  they stay suspended and no worker starts (the manifests say so at the top).
+  `--kueue-sample` also renders a ResourceFlavor, a ClusterQueue whose quota
+  admits every worker of this fleet at once, and the LocalQueue, as a start
+  for a cluster that has none.
 - **A nightly schedule as one CronJob per worker slot** (`--schedule CRON
   --spec JOB.yaml`). The spec (and the prompt, schema and evaluation files it
   names, from a ConfigMap) is planned afresh at each scheduled time, so a glob
@@ -76,6 +94,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -93,6 +112,16 @@ LOWEST_PRIORITY = -1_000_000
 # enough to write its last results and give the lease back.
 TERMINATION_MARGIN_SECONDS = 30
 NON_ROOT_UID = 65532
+# The weights cache's mount: a volume of its own, apart from the scratch space for /tmp.
+CACHE_DIR = "/var/cache/batchline"
+# What a worker without GPUs gets unless told otherwise: enough for the CPU image's
+# packaged model. A GPU worker's are not guessed (see `resources`).
+CPU_WORKER_DEFAULTS = {"cpu": "1", "memory": "8Gi", "weights_cache_size": "4Gi"}
+MINIMUM_KUBERNETES = "1.29"
+MINIMUM_KUEUE = "0.3"
+# The sample's objects use only fields both versions share; Kueue serves v1beta1 from 0.3 to
+# 0.16 and v1beta2 from 0.15 on.
+KUEUE_APIS = ("v1beta2", "v1beta1")
 
 
 @dataclass
@@ -106,8 +135,10 @@ class K8sOptions:
     namespace: str = "default"
     gpus_per_worker: int = 1
     gpu_resource: str = "nvidia.com/gpu"
-    cpu: str = "1"
-    memory: str = "8Gi"
+    cpu: str | None = None  # None: CPU_WORKER_DEFAULTS without GPUs; a GPU worker's must be given
+    memory: str | None = None
+    weights_cache_size: str | None = None
+    scratch_size: str = "1Gi"
     grace_seconds: float = 30.0
     priority_class: str = "batchline-batch"
     priority_value: int = LOWEST_PRIORITY
@@ -119,6 +150,8 @@ class K8sOptions:
     lake_secret: str | None = None  # a Secret whose keys become the worker's environment
     service_account_annotations: dict[str, str] = field(default_factory=dict)  # workload identity
     schedule: Schedule | None = None  # a CronJob per slot instead of a Job per worker
+    kueue_sample: bool = False  # also a ResourceFlavor, ClusterQueue and LocalQueue that admit the fleet
+    kueue_api: str = KUEUE_APIS[0]  # the sample's kueue.x-k8s.io version
 
 
 @dataclass(frozen=True)
@@ -180,17 +213,82 @@ def pod_reader_role(o: K8sOptions) -> list[dict[str, Any]]:
     ]
 
 
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+_UNITS: dict[str, int | Decimal] = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def quantity(text: str, flag: str) -> Decimal:
+    """A Kubernetes quantity (`8`, `500m`, `64Gi`) as a number, refused with its flag when it is none."""
+    match = _QUANTITY.match(text)
+    if match is None:
+        raise BatchlineError(f"{flag} {text!r} is not a Kubernetes quantity (such as 8, 500m, 64Gi)")
+    return Decimal(match.group(1)) * _UNITS.get(match.group(2) or "", 1)
+
+
+def _scaled(text: str, times: int) -> str:
+    """`text` times `times`, in the unit it was written in."""
+    match = _QUANTITY.match(text)
+    assert match is not None
+    return f"{Decimal(match.group(1)) * times:f}{match.group(2) or ''}"
+
+
+def _mebibytes(amount: Decimal) -> str:
+    return f"{-(-amount // 2**20):f}Mi"
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: str
+    memory: str
+    weights_cache: str
+    scratch: str
+    gpus: int
+
+    def requests(self, gpu_resource: str) -> dict[str, str]:
+        """What the worker's container requests (quantities are strings in the API's schema)."""
+        out = {"cpu": self.cpu, "memory": self.memory,
+               # Both volumes are on the node's disk; a request places the pod where they fit.
+               "ephemeral-storage": _mebibytes(quantity(self.scratch, "--scratch-size")
+                                               + quantity(self.weights_cache, "--weights-cache-size"))}
+        if self.gpus:
+            out[gpu_resource] = str(self.gpus)
+        return out
+
+
+def resources(o: K8sOptions) -> Resources:
+    """The worker's resources: as stated, else a CPU worker's defaults. A GPU worker's CPUs,
+    memory and weights cache follow from its engine and model, which are not known here,
+    so they are refused unless stated rather than left at a CPU demo's."""
+    if o.gpus_per_worker < 0:
+        raise BatchlineError(f"--gpus-per-worker cannot be negative, not {o.gpus_per_worker}")
+    flags = {"cpu": "--cpu", "memory": "--memory", "weights_cache_size": "--weights-cache-size"}
+    stated = {"cpu": o.cpu, "memory": o.memory, "weights_cache_size": o.weights_cache_size}
+    missing = [flags[k] for k, v in stated.items() if v is None]
+    if o.gpus_per_worker and missing:
+        raise BatchlineError(
+            f"a GPU worker's CPUs, memory and weights cache depend on its engine and model and are not guessed: "
+            f"state {', '.join(missing)} (a vLLM worker of 16 GB of weights: --cpu 8 --memory 64Gi "
+            f"--weights-cache-size 40Gi)")
+    given = {k: v if v is not None else CPU_WORKER_DEFAULTS[k] for k, v in stated.items()}
+    for key, value in given.items():
+        quantity(value, flags[key])
+    quantity(o.scratch_size, "--scratch-size")
+    return Resources(cpu=given["cpu"], memory=given["memory"], weights_cache=given["weights_cache_size"],
+                     scratch=o.scratch_size, gpus=o.gpus_per_worker)
+
+
 def _downward(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
 def _job_spec(o: K8sOptions, index: int, command: list[str], args: list[str],
               env: list[dict[str, Any]], mounts: list[dict[str, Any]], volumes: list[dict[str, Any]]) -> dict[str, Any]:
-    resources: dict[str, Any] = {"requests": {"cpu": o.cpu, "memory": o.memory}, "limits": {"memory": o.memory}}
-    if o.gpus_per_worker:
-        # Quantities are strings in the API's schema.
-        resources["requests"][o.gpu_resource] = str(o.gpus_per_worker)
-        resources["limits"][o.gpu_resource] = str(o.gpus_per_worker)
+    res = resources(o)
+    container_resources: dict[str, Any] = {"requests": res.requests(o.gpu_resource), "limits": {"memory": res.memory}}
+    if res.gpus:
+        container_resources["limits"][o.gpu_resource] = str(res.gpus)
     container: dict[str, Any] = {
         "name": "worker",
         "image": o.image,
@@ -200,15 +298,17 @@ def _job_spec(o: K8sOptions, index: int, command: list[str], args: list[str],
                  "valueFrom": {"secretKeyRef": {"name": o.store_secret, "key": o.store_secret_key}}},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
                 {"name": "HOME", "value": "/tmp"},
+                {"name": "BATCHLINE_CACHE_DIR", "value": CACHE_DIR},
                 # Who this worker is, for a take-back of its lease should its pod be gone.
                 _downward(POD_ENV["pod"], "metadata.name"), _downward(POD_ENV["namespace"], "metadata.namespace"),
                 _downward(POD_ENV["pod_uid"], "metadata.uid"), *env],
-        "resources": resources,
+        "resources": container_resources,
         "securityContext": {
             "allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
         },
-        "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}, *mounts],
+        "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"},
+                         {"name": "weights-cache", "mountPath": CACHE_DIR}, *mounts],
     }
     if o.lake_secret:
         container["envFrom"] = [{"secretRef": {"name": o.lake_secret}}]
@@ -223,7 +323,8 @@ def _job_spec(o: K8sOptions, index: int, command: list[str], args: list[str],
         "securityContext": {"runAsNonRoot": True, "runAsUser": NON_ROOT_UID, "runAsGroup": NON_ROOT_UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
-        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}, *volumes],
+        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": res.scratch}},
+                    {"name": "weights-cache", "emptyDir": {"sizeLimit": res.weights_cache}}, *volumes],
     }
     return {
         # Created suspended: Kueue unsuspends it when it admits the workload.
@@ -309,12 +410,59 @@ def scheduled_job(o: K8sOptions, index: int) -> dict[str, Any]:
     }
 
 
+
+
+def kueue_sample(o: K8sOptions) -> list[dict[str, Any]]:
+    """A ResourceFlavor, a ClusterQueue with quota for every worker of this fleet at once (each
+    resource a worker requests, times the workers), and the LocalQueue the Jobs name: a start
+    for a cluster with no queue yet. A resource the ClusterQueue does not cover would keep
+    the Jobs from being admitted, so it covers exactly what the workers request."""
+    if o.kueue_api not in KUEUE_APIS:
+        raise BatchlineError(f"--kueue-api must be {' or '.join(KUEUE_APIS)}, not {o.kueue_api!r}")
+    api = f"kueue.x-k8s.io/{o.kueue_api}"
+    name = f"batchline-{slug(o.queue, 40)}"
+    requests = resources(o).requests(o.gpu_resource)
+    labels = _labels(o)
+    return [
+        {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": name, "labels": labels}},
+        {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": name, "labels": labels},
+         "spec": {
+             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": o.namespace}},
+             "queueingStrategy": "BestEffortFIFO",
+             "resourceGroups": [{"coveredResources": list(requests), "flavors": [{"name": name, "resources": [
+                 {"name": resource, "nominalQuota": _scaled(amount, o.workers)}
+                 for resource, amount in requests.items()]}]}]}},
+        {"apiVersion": api, "kind": "LocalQueue",
+         "metadata": {"name": o.queue, "namespace": o.namespace, "labels": labels},
+         "spec": {"clusterQueue": name}},
+    ]
+
+
+def header(o: K8sOptions) -> str:
+    """The comment the manifests begin with: what they need, and what happens without it."""
+    what = (f"scheduled runs of {o.schedule.job_name}" if o.schedule is not None
+            else f"{o.workers} worker Job{'s' if o.workers != 1 else ''} for {o.version}")
+    lines = [
+        f"batchline launch k8s: {what}.",
+        f"Needs Kubernetes {MINIMUM_KUBERNETES} or later (podReplacementPolicy, and podFailurePolicy rules "
+        "on exit codes alone) and Kueue",
+        f"{MINIMUM_KUEUE} or later (the {QUEUE_LABEL} label).",
+        "The Jobs are created suspended: Kueue unsuspends each when it admits it. Without Kueue, or",
+        f"without the LocalQueue {o.queue!r} in namespace {o.namespace!r}, they stay suspended and no worker starts"
+        + (";" if not o.kueue_sample else "."),
+    ]
+    if not o.kueue_sample:
+        lines.append("--kueue-sample renders a ResourceFlavor, ClusterQueue and LocalQueue that admit them.")
+    return "".join(f"# {line}\n" for line in lines)
+
+
 def render(o: K8sOptions) -> list[dict[str, Any]]:
     if o.workers < 1:
         raise BatchlineError("--workers must be at least 1")
     if o.preemption_notice not in ("none", "aws", "gcp"):
         raise BatchlineError(f"--preemption-notice must be aws, gcp or none, not {o.preemption_notice!r}")
-    common = [priority_class(o), service_account(o), *(pod_reader_role(o) if o.take_back else [])]
+    common = [*(kueue_sample(o) if o.kueue_sample else []), priority_class(o), service_account(o),
+              *(pod_reader_role(o) if o.take_back else [])]
     if o.schedule is None:
         return [*common, *(worker_job(o, i) for i in range(o.workers))]
     check_cron(o.schedule.cron)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from batchline.errors import InputError, SpecError
+from batchline.errors import EngineFatal, InputError, SpecError
 from batchline.snapshot import (
     PIECES_PER_SHARD,
     Piece,
@@ -28,9 +29,10 @@ from batchline.snapshot import (
     scan_with_header,
     shared_columns,
     stored_input,
+    unruled_acl_array,
 )
 from batchline.sources import Snapshot, Source, StoredRows, snapshot_digest
-from batchline.spec import LOCAL_ROUTE, STORED, JobSpec, stored_spec
+from batchline.spec import LOCAL_ROUTE, STORED, JobSpec, ModelSpec, stored_spec
 from batchline.store import DeadLetterRow, DuplicateRecord, PlannedRecord, PlannedShard, Store
 from batchline.store.ports import PlanWriter
 
@@ -55,6 +57,7 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     if existing is not None and existing.state not in ("planning", "removed"):
         return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
 
+    _check_weights(spec)
     for target in spec.targets:
         target.check(spec, store.url)
     if spec.shards.size_auto:
@@ -77,6 +80,34 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     if spec.routing is not None:
         log(routes_summary(spec, result.routes))
     return result
+
+
+def _check_weights(spec: JobSpec) -> None:
+    """Weights this machine reaches (a local file or folder, a packaged model) are checked
+    against `model.digest` before anything is planned, so a wrong digest is refused here
+    rather than by the first worker, with a version left to cancel. Weights it does not
+    reach (an object URL, fetched by each node; a path inside the workers' image; a
+    package not installed here) are the workers' to check, as before."""
+    from batchline.digests import verify_weights
+    from batchline.registry import ENGINES
+    from batchline.sources import is_remote
+
+    entry = ENGINES[spec.model.engine]
+    if entry.remote or (spec.model.path is not None and is_remote(spec.model.path)):
+        return
+    locate: Callable[[ModelSpec], Path | None] | None = getattr(entry.load(), "local_weights", None)
+    if locate is None:
+        return
+    try:
+        path = locate(spec.model)
+    except EngineFatal:
+        return
+    if path is None or not path.exists():
+        return
+    try:
+        verify_weights(path, spec.model.digest)
+    except EngineFatal as exc:
+        raise EngineFatal(f"{exc}; nothing was planned") from None
 
 
 def _pinned_input(spec: JobSpec, store_url: str) -> tuple[JobSpec, Snapshot]:
@@ -172,6 +203,9 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
     stored = spec.input.format == STORED  # kept in the version's own records, for its workers
 
     pieces = 0
+    # A CSV job's ACL cells read as one group each are checked for JSON arrays.
+    unruled = (spec.input.format == "csv" and spec.input.acl_field is not None and not spec.input.acl_json
+               and spec.input.acl_separator is None)
     occurrences = _Occurrences() if spec.input.ids == "content" else None
     for source in sources:
         groups = parquet_row_groups(source) if parquet else None
@@ -181,6 +215,10 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
                 chunk = occurrences.number(chunk)
             first, last = chunk[0], chunk[-1]
             batch = [s.record for s in chunk]
+            for r in batch if unruled else ():
+                refusal = unruled_acl_array(r, spec.input, source.location)
+                if refusal:
+                    raise InputError(refusal)
             over = {r.id for r in batch if r.missing is None and byte_bound is not None
                     and len(r.text.encode()) > byte_bound}
             missing = {r.id for r in batch if r.missing is not None}
@@ -196,7 +234,8 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
             pieces += len(shard_pieces)
             try:
                 writer.add_records([PlannedRecord(s.record.id, shard_no, s.record.content_hash,
-                                                  stored_input(s) if stored else None) for s in chunk])
+                                                  stored_input(s) if stored else None, s.record.carried)
+                                    for s in chunk])
             except DuplicateRecord as dup:
                 raise _duplicate_error(dup, batch, slices, spec) from None
             planned_dead = [

@@ -75,11 +75,16 @@ def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Pat
                         line = response_line(version, record_id, r.output, r.created_at,
                                              r.model or local_model,
                                              r.input_tokens, r.output_tokens)
+                        if r.carry is not None:
+                            line["carry"] = r.carry
                         fo.write(json.dumps(line, ensure_ascii=False) + "\n")
                         counts["responses"] += 1
                     elif record_id in letters:
-                        kind, error = letters[record_id]
-                        fe.write(json.dumps(error_line(version, record_id, kind, error), ensure_ascii=False) + "\n")
+                        kind, error, carry = letters[record_id]
+                        line = error_line(version, record_id, kind, error)
+                        if carry is not None:
+                            line["carry"] = carry
+                        fe.write(json.dumps(line, ensure_ascii=False) + "\n")
                         counts["errors"] += 1
                     else:
                         counts["pending"] += 1
@@ -125,19 +130,20 @@ class _DeadLetterIndex:
 
     def __init__(self, store: ReaderStore, version: str, folder: Path) -> None:
         self.db = sqlite3.connect(folder / "dead-letters.db")
-        self.db.execute("CREATE TABLE dead (id TEXT PRIMARY KEY, kind TEXT NOT NULL, error TEXT NOT NULL)")
-        self.db.executemany("INSERT INTO dead VALUES (?, ?, ?)",
-                            ((d.record_id, d.kind, d.error) for d in store.iter_dead_letters(version)))
+        self.db.execute("CREATE TABLE dead (id TEXT PRIMARY KEY, kind TEXT NOT NULL, error TEXT NOT NULL, carry TEXT)")
+        self.db.executemany("INSERT INTO dead VALUES (?, ?, ?, ?)",
+                            ((d.record_id, d.kind, d.error, None if d.carry is None else json.dumps(d.carry))
+                             for d in store.iter_dead_letters(version)))
         self.db.commit()
 
-    def lookup(self, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-        out: dict[str, tuple[str, str]] = {}
+    def lookup(self, ids: Sequence[str]) -> dict[str, tuple[str, str, Any]]:
+        out: dict[str, tuple[str, str, Any]] = {}
         for i in range(0, len(ids), self._CHUNK):
             chunk = list(ids[i:i + self._CHUNK])
             marks = ",".join("?" * len(chunk))
-            for record_id, kind, error in self.db.execute(
-                    f"SELECT id, kind, error FROM dead WHERE id IN ({marks})", chunk):
-                out[record_id] = (kind, error)
+            for record_id, kind, error, carry in self.db.execute(
+                    f"SELECT id, kind, error, carry FROM dead WHERE id IN ({marks})", chunk):
+                out[record_id] = (kind, error, None if carry is None else json.loads(carry))
         return out
 
     def close(self) -> None:

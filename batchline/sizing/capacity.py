@@ -203,6 +203,9 @@ class RunMeasurement:
     engine: str  # a synthetic engine's rate is a stand-in's, not a model's
     input_tokens: float | None  # mean per computed result; None when the engine reported none
     output_tokens: float | None
+    # What its workers computed on, in words ("the CPU", "a GPU"); None: not known. A rate
+    # measured per worker sizes a fleet of such workers, not of GPUs.
+    device: str | None = None
 
 
 @dataclass(frozen=True)
@@ -218,9 +221,16 @@ class CapacityReport:
     api: HostedApiPrice | None
     api_cost: float | None
 
+    @property
+    def unit(self) -> str:
+        """What the estimate counts: a roofline's GPUs, or the workers a run measured."""
+        return "GPU" if self.run is None else "worker"
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = asdict(self)
         out["measured_from"] = self.run.version if self.run is not None else None  # as before `run` was added
+        # What the estimate's gpu_* figures count: GPUs for a roofline, workers for a measured run.
+        out["unit"] = self.unit
         out["model"]["weight_bytes"] = self.model.weight_bytes
         out["model"]["kv_bytes_per_token"] = self.model.kv_bytes_per_token
         for key, est in (("estimate", self.estimate), ("estimate_prefix_cached", self.estimate_prefix_cached)):

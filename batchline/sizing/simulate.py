@@ -212,6 +212,11 @@ class SweepRow:
     gpu_hours_lost: float
     duplicate_rows: float
     lost_hours: dict[str, float] = field(default_factory=dict)
+    makespans_hours: tuple[float, ...] = ()  # each seed's run
+
+    def runs_within(self, deadline_hours: float) -> int:
+        """How many of its runs (one per seed) ended by the deadline."""
+        return sum(hours <= deadline_hours for hours in self.makespans_hours)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -685,6 +690,7 @@ def sweep(
                 over_ideal=statistics.fmean(r.over_ideal for r in runs),
                 gpu_hours_lost=statistics.fmean(r.gpu_hours_lost for r in runs),
                 duplicate_rows=statistics.fmean(r.duplicate_rows for r in runs),
+                makespans_hours=tuple(hours),
                 lost_hours={
                     cause: statistics.fmean(getattr(r.lost, cause) for r in runs) / 3600.0
                     for cause in ("reload", "stall", "overhead", "redone", "idle")

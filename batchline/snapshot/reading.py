@@ -61,6 +61,8 @@ class Record:
     # Why the record has no text to read (an input read from the store whose chosen field
     # is missing or null): the planner dead-letters it.
     missing: str | None = None
+    # output.carry: the input fields copied onto its result and dead letter, as read.
+    carried: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -356,8 +358,22 @@ def _record(obj: dict[str, Any], path: Path | str, line_no: int, spec: InputSpec
         raise InputError(f"{path}:{line_no}: id {record_id!r}: text field {spec.text_field!r} is {what}")
     acl = _acl(obj, spec, path, line_no, record_id) if spec.acl_field else None
     data_class = obj.get(spec.class_field) if spec.class_field else None
+    carried = _carried(obj, spec, path, line_no, record_id) if spec.carry else None
     return Record(record_id, text, acl, content_hash(text, acl, class_key(spec, data_class)), line_no,
-                  data_class)
+                  data_class, carried=carried)
+
+
+def _carried(obj: dict[str, Any], spec: InputSpec, path: Path | str, line_no: int,
+             record_id: str) -> dict[str, Any]:
+    """The fields output.carry names, as the record holds them (null included). A record without
+    one is refused: a result that cannot be joined back would be silently lost downstream."""
+    out: dict[str, Any] = {}
+    for name in spec.carry:
+        if name not in obj:
+            raise InputError(f"{path}:{line_no}: id {record_id!r}: carried field {name!r} is missing; every "
+                             "record needs each field output.carry names")
+        out[name] = obj[name]
+    return out
 
 
 def content_id(row: dict[str, Any]) -> str:
@@ -371,6 +387,8 @@ def _acl(obj: dict[str, Any], spec: InputSpec, path: Path | str, line_no: int, r
     """A record's ACL as a list of strings. A missing one is refused unless the spec says
     what it means: a reader downstream would take it for "open to all"."""
     acl = obj.get(spec.acl_field) if spec.acl_field else None
+    if isinstance(acl, str) and (spec.acl_json or spec.acl_separator is not None):
+        acl = _acl_cell(acl, spec, path, line_no, record_id)
     if acl is None:
         if spec.acl_missing is not None:
             return list(spec.acl_missing)
@@ -384,6 +402,49 @@ def _acl(obj: dict[str, Any], spec: InputSpec, path: Path | str, line_no: int, r
         raise InputError(f"{path}:{line_no}: id {record_id!r}: ACL field {spec.acl_field!r} must be a list of "
                          f"strings (or one string), not {json.dumps(acl, default=str)[:80]}")
     return acl
+
+
+def _acl_cell(cell: str, spec: InputSpec, path: Path | str, line_no: int, record_id: str) -> list[str] | None:
+    """A CSV cell's groups under the spec's rule; None for an empty cell (a missing ACL)."""
+    text = cell.strip()
+    if not text:
+        return None
+    where = f"{path}:{line_no}: id {record_id!r}: ACL cell {cell[:80]!r}"
+    if spec.acl_json:
+        try:
+            groups = json.loads(text)
+        except json.JSONDecodeError:
+            groups = None
+        if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
+            raise InputError(f"{where} is not a JSON array of group names (input.acl_json reads every cell as one)")
+        return groups
+    separator = spec.acl_separator
+    assert separator is not None
+    if text.startswith("["):
+        raise InputError(f"{where} starts like a JSON array, but input.acl_separator reads groups between "
+                         f"{separator!r}; set input.acl_json: true instead if every cell is a JSON array")
+    groups = [g.strip() for g in text.split(separator)]
+    if not all(groups):
+        raise InputError(f"{where} has an empty group between {separator!r} (input.acl_separator)")
+    return groups
+
+
+def unruled_acl_array(record: Record, spec: InputSpec, path: str) -> str | None:
+    """At planning: why a CSV ACL cell read under no rule (one cell, one group, as CSV jobs planned
+    before the rules read it) holds a JSON array, which would become one group named like the
+    array: a silently wrong security label. None when it does not."""
+    if spec.format != "csv" or spec.acl_json or spec.acl_separator is not None or not isinstance(record.acl, list):
+        return None
+    if len(record.acl) != 1 or not record.acl[0].lstrip().startswith("["):
+        return None
+    try:
+        if not isinstance(json.loads(record.acl[0]), list):
+            return None
+    except json.JSONDecodeError:
+        return None
+    return (f"{path}:{record.line}: id {record.id!r}: ACL cell {record.acl[0][:80]!r} holds a JSON array, which "
+            "would be read as one group; say how cells hold groups: input.acl_json: true (a JSON array in "
+            "every cell) or input.acl_separator")
 
 
 def class_key(spec: InputSpec, data_class: Any) -> str | None:
@@ -405,6 +466,10 @@ def _csv_columns(source: Source, first: bytes, spec: InputSpec) -> tuple[str, ..
         if name not in header:
             raise InputError(f"{source.location}:1: CSV header has no column {name!r} "
                              f"(columns: {', '.join(header)})")
+    for name in spec.carry:
+        if name not in header:
+            raise InputError(f"{source.location}:1: CSV header has no column {name!r}, which output.carry "
+                             f"names (columns: {', '.join(header)})")
     return header
 
 
@@ -506,6 +571,9 @@ def shared_columns(source: Source) -> Mapping[str, Any]:
 def _parquet_columns(pf: Any, path: str, spec: InputSpec, shared: Mapping[str, Any]) -> list[str]:
     """The file's columns to read; a field among `shared` is not read from the file."""
     names = [*pf.schema_arrow.names, *shared]
+    for name in spec.carry:
+        if name not in names:
+            raise InputError(f"{path}: Parquet file has no column {name!r}, which output.carry names")
     if spec.ids == "content":
         # The id is a digest of the whole row.
         if spec.text_field not in names:
@@ -516,7 +584,7 @@ def _parquet_columns(pf: Any, path: str, spec: InputSpec, shared: Mapping[str, A
     for name in columns[:2]:
         if name not in names:
             raise InputError(f"{path}: Parquet file has no column {name!r}")
-    return [c for c in columns if c in names]
+    return list(dict.fromkeys([c for c in columns if c in names] + list(spec.carry)))
 
 
 def _file_columns(columns: list[str], shared: Mapping[str, Any]) -> list[str]:

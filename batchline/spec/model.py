@@ -55,6 +55,10 @@ class InputSpec:
     # What a missing or null ACL means; None: a record without one is refused at planning,
     # since a reader downstream would take a missing ACL for "open to all".
     acl_missing: tuple[str, ...] | None = None
+    # How a CSV cell holds several groups: a JSON array in every cell (`acl_json`), or groups
+    # between a separator. Neither: the cell is one group, as CSV jobs planned before read it.
+    acl_json: bool = False
+    acl_separator: str | None = None
     # "field": the id is the record's `id_field`; "content": a digest of the whole row,
     # stable across snapshots (identical rows numbered by their order).
     ids: str = "field"
@@ -62,6 +66,9 @@ class InputSpec:
     max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN
     format: str = "jsonl"
     class_field: str | None = None  # routing.class_field, read with each record
+    # output.carry: input fields copied onto each record's result and dead letter, read with
+    # each record at planning (the store keeps them with the planned record).
+    carry: tuple[str, ...] = ()
     # openai-batch only: what every request line must agree with (the job's decoding
     # and output schema), so a line asking for something else is refused at planning.
     chat_rules: ChatRules | None = None
@@ -319,6 +326,8 @@ class JobSpec:
         material = self.version_material("")
         del material["input"]["snapshot"], material["name"]
         material.pop("base", None)
+        # Carried fields are copied from this version's input, whatever computed the result.
+        material.pop("carry", None)
         return hashlib.sha256(canonical_json(material).encode()).hexdigest()
 
     def version_material(self, snapshot_digest: str, base_version: str | None = None) -> dict[str, Any]:
@@ -343,6 +352,8 @@ class JobSpec:
                 "max_bytes_per_token": self.input.max_bytes_per_token,
                 # New keys enter only when set, so no existing version's hash moves.
                 **({"acl_missing": list(self.input.acl_missing)} if self.input.acl_missing is not None else {}),
+                **({"acl_json": True} if self.input.acl_json else {}),
+                **({"acl_separator": self.input.acl_separator} if self.input.acl_separator is not None else {}),
                 **({"ids": self.input.ids} if self.input.ids != "field" else {}),
             },
             "model": model,
@@ -360,6 +371,8 @@ class JobSpec:
             # properties in the schema's order, so the order changes results.
             "output_schema": json.dumps(self.output_schema, ensure_ascii=False, separators=(",", ":")),
             "label_field": self.label_field,
+            # Only when set, so no existing version's hash moves.
+            **({"carry": list(self.input.carry)} if self.input.carry else {}),
             **({"base": base_version} if base_version else {}),
             **({"routing": {"class_field": self.routing.class_field,
                             "providers": {p.route: p.identity() for p in self.routing.providers}}}
@@ -402,6 +415,8 @@ class JobSpec:
         }
         if self.label_field:
             out["output"]["label_field"] = self.label_field
+        if self.input.carry:
+            out["output"]["carry"] = list(self.input.carry)
         for target in self.targets:
             out["output"].update(target.to_dict())
         if self.base:
@@ -410,6 +425,10 @@ class JobSpec:
             out["input"]["acl_field"] = self.input.acl_field
         if self.input.acl_missing is not None:
             out["input"]["acl_missing"] = list(self.input.acl_missing)
+        if self.input.acl_json:
+            out["input"]["acl_json"] = True
+        if self.input.acl_separator is not None:
+            out["input"]["acl_separator"] = self.input.acl_separator
         if self.input.ids != "field":
             out["input"]["ids"] = self.input.ids
             del out["input"]["id_field"]

@@ -96,6 +96,9 @@ INPUT_FIELDS: Fields = {
     "text_field": _doc(_STR, "The field holding the text the prompt shows (messages for openai-batch)", "text"),
     "acl_field": _doc(_STR, "A list of groups (or one) on every record, copied onto its result or dead letter"),
     "acl_missing": _doc(_STRS, "What a missing ACL means; without it a record without one stops planning"),
+    "acl_json": _doc(_BOOL, "CSV: every ACL cell is a JSON array of groups, such as [\"a\", \"b\"]", False),
+    "acl_separator": _doc({"type": "string", "minLength": 1, "maxLength": 8},
+                          "CSV: every ACL cell is groups between this separator, such as ;"),
     "ids": _doc({"enum": ["field", "content"]}, "field: the id_field; content: a digest of each whole row", "field"),
     "max_input_tokens": _doc({**_INT, "minimum": 1}, "A record over this many tokens is a dead letter, uncharged"),
     "max_bytes_per_token": _doc({**_INT, "minimum": 1}, "The planner's cheap bound: longer than max_input_tokens "
@@ -145,6 +148,8 @@ assert set(PENALTY_DEFAULTS) <= set(DECODING_FIELDS)
 OUTPUT_FIELDS: Fields = {
     "schema": _doc({"anyOf": [_STR, {"type": "object"}]}, "A JSON Schema file, or the schema itself"),
     "label_field": _doc(_STR, "The output field that drift, evaluation and the report count as a label"),
+    "carry": _doc(_STRS, "Input fields copied onto every result and dead letter, so results join back to "
+                  "the input; a record without one stops planning"),
 }
 _SHARD_TYPES = {"int": _INT, "float": _NUM, "bool": _BOOL, "int | None": _INT, "float | None": _NUM}
 _SHARD_DOCS = {
@@ -297,6 +302,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     out = r.section(top["output"], "output", output_fields(), required=set(SECTIONS["output"][1]))
     schema, schema_path = _load_schema(r, out["schema"], base_dir)
     label_field = r.optional_string(out.get("label_field"), "output.label_field")
+    carry = _parse_carry(r, out.get("carry"), chat)
     if prompt_spec.examples is not None and label_field is None:
         r.fail("prompt.examples", "needs output.label_field: the output field an example's label answers")
     ctx = ParseContext(base_dir, input_spec.storage, resolved)
@@ -322,11 +328,27 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
         input_spec = replace(input_spec, chat_rules=ChatRules(decoding=decoding, output_schema=schema))
     if routing is not None:
         input_spec = replace(input_spec, class_field=routing.class_field)
+    if carry:
+        input_spec = replace(input_spec, carry=carry)
     return JobSpec(name=name, input=input_spec, model=model_spec, prompt=prompt_spec,
                    decoding=decoding, output_schema=schema, schema_path=schema_path,
                    shards=shards, deadline=deadline, validate=validate, source=source,
                    label_field=label_field, base=base, retention=retention, routing=routing,
                    targets=named)
+
+
+def _parse_carry(r: SpecReader, value: Any, chat: bool) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    names = r.string_list(value, "output.carry")
+    if not names:
+        r.fail("output.carry", "names no field; leave it out to carry none")
+    if len(set(names)) != len(names):
+        r.fail("output.carry", f"names a field twice: {names}")
+    if chat:
+        r.fail("output.carry", f"is not supported with input.format {OPENAI_BATCH}: join its results back by "
+                               "custom_id, the record's id")
+    return tuple(names)
 
 
 def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved: bool) -> InputSpec:
@@ -375,6 +397,7 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         if acl_field is None:
             r.fail("input.acl_missing", "says what a missing ACL means; it needs input.acl_field")
         acl_missing = tuple(r.string_list(inp["acl_missing"], "input.acl_missing"))
+    acl_json, acl_separator = _acl_rule(r, inp, fmt, acl_field)
     return InputSpec(
         source=source,
         ids=ids,
@@ -385,6 +408,8 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         text_field=r.string(inp.get("text_field", "messages" if chat else INPUT_FIELDS["text_field"]["default"]),
                             "input.text_field"),
         acl_field=acl_field,
+        acl_json=acl_json,
+        acl_separator=acl_separator,
         max_input_tokens=r.optional_int(inp.get("max_input_tokens"), "input.max_input_tokens", 1),
         max_bytes_per_token=r.integer(
             inp.get("max_bytes_per_token", DEFAULT_MAX_BYTES_PER_TOKEN), "input.max_bytes_per_token", 1
@@ -392,6 +417,26 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         format=fmt,
         storage=storage,
     )
+
+
+def _acl_rule(r: SpecReader, inp: Mapping[str, Any], fmt: str, acl_field: str | None) -> tuple[bool, str | None]:
+    """How a CSV cell holds several groups: a CSV cell is text, so the spec says how to read a
+    list from it (JSON and Parquet inputs hold lists themselves)."""
+    acl_json = r.boolean(inp.get("acl_json", False), "input.acl_json")
+    separator = r.optional_string(inp.get("acl_separator"), "input.acl_separator")
+    for key, given in (("acl_json", acl_json), ("acl_separator", separator is not None)):
+        if not given:
+            continue
+        if fmt != "csv":
+            r.fail(f"input.{key}", f"says how a CSV cell holds several groups; a {fmt} input holds a list itself")
+        if acl_field is None:
+            r.fail(f"input.{key}", "says how ACL cells are read; it needs input.acl_field")
+    if acl_json and separator is not None:
+        r.fail("input.acl_separator", "goes without input.acl_json: a cell is a JSON array or groups between a "
+                                      "separator, not both")
+    if separator is not None and (separator != separator.strip() or len(separator) > 8):
+        r.fail("input.acl_separator", f"{separator!r} must be 1 to 8 characters, not starting or ending in a space")
+    return acl_json, separator
 
 
 def _parse_model(r: SpecReader, raw: Any, base_dir: Path, resolved: bool) -> ModelSpec:

@@ -153,11 +153,22 @@ def acl_value(text: str | None) -> Any:
 
 def stored_result(r: Row) -> StoredResult:
     return StoredResult(r[0], r[1], acl_value(r[2]), r[3], r[4], r[5], r[6], float(r[7]), r[8], r[9], r[10],
-                        r[11], r[12])
+                        r[11], r[12], carry_value(r[13]) if len(r) > 13 else None)
 
 
 def stored_dead_letter(r: Row) -> StoredDeadLetter:
-    return StoredDeadLetter(r[0], r[1], r[2], r[3], acl_value(r[4]), r[5], r[6], float(r[7]))
+    return StoredDeadLetter(r[0], r[1], r[2], r[3], acl_value(r[4]), r[5], r[6], float(r[7]),
+                            carry_value(r[8]) if len(r) > 8 else None)
+
+
+def carry_json(carried: Mapping[str, Any] | None) -> str | None:
+    """A record's carried fields as the store keeps them: JSON text, any value JSON cannot hold
+    (a Parquet date, a decimal) as its text."""
+    return None if carried is None else orjson.dumps(carried, default=str).decode()
+
+
+def carry_value(text: str | None) -> dict[str, Any] | None:
+    return None if text is None else dict(json.loads(text))
 
 
 def chunks(rows: Sequence[T], size: int = WRITE_BATCH_ROWS) -> Iterator[Sequence[T]]:
@@ -212,6 +223,7 @@ class StoreCore(ABC):
 
     url: str
     q: ModuleType
+    created: bool = False
 
     # --- what a backend brings ------------------------------------------------------
 
@@ -839,16 +851,29 @@ class StoreCore(ABC):
 
     def iter_results(self, version: str, page_size: int = 5000, *,
                      computed_only: bool = False) -> Iterator[StoredResult]:
-        stmt = self.q.COMPUTED_RESULTS_PAGE if computed_only else self.q.RESULTS_PAGE
+        stmt = self._carrying(version, "COMPUTED_RESULTS_PAGE" if computed_only else "RESULTS_PAGE")
         for r in self._pages(stmt, version, page_size):
             yield stored_result(r)
 
     def results_for(self, version: str, record_ids: Sequence[str]) -> dict[str, StoredResult]:
-        return {r[0]: stored_result(r) for r in self._by_ids(self.q.RESULTS_FOR, version, record_ids)}
+        stmt = self._carrying(version, "RESULTS_FOR")
+        return {r[0]: stored_result(r) for r in self._by_ids(stmt, version, record_ids)}
 
     def iter_dead_letters(self, version: str) -> Iterator[StoredDeadLetter]:
-        for r in self._pages(self.q.DEAD_LETTERS_PAGE, version, 5000):
+        for r in self._pages(self._carrying(version, "DEAD_LETTERS_PAGE"), version, 5000):
             yield stored_dead_letter(r)
+
+    def _carrying(self, version: str, name: str) -> str:
+        """The statement `name`, or where the version carries input fields (output.carry) its
+        `_CARRY` form, which reads each row with its planned record's fields; a version's spec
+        never changes, so the store is asked once a version."""
+        known: dict[str, bool] = self.__dict__.setdefault("_carries", {})
+        if version not in known:
+            info = self.job(version)
+            if info is None:
+                return str(getattr(self.q, name))
+            known[version] = bool((info.spec.get("output") or {}).get("carry"))
+        return str(getattr(self.q, f"{name}_CARRY" if known[version] else name))
 
     def planned_ids(self, version: str) -> Iterator[str]:
         for r in self._pages(self.q.PLANNED_PAGE, version, 20_000):
@@ -1071,6 +1096,10 @@ class StoreCore(ABC):
             return str(row[0])
 
         return self._write(body)
+
+    def pinned_runtime(self, version: str) -> str | None:
+        row = self._read(lambda tx: tx.one(self.q.PINNED_RUNTIME, {"v": version}))
+        return None if row is None else str(row[0])
 
     def pin_runtime(self, version: str, runtime: str, worker: str) -> tuple[str, str]:
         def body(tx: Tx) -> tuple[str, str]:

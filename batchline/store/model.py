@@ -7,7 +7,7 @@ that was refused) and `DuplicateRecord` (an id planned twice).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,6 +162,9 @@ class PlannedRecord:
     # position in the input's order, kept with it so a worker reads them from its own
     # version. `text` None with a position: the record had no text (a planned dead letter).
     input: InputRecord | None = None
+    # output.carry's fields of the record: its results and dead letters are read with them
+    # (whichever version computed the result, the values are this version's input's).
+    carry: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,7 @@ class StoredResult:
     label: str | None = None
     origin: str | None = None  # for a carried result, the version that computed it
     model: str | None = None
+    carry: Mapping[str, Any] | None = None  # output.carry's fields of the record, from this version's input
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,7 @@ class StoredDeadLetter:
     attempts: int
     worker: str | None
     created_at: float
+    carry: Mapping[str, Any] | None = None  # output.carry's fields of the record
 
 
 @dataclass(frozen=True)

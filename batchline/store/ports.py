@@ -47,7 +47,7 @@ class StoreHandle(Protocol):
     def close(self) -> None: ...
 
     def where(self) -> str:
-        """The store, as messages name it (no password)."""
+        """The store, as messages name it: a SQLite file's path, a URL without its password."""
         ...
 
     def now(self) -> float:
@@ -200,6 +200,10 @@ class PlanWriter(Protocol):
 
 
 class PlannerStore(StoreHandle, Protocol):
+    # Made by this opening (a SQLite file that was not there): said once, so a mistyped
+    # path is seen at once rather than as an empty store later.
+    created: bool
+
     def begin_plan(self, version: str, name: str, spec: dict[str, Any]) -> PlanWriter:
         """Starts planning a version; discards what an earlier planner left half-written."""
         ...
@@ -247,6 +251,10 @@ class ReaderStore(StoreHandle, Protocol):
         ...
 
     def run_throughput(self, version: str) -> float: ...
+
+    def pinned_runtime(self, version: str) -> str | None:
+        """The engine runtime the version's first worker loaded, if one has."""
+        ...
 
     def iter_results(self, version: str, page_size: int = 5000, *,
                      computed_only: bool = False) -> Iterator[StoredResult]:

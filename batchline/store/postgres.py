@@ -52,6 +52,7 @@ from batchline.store.core import (
     StoreCore,
     Tx,
     acl_json,
+    carry_json,
     fence,
     input_columns,
 )
@@ -315,11 +316,12 @@ class PostgresStore(StoreCore):
             if any(r.input is not None for r in rows):
                 with tx.cur.copy(q.COPY_RECORDS_WITH_INPUT) as copy:
                     for r in rows:
-                        copy.write_row((version, r.record_id, r.shard_no, r.content_hash, *input_columns(r)))
+                        copy.write_row((version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry),
+                                        *input_columns(r)))
             else:
                 with tx.cur.copy(q.COPY_RECORDS) as copy:
                     for r in rows:
-                        copy.write_row((version, r.record_id, r.shard_no, r.content_hash))
+                        copy.write_row((version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry)))
         except errors.UniqueViolation:
             raise DuplicateKey() from None
 
@@ -342,7 +344,8 @@ class PostgresStore(StoreCore):
         assert isinstance(tx, _Tx)
         view = sql.Identifier(q.PUBLISHED_SCHEMA, name)
         taken = tx.one(q.RELATION_EXISTS, {"relation": view.as_string(tx.cur)})
-        if not (taken and taken[0]):
+        stale = tx.one(q.VIEW_WITHOUT_CARRY, {"name": name})
+        if not (taken and taken[0]) or (stale and stale[0]):
             tx.cur.execute(sql.SQL(q.CREATE_VIEW).format(view=view, name=sql.Literal(name)))
 
     def _is_view(self, tx: Tx, name: str) -> bool:

@@ -281,6 +281,13 @@ CREATE INDEX records_by_position ON records (version, position) WHERE position I
 CREATE INDEX results_written ON results (version, created_at) WHERE origin IS NULL;
 CREATE INDEX dead_letters_written ON dead_letters (version, created_at) WHERE worker IS NOT NULL;
 """),
+    # output.carry's input fields, read at planning into each planned record (JSON text): a
+    # result or dead letter is read with its record's, so a result carried from a base version
+    # gets this version's values, and a worker never writes or reads them (its role cannot
+    # read the planned records).
+    (13, "carried input fields of planned records", """
+ALTER TABLE records ADD COLUMN carry text;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -387,8 +394,9 @@ PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = %(v)s AND state = 'pla
 PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = %(v)s FOR UPDATE"
 INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece) "
                 "VALUES (%(v)s, %(s)s, %(slice)s, %(n)s, 'ready', %(route)s, %(first)s, %(end)s)")
-COPY_RECORDS = "COPY records (version, record_id, shard_no, content_hash) FROM STDIN"
-COPY_RECORDS_WITH_INPUT = "COPY records (version, record_id, shard_no, content_hash, text, acl, position) FROM STDIN"
+COPY_RECORDS = "COPY records (version, record_id, shard_no, content_hash, carry) FROM STDIN"
+COPY_RECORDS_WITH_INPUT = ("COPY records (version, record_id, shard_no, content_hash, carry, text, acl, position) "
+                           "FROM STDIN")
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = %(v)s AND record_id = %(r)s"
 PLAN_DEAD_LETTER = """
 INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, created_at)
@@ -702,8 +710,20 @@ RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = %(v
 COMPUTED_RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = %(v)s "
                          f"AND r.record_id > %(after)s AND r.origin IS NULL ORDER BY r.record_id LIMIT %(n)s")
 RESULTS_FOR = f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = %(v)s AND r.record_id = ANY(%(ids)s)"
-DEAD_LETTERS_PAGE = ("SELECT record_id, shard_no, kind, error, acl, attempts, worker, created_at FROM dead_letters "
-                     "WHERE version = %(v)s AND record_id > %(after)s ORDER BY record_id LIMIT %(n)s")
+_DEAD_COLUMNS = "d.record_id, d.shard_no, d.kind, d.error, d.acl, d.attempts, d.worker, d.created_at"
+_DEAD_PAGE = "WHERE d.version = %(v)s AND d.record_id > %(after)s ORDER BY d.record_id LIMIT %(n)s"
+DEAD_LETTERS_PAGE = f"SELECT {_DEAD_COLUMNS} FROM dead_letters d {_DEAD_PAGE}"
+# A version with output.carry: each row with its planned record's carried fields.
+_CARRY_FROM = "LEFT JOIN records c ON c.version = %(v)s AND c.record_id = r.record_id"
+RESULTS_PAGE_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_CARRY_FROM} WHERE r.version = %(v)s "
+                      f"AND r.record_id > %(after)s ORDER BY r.record_id LIMIT %(n)s")
+COMPUTED_RESULTS_PAGE_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_CARRY_FROM} WHERE "
+                               f"r.version = %(v)s AND r.record_id > %(after)s AND r.origin IS NULL "
+                               f"ORDER BY r.record_id LIMIT %(n)s")
+RESULTS_FOR_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_CARRY_FROM} WHERE r.version = %(v)s "
+                     f"AND r.record_id = ANY(%(ids)s)")
+DEAD_LETTERS_PAGE_CARRY = (f"SELECT {_DEAD_COLUMNS}, c.carry FROM dead_letters d LEFT JOIN records c "
+                           f"ON c.version = %(v)s AND c.record_id = d.record_id {_DEAD_PAGE}")
 PLANNED_PAGE = ("SELECT record_id FROM records WHERE version = %(v)s AND record_id > %(after)s "
                 "ORDER BY record_id LIMIT %(n)s")
 RESOLVE_NAME = "SELECT version FROM pointers WHERE name = %(name)s"
@@ -767,14 +787,21 @@ INSERT INTO pointers (name, version, updated_at) VALUES (%(name)s, %(v)s, batchl
 ON CONFLICT (name) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at"""
 # The view named after the job reads through its pointer, so a reader's one
 # statement sees the whole old version or the whole new one, never a mix.
+# OR REPLACE: a view made before it had the carry column is made again (a column added at the
+# end), in the publish that moves its pointer.
 CREATE_VIEW = """
-CREATE VIEW {view} AS
+CREATE OR REPLACE VIEW {view} AS
 SELECT r.record_id AS id, COALESCE(r.output, o.output) AS output, r.acl AS acl, r.label AS label,
-       r.version AS version
+       r.version AS version, c.carry AS carry
 FROM pointers p
 JOIN results r ON r.version = p.version
 LEFT JOIN results o ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id
+LEFT JOIN records c ON c.version = r.version AND c.record_id = r.record_id
 WHERE p.name = {name}"""
+VIEW_WITHOUT_CARRY = f"""
+SELECT EXISTS (SELECT 1 FROM pg_views WHERE schemaname = '{PUBLISHED_SCHEMA}' AND viewname = %(name)s)
+   AND NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = '{PUBLISHED_SCHEMA}'
+                   AND table_name = %(name)s AND column_name = 'carry')"""
 RELATION_EXISTS = "SELECT to_regclass(%(relation)s) IS NOT NULL"
 IS_VIEW = f"SELECT EXISTS (SELECT 1 FROM pg_views WHERE schemaname = '{PUBLISHED_SCHEMA}' AND viewname = %(name)s)"
 INSERT_PUBLICATION = """

@@ -27,6 +27,7 @@ from batchline.store.core import (
     StoreCore,
     Tx,
     acl_json,
+    carry_json,
     fence,
     input_columns,
 )
@@ -72,6 +73,7 @@ class SQLiteStore(StoreCore):
         self._lock = threading.RLock()
         try:
             if create:
+                self.created = not self.path.exists()
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             # Transactions are explicit (BEGIN IMMEDIATE); the module's implicit
             # ones would start deferred transactions that can deadlock on upgrade.
@@ -201,10 +203,11 @@ class SQLiteStore(StoreCore):
         try:
             if any(r.input is not None for r in rows):
                 tx.cur.executemany(q.INSERT_RECORD_WITH_INPUT, [
-                    (version, r.record_id, r.shard_no, r.content_hash, *input_columns(r)) for r in rows])
+                    (version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry), *input_columns(r))
+                    for r in rows])
             else:
-                tx.cur.executemany(q.INSERT_RECORD, [(version, r.record_id, r.shard_no, r.content_hash)
-                                                     for r in rows])
+                tx.cur.executemany(q.INSERT_RECORD, [
+                    (version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry)) for r in rows])
         except sqlite3.IntegrityError:
             raise DuplicateKey() from None
 
@@ -215,7 +218,11 @@ class SQLiteStore(StoreCore):
         return None  # SQLite plans the coverage joins well on its primary keys alone
 
     def _make_view(self, tx: Tx, name: str) -> None:
-        tx.run(q.CREATE_VIEW.format(name=name.replace('"', '""').replace("'", "''")))
+        quoted = name.replace('"', '""').replace("'", "''")
+        stale = tx.one(q.VIEW_WITHOUT_CARRY, {"name": name})
+        if stale and stale[0]:
+            tx.run(q.DROP_VIEW.format(name=quoted))
+        tx.run(q.CREATE_VIEW.format(name=quoted))
 
     def _is_view(self, tx: Tx, name: str) -> bool:
         row = tx.one(q.IS_VIEW, {"name": name})

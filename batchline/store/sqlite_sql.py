@@ -250,6 +250,12 @@ CREATE INDEX IF NOT EXISTS results_written ON results (version, created_at, orig
 CREATE INDEX IF NOT EXISTS dead_letters_written ON dead_letters (version, created_at, worker)
     WHERE worker IS NOT NULL;
 """),
+    # output.carry's input fields, read at planning into each planned record (JSON text): a
+    # result or dead letter is read with its record's, so a result carried from a base version
+    # gets this version's values, and a worker never writes or reads them.
+    (11, "carried input fields of planned records", """
+ALTER TABLE records ADD COLUMN carry TEXT;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -304,9 +310,9 @@ PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = :v AND state = 'planni
 PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = :v"
 INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece) "
                 "VALUES (:v, :s, :slice, :n, 'ready', :route, :first, :end)")
-INSERT_RECORD = "INSERT INTO records (version, record_id, shard_no, content_hash) VALUES (?, ?, ?, ?)"
-INSERT_RECORD_WITH_INPUT = ("INSERT INTO records (version, record_id, shard_no, content_hash, text, acl, position) "
-                            "VALUES (?, ?, ?, ?, ?, ?, ?)")
+INSERT_RECORD = "INSERT INTO records (version, record_id, shard_no, content_hash, carry) VALUES (?, ?, ?, ?, ?)"
+INSERT_RECORD_WITH_INPUT = ("INSERT INTO records (version, record_id, shard_no, content_hash, carry, text, acl, "
+                            "position) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = :v AND record_id = :r"
 PLAN_DEAD_LETTER = (f"INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
                     f"created_at) VALUES (:v, :r, :s, :kind, :error, :acl, 0, {NOW_EXPR})")
@@ -495,8 +501,20 @@ RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = :v 
 COMPUTED_RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = :v AND "
                          f"r.record_id > :after AND r.origin IS NULL ORDER BY r.record_id LIMIT :n")
 RESULTS_FOR = f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = :v AND r.record_id IN {IDS}"
-DEAD_LETTERS_PAGE = ("SELECT record_id, shard_no, kind, error, acl, attempts, worker, created_at FROM dead_letters "
-                     "WHERE version = :v AND record_id > :after ORDER BY record_id LIMIT :n")
+_DEAD_COLUMNS = "d.record_id, d.shard_no, d.kind, d.error, d.acl, d.attempts, d.worker, d.created_at"
+_DEAD_PAGE = "WHERE d.version = :v AND d.record_id > :after ORDER BY d.record_id LIMIT :n"
+DEAD_LETTERS_PAGE = f"SELECT {_DEAD_COLUMNS} FROM dead_letters d {_DEAD_PAGE}"
+# A version with output.carry: each row with its planned record's carried fields.
+_CARRY_FROM = "LEFT JOIN records c ON c.version = :v AND c.record_id = r.record_id"
+RESULTS_PAGE_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_CARRY_FROM} WHERE r.version = :v "
+                      f"AND r.record_id > :after ORDER BY r.record_id LIMIT :n")
+COMPUTED_RESULTS_PAGE_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_CARRY_FROM} WHERE "
+                               f"r.version = :v AND r.record_id > :after AND r.origin IS NULL "
+                               f"ORDER BY r.record_id LIMIT :n")
+RESULTS_FOR_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_CARRY_FROM} WHERE r.version = :v "
+                     f"AND r.record_id IN {IDS}")
+DEAD_LETTERS_PAGE_CARRY = (f"SELECT {_DEAD_COLUMNS}, c.carry FROM dead_letters d LEFT JOIN records c "
+                           f"ON c.version = :v AND c.record_id = d.record_id {_DEAD_PAGE}")
 PLANNED_PAGE = "SELECT record_id FROM records WHERE version = :v AND record_id > :after ORDER BY record_id LIMIT :n"
 RESOLVE_NAME = "SELECT version FROM pointers WHERE name = :name"
 POINTERS = "SELECT name, version FROM pointers ORDER BY name"
@@ -537,12 +555,17 @@ SET_POINTER = (f"INSERT INTO pointers (name, version, updated_at) VALUES (:name,
 CREATE_VIEW = """
 CREATE VIEW IF NOT EXISTS "{name}" AS
 SELECT r.record_id AS id, COALESCE(r.output, o.output) AS output, r.acl AS acl, r.label AS label,
-       r.version AS version
+       r.version AS version, c.carry AS carry
 FROM pointers p
 JOIN results r ON r.version = p.version
 LEFT JOIN results o ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id
+LEFT JOIN records c ON c.version = r.version AND c.record_id = r.record_id
 WHERE p.name = '{name}'"""
 IS_VIEW = "SELECT type = 'view' FROM sqlite_master WHERE name = :name"
+# A view made before it had the carry column is made again, in the publish that moves its pointer.
+VIEW_WITHOUT_CARRY = ("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'view' AND name = :name) "
+                      "AND NOT EXISTS (SELECT 1 FROM pragma_table_info(:name) WHERE name = 'carry')")
+DROP_VIEW = 'DROP VIEW IF EXISTS "{name}"'
 INSERT_PUBLICATION = (f"INSERT INTO publications (name, version, previous, action, who, reason, validation, targets, "
                       f"ts) VALUES (:name, :v, :previous, :action, :who, :reason, :validation, :targets, {NOW_EXPR})")
 # The name's latest publication: a publish or rollback refuses unless it is still the

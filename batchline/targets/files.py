@@ -8,12 +8,23 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from batchline.errors import BatchlineError
 from batchline.store import JobInfo, ReaderStore, StoredResult
+from batchline.targets.columns import (
+    ACL,
+    CARRY_COLUMN,
+    acl_values,
+    arrow_type,
+    carry_node,
+    carry_values,
+    converter,
+    output_node,
+    output_values,
+)
 
 PARQUET_ROWS_PER_GROUP = 50_000
 
@@ -40,8 +51,10 @@ def export_jsonl(store: ReaderStore, version: str, out: Path | None) -> int:
     def write(f: Any) -> int:
         n = 0
         for r in _rows(store, version):
-            f.write(json.dumps({"id": r.record_id, "output": json.loads(r.output), "acl": r.acl,
-                                "model": r.model}, ensure_ascii=False) + "\n")
+            row = {"id": r.record_id, "output": json.loads(r.output), "acl": r.acl, "model": r.model}
+            if r.carry is not None:
+                row["carry"] = r.carry
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
             n += 1
         return n
 
@@ -54,16 +67,41 @@ def export_jsonl(store: ReaderStore, version: str, out: Path | None) -> int:
     return atomic_write(out, write_file)
 
 
-def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+# The Parquet export's format, in each file's key-value metadata: `typed` (output a struct typed
+# from the output schema, acl a list of strings). A file without it was written before (output and
+# acl JSON text); a dataset folder keeps the format it was staged in (it is never rewritten).
+FORMAT_KEY = b"batchline.format"
+TYPED = b"typed"
 
-    schema = pa.schema([
-        ("id", pa.string()), ("output", pa.string()), ("acl", pa.string()), ("label", pa.string()),
+
+def parquet_schema(output_schema: Mapping[str, Any], carry: Sequence[str] = ()) -> Any:
+    """The Parquet export's columns: `output`, `acl` and `carry` typed as the Iceberg table types them."""
+    import pyarrow as pa
+
+    node = output_node(output_schema)
+    carried = carry_node(carry)
+    return pa.schema([
+        ("id", pa.string()), *([("output", arrow_type(node))] if node is not None else []),
+        ("raw_output", pa.string()), ("acl", arrow_type(ACL)), ("label", pa.string()),
         ("version", pa.string()),
         ("worker", pa.string()), ("attempt", pa.int32()), ("input_tokens", pa.int64()),
         ("output_tokens", pa.int64()), ("created_at", pa.timestamp("ms", tz="UTC")), ("model", pa.string()),
-    ])
+        *([(CARRY_COLUMN, arrow_type(carried))] if carried is not None else []),
+    ], metadata={FORMAT_KEY: TYPED})
+
+
+def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
+    import pyarrow.parquet as pq
+
+    from batchline.spec import stored_spec
+
+    info = store.job(version)
+    if info is None:
+        raise BatchlineError(f"no job version {version!r} in {store.url}")
+    spec = stored_spec(info)
+    output_schema = spec.output_schema
+    schema = parquet_schema(output_schema, spec.input.carry)
+    convert = converter(output_node(output_schema))
 
     def write(tmp: Path) -> int:
         n = 0
@@ -72,15 +110,25 @@ def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
             for r in _rows(store, version):
                 batch.append(r)
                 if len(batch) == PARQUET_ROWS_PER_GROUP:
-                    writer.write_table(_table(pa, schema, batch, version))
+                    writer.write_table(_table(schema, batch, version, convert))
                     n += len(batch)
                     batch = []
             if batch or n == 0:
-                writer.write_table(_table(pa, schema, batch, version))
+                writer.write_table(_table(schema, batch, version, convert))
                 n += len(batch)
         return n
 
     return atomic_write(out, write)
+
+
+def refuse_folder(out: str, flag: str = "--out") -> None:
+    """A version's export is one file: a destination that is a folder on this machine is
+    refused by name before anything is written (it would end in a rename over the folder)."""
+    from batchline.sources import is_remote
+
+    if not is_remote(out) and Path(out).is_dir():
+        raise BatchlineError(f"{flag} {out} is a folder: a version's export is one file, so name the file "
+                             "(only a published NAME with --format parquet exports into a folder)")
 
 
 def export_to(out: str, write: Callable[[Path], int]) -> int:
@@ -89,6 +137,7 @@ def export_to(out: str, write: Callable[[Path], int]) -> int:
     from batchline.sources import is_remote, upload
 
     if not is_remote(out):
+        refuse_folder(out)
         return write(Path(out))
 
     with tempfile.TemporaryDirectory(prefix="batchline-export-") as scratch:
@@ -98,11 +147,13 @@ def export_to(out: str, write: Callable[[Path], int]) -> int:
     return n
 
 
-def _table(pa: Any, schema: Any, rows: list[StoredResult], version: str) -> Any:
-    return pa.Table.from_pydict({
+def _table(schema: Any, rows: list[StoredResult], version: str, convert: Callable[[Any], Any] | None) -> Any:
+    import pyarrow as pa
+
+    columns: dict[str, Any] = {
         "id": [r.record_id for r in rows],
-        "output": [r.output for r in rows],
-        "acl": [None if r.acl is None else json.dumps(r.acl, sort_keys=True) for r in rows],
+        "raw_output": [r.output for r in rows],
+        "acl": acl_values(rows),
         "label": [r.label for r in rows],
         "version": [version] * len(rows),
         "worker": [r.worker for r in rows],
@@ -111,7 +162,33 @@ def _table(pa: Any, schema: Any, rows: list[StoredResult], version: str) -> Any:
         "output_tokens": [r.output_tokens for r in rows],
         "created_at": [int(r.created_at * 1000) for r in rows],
         "model": [r.model for r in rows],
-    }, schema=schema)
+    }
+    if "output" in schema.names:
+        columns["output"] = output_values(rows, convert, version)
+    if CARRY_COLUMN in schema.names:
+        columns[CARRY_COLUMN] = carry_values(rows)
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux says it (os.umask can only
+    be read by setting it, which another thread creating a file at that moment would see)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def as_umask_allows(path: Path, *, folder: bool = False) -> None:
+    """The mode a file or folder made by open() or mkdir() would have. Scratch files and folders
+    (mkstemp, mkdtemp) are private to their writer whatever the umask, and an export renamed
+    into place keeps that: a loader running as another user could not read it."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~umask())
 
 
 def atomic_write(out: Path, write: Any) -> int:
@@ -122,6 +199,7 @@ def atomic_write(out: Path, write: Any) -> int:
     tmp = Path(name)
     try:
         n = int(write(tmp))
+        as_umask_allows(tmp)
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -24,13 +24,10 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
-
-import orjson
 
 from batchline.errors import BatchlineError, SpecError, one_line
 from batchline.sources.base import ParseContext
@@ -48,7 +45,17 @@ from batchline.spec import JobSpec, stored_spec
 from batchline.spec.reader import Fields, SpecReader
 from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
 from batchline.targets.base import TargetFamily
-from batchline.targets.iceberg_schema import converter, iceberg_schema, output_node, schema_change
+from batchline.targets.iceberg_schema import (
+    CARRY_COLUMN,
+    acl_is_text,
+    acl_values,
+    carry_values,
+    converter,
+    iceberg_schema,
+    output_node,
+    output_values,
+    schema_change,
+)
 
 BATCH_ROWS = 50_000
 COMMIT_TRIES = 5  # a catalog commit that lost a race is tried again this many times in all
@@ -111,7 +118,8 @@ class IcebergTable:
         """The table, made if missing, with any new output columns added. A column the
         version lacks is left empty in its rows (planning refused removing one; an older
         version staged again after a newer one added columns lacks them)."""
-        wanted = iceberg_schema(dict(spec.output_schema))
+        wanted = iceberg_schema(spec.output_schema, acl_text=table is not None and acl_is_text(table.schema()),
+                                carry=spec.input.carry)
         if table is None:
             namespace = self.ref.name.rsplit(".", 1)[0]
             try:
@@ -287,7 +295,9 @@ def check_table_schema(ref: TableRef, spec: JobSpec, store_url: str | None) -> N
         table = load_table(catalog, ref)
         if table is None:
             return
-        change = schema_change(table.schema(), iceberg_schema(dict(spec.output_schema)))
+        have = table.schema()
+        change = schema_change(have, iceberg_schema(spec.output_schema, acl_text=acl_is_text(have),
+                                                    carry=spec.input.carry))
     if change is not None:
         raise SpecError(f"output.table {ref.name}: {change}; only new columns may be added")
 
@@ -303,15 +313,17 @@ def _reader(table: Any, store: ReaderStore, version: str, spec: JobSpec) -> Any:
     import pyarrow as pa
 
     schema = table.schema().as_arrow()
-    return pa.RecordBatchReader.from_batches(schema, _batches(schema, store, version, spec))
+    return pa.RecordBatchReader.from_batches(
+        schema, _batches(schema, store, version, spec, acl_text=acl_is_text(table.schema())))
 
 
-def _batches(schema: Any, store: ReaderStore, version: str, spec: JobSpec) -> Iterator[Any]:
+def _batches(schema: Any, store: ReaderStore, version: str, spec: JobSpec, *, acl_text: bool) -> Iterator[Any]:
     """The version's results, then its dead letters, as Arrow batches of the table's schema."""
     import pyarrow as pa
 
-    convert = converter(output_node(dict(spec.output_schema)))
+    convert = converter(output_node(spec.output_schema))
     has_output = "output" in schema.names
+    carries = bool(spec.input.carry) and CARRY_COLUMN in schema.names
     default_model = spec.model.label
 
     def batch(n: int, columns: dict[str, Any]) -> Any:
@@ -320,38 +332,26 @@ def _batches(schema: Any, store: ReaderStore, version: str, spec: JobSpec) -> It
                   for f in schema]
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    def outputs(rows: list[StoredResult]) -> list[Any]:
-        loads = orjson.loads
-        if convert is None:
-            return [loads(r.output) for r in rows]
-        try:
-            return [convert(loads(r.output)) for r in rows]
-        except BatchlineError:
-            for r in rows:  # again, one at a time, to name the record
-                try:
-                    convert(loads(r.output))
-                except BatchlineError as exc:
-                    raise BatchlineError(f"{version}: record {r.record_id!r}: {exc}") from None
-            raise
-
     def results(rows: list[StoredResult]) -> Any:
         n = len(rows)
         return batch(n, {
             "id": [r.record_id for r in rows], "outcome": ["result"] * n,
-            **({"output": outputs(rows)} if has_output else {}),
-            "raw_output": [r.output for r in rows], "acl": _acls(rows), "version": [version] * n,
+            **({"output": output_values(rows, convert, version)} if has_output else {}),
+            "raw_output": [r.output for r in rows], "acl": acl_values(rows, acl_text), "version": [version] * n,
             "model": [r.model or default_model for r in rows], "label": [r.label for r in rows],
             "attempt": [r.attempt for r in rows], "input_tokens": [r.input_tokens for r in rows],
             "output_tokens": [r.output_tokens for r in rows],
-            "created_at": [int(r.created_at * 1_000_000) for r in rows]})
+            "created_at": [int(r.created_at * 1_000_000) for r in rows],
+            **({CARRY_COLUMN: carry_values(rows)} if carries else {})})
 
     def dead_letters(rows: list[StoredDeadLetter]) -> Any:
         n = len(rows)
         return batch(n, {
-            "id": [d.record_id for d in rows], "outcome": ["dead_letter"] * n, "acl": _acls(rows),
+            "id": [d.record_id for d in rows], "outcome": ["dead_letter"] * n, "acl": acl_values(rows, acl_text),
             "version": [version] * n, "attempt": [d.attempts for d in rows],
             "created_at": [int(d.created_at * 1_000_000) for d in rows],
-            "error_kind": [d.kind for d in rows], "error": [d.error for d in rows]})
+            "error_kind": [d.kind for d in rows], "error": [d.error for d in rows],
+            **({CARRY_COLUMN: carry_values(rows)} if carries else {})})
 
     yield from _in_batches(store.iter_results(version), results)
     yield from _in_batches(store.iter_dead_letters(version), dead_letters)
@@ -366,13 +366,6 @@ def _in_batches(rows: Iterator[Any], make: Callable[[list[Any]], Any]) -> Iterat
             chunk = []
     if chunk:
         yield make(chunk)
-
-
-def _acls(rows: list[Any]) -> list[str | None]:
-    # As the Parquet export writes them, so the two can be compared and joined alike.
-    dumps = json.dumps
-    return [None if r.acl is None else dumps(r.acl, sort_keys=True) for r in rows]
-
 
 
 # --- the family ------------------------------------------------------------------------------

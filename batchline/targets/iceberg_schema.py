@@ -1,89 +1,40 @@
-"""The Iceberg table a job's results are published into: its columns, from the output's JSON Schema.
+"""The Iceberg table a job's results are published into: its columns' Iceberg types, from the
+typed columns of `batchline.targets.columns` (the mapping the Parquet export uses too).
 
 One row per record: `id`, `outcome` (`result` or `dead_letter`), the output's
-fields as typed columns inside one struct column, `output` (so no output field
-can collide with `id`, `acl` or `model`), the raw output as JSON text, the
-record's ACL as JSON text, the job version, the model that answered, and for a
-dead letter its error kind and error.
-
-Types: a string enum or a string is a string, an object with properties a
-struct, an array a list of its items' type, a number a double, an integer a
-long, a boolean a boolean; anything without one clear type (no `type`, several
-types, `oneOf`, `anyOf`, `allOf`, `$ref`, an object without properties) is a
-string holding its JSON. `"type": ["X", "null"]` is X (every column may be null).
+fields as typed columns inside one struct column, `output`, the raw output as
+JSON text, the record's ACL as a list of strings, the job version, the model
+that answered, and for a dead letter its error kind and error.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from batchline.errors import BatchlineError
+from batchline.targets.columns import (
+    ACL,
+    CARRY_COLUMN,
+    JSON,
+    OUTPUT_COLUMN,
+    Node,
+    acl_values,
+    carry_node,
+    carry_values,
+    converter,
+    node_of,
+    output_node,
+    output_values,
+)
 
-OUTPUT_COLUMN = "output"
-
-_SCALARS = {"string": "string", "integer": "long", "number": "double", "boolean": "boolean"}
-_UNCLEAR = ("oneOf", "anyOf", "allOf", "$ref", "not", "if")
-
-
-@dataclass(frozen=True)
-class Node:
-    """A JSON Schema node's column type: a scalar (`string`, `long`, `double`, `boolean`),
-    `json` (a string holding the value's JSON), a `struct` or a `list`."""
-
-    kind: str
-    fields: tuple[tuple[str, Node], ...] = ()  # struct
-    element: Node | None = None  # list
-
-    def describe(self) -> str:
-        if self.kind == "struct":
-            return "struct"
-        if self.kind == "list":
-            assert self.element is not None
-            return f"list<{self.element.describe()}>"
-        return "string (JSON)" if self.kind == "json" else self.kind
+__all__ = ["ACL", "CARRY_COLUMN", "JSON", "OUTPUT_COLUMN", "Node", "acl_is_text", "acl_values", "carry_node",
+           "carry_values", "converter", "iceberg_schema",
+           "node_of", "output_node", "output_values", "schema_change"]
 
 
-JSON = Node("json")
-
-
-def node_of(schema: Any) -> Node:
-    if not isinstance(schema, dict) or any(k in schema for k in _UNCLEAR):
-        return JSON
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kinds = [k for k in kind if k != "null"]
-        kind = kinds[0] if len(kinds) == 1 else None
-    if kind is None:
-        values = schema["enum"] if isinstance(schema.get("enum"), list) else (
-            [schema["const"]] if "const" in schema else None)
-        return Node("string") if values and all(isinstance(v, str) for v in values) else JSON
-    if kind in _SCALARS:
-        return Node(_SCALARS[kind])
-    if kind == "object":
-        props = schema.get("properties")
-        if not isinstance(props, dict) or not props:
-            return JSON
-        return Node("struct", tuple((str(name), node_of(sub)) for name, sub in props.items()))
-    if kind == "array":
-        items = schema.get("items")
-        return Node("list", element=node_of(items) if isinstance(items, dict) else JSON)
-    return JSON
-
-
-def output_node(schema: dict[str, Any]) -> Node | None:
-    """The `output` struct column, or None when the output is not an object with properties."""
-    node = node_of(schema)
-    return node if node.kind == "struct" else None
-
-
-# --- pyiceberg types -------------------------------------------------------------
-
-
-def iceberg_schema(schema: dict[str, Any]) -> Any:
-    """The table's schema for an output schema (field ids are assigned again by the catalog)."""
+def iceberg_schema(schema: Mapping[str, Any], *, acl_text: bool = False, carry: Sequence[str] = ()) -> Any:
+    """The table's schema for an output schema (field ids are assigned again by the catalog);
+    `acl_text`: the table's `acl` column is JSON text (made before ACLs were lists)."""
     from pyiceberg.schema import Schema
     from pyiceberg.types import IntegerType, LongType, NestedField, StringType, TimestamptzType
 
@@ -92,11 +43,25 @@ def iceberg_schema(schema: dict[str, Any]) -> Any:
     node = output_node(schema)
     if node is not None:
         columns.append((OUTPUT_COLUMN, _iceberg_type(node, ids)))
-    columns += [("raw_output", StringType()), ("acl", StringType()), ("version", StringType()),
+    columns += [("raw_output", StringType()), ("acl", StringType() if acl_text else _iceberg_type(ACL, ids)),
+                ("version", StringType()),
                 ("model", StringType()), ("label", StringType()), ("attempt", IntegerType()),
                 ("input_tokens", LongType()), ("output_tokens", LongType()), ("created_at", TimestamptzType()),
                 ("error_kind", StringType()), ("error", StringType())]
+    carried = carry_node(carry)
+    if carried is not None:
+        columns.append((CARRY_COLUMN, _iceberg_type(carried, ids)))
     return Schema(*(NestedField(next(ids), name, t, required=False) for name, t in columns))
+
+
+def acl_is_text(table_schema: Any) -> bool:
+    """Whether a table's `acl` column is JSON text: a table made before ACLs were lists keeps it."""
+    from pyiceberg.types import StringType
+
+    try:
+        return isinstance(table_schema.find_field("acl").field_type, StringType)
+    except ValueError:
+        return False
 
 
 def _iceberg_type(node: Node, ids: Any) -> Any:
@@ -161,51 +126,3 @@ def _type_name(t: Any) -> str:
     if isinstance(t, ListType):
         return f"list<{_type_name(t.element_type)}>"
     return str(t)
-
-
-# --- values ------------------------------------------------------------------------
-
-
-def converter(node: Node | None) -> Callable[[Any], Any] | None:
-    """Turns a parsed output into the `output` column's value: longs checked to be whole,
-    values without one clear type written as JSON text; None when every value goes in as
-    it is (strings, doubles, booleans and structs and lists of them)."""
-    return None if node is None else _converter(node, "output")
-
-
-def _converter(node: Node, where: str) -> Callable[[Any], Any] | None:
-    """None when the value goes into Arrow as it is (pyarrow converts strings, doubles and
-    booleans itself), so an output made only of those costs nothing here."""
-    if node.kind == "json":
-        return lambda v: None if v is None else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
-    if node.kind == "long":
-        def to_long(v: Any) -> Any:
-            # pyarrow would truncate 1.5 into a long column without a word.
-            if isinstance(v, float):
-                if not v.is_integer():
-                    raise BatchlineError(f"{where} = {v!r} is not a whole number for a long column")
-                return int(v)
-            return v
-        return to_long
-    if node.kind == "list":
-        assert node.element is not None
-        inner = _converter(node.element, f"{where}[]")
-        if inner is None:
-            return None
-        conv = inner
-        return lambda v: None if v is None else [conv(x) for x in v]
-    if node.kind == "struct":
-        parts = [(name, c) for name, sub in node.fields if (c := _converter(sub, f"{where}.{name}")) is not None]
-        if not parts:
-            return None
-
-        def to_struct(v: Any) -> Any:
-            if not isinstance(v, dict):
-                return v
-            out = dict(v)
-            for name, c in parts:
-                if name in out:
-                    out[name] = c(out[name])
-            return out
-        return to_struct
-    return None

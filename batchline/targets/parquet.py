@@ -93,7 +93,7 @@ class ParquetDataset(_Dataset):
         return self.root / name / version_folder(version)
 
     def stage(self, store: ReaderStore, version: str) -> None:
-        from batchline.targets.files import export_parquet
+        from batchline.targets.files import as_umask_allows, export_parquet
 
         info = store.job(version)
         assert info is not None
@@ -103,6 +103,7 @@ class ParquetDataset(_Dataset):
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         try:
+            as_umask_allows(staging, folder=True)
             export_parquet(store, version, staging / PART)
             os.replace(staging, folder)
         except BaseException:

@@ -92,10 +92,13 @@ def test_a_version_whose_dead_letters_pass_its_bound_is_halted_for_every_worker(
     assert codes == [7, 7]
     [halt_event] = store.events(version, ["halt"])
     halt = Halt.from_json(halt_event.detail)
-    assert halt.by is not None and f":{fast.pid}:" in halt.by
+    # Usually the fast one passes the bound; on a loaded machine it may be the slow one.
+    # Either way the other learns of the halt from the store, mid-shard.
+    assert halt.by is not None
+    [halter] = [i for i, w in enumerate(workers) if f":{w.pid}:" in halt.by]
     for log in logs:
         assert log.read_text().splitlines()[-1] == f"batchline: error: {halt.message(version)}"
-    assert "stopping as on a preemption notice" in logs[0].read_text()
+    assert "stopping as on a preemption notice" in logs[1 - halter].read_text()
     # Claims stop at the halt; the shards held then were given back, not left to expire.
     assert all(e.id < halt_event.id for e in store.events(version, ["claim"]))
     released = [e for e in store.events(version, ["release"]) if e.detail.get("reason") == "halted"]

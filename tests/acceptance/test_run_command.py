@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ import pytest
 
 from batchline.spec import load_spec
 from batchline.store import Store
-from tests.helpers import check_invariants
+from tests.helpers import check_invariants, planned, wait_for
 
 pytestmark = pytest.mark.acceptance
 
@@ -39,3 +41,26 @@ def test_run_with_separate_worker_processes(job_factory: Any, store: Store, stor
     out = tmp_path / "out.jsonl"
     exported = batchline("export", version, "--store", store_url, "--format", "jsonl", "--out", str(out))
     assert exported.returncode == 0 and len(out.read_text().splitlines()) == 599
+
+
+def test_a_run_stopped_by_ctrl_c_says_stopped_with_the_records_left_not_ready(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    spec_path = job_factory(n=400, options={"seconds_per_record": 0.02}, shards={"size": 50})
+    _spec, version = planned(spec_path, store)
+    # A session of its own: Ctrl-C reaches every process of the terminal's foreground group.
+    run = subprocess.Popen([sys.executable, "-m", "batchline", "run", str(spec_path), "--store", store_url,
+                            "--log-dir", str(tmp_path / "logs")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        wait_for(lambda: store.status(version).results >= 30, timeout=120, what="a run under way")
+        os.killpg(run.pid, signal.SIGINT)
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    left = store.status(version).pending
+    assert run.returncode == 75 and 0 < left < 400, err[-3000:]
+    summary = err.splitlines()
+    assert f"stopped: {left:,} records left; run the same command again to go on" in summary, err[-3000:]
+    assert not [line for line in summary if line.startswith("ready:")]
+    assert out.strip() == version

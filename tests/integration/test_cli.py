@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from batchline.store import Store
-from tests.helpers import planned, wait_for
+from tests.helpers import planned, run_to_seal, wait_for
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -48,7 +48,7 @@ def test_run_then_status_dead_letters_and_exports(job_factory: Any, store_url: s
     assert cli("export", version, "--store", store_url, "--format", "parquet", "--out", str(pq_out)).returncode == 0
     table = pq.read_table(pq_out).to_pylist()
     assert len(table) == 149
-    assert all(json.loads(r["acl"]) == source[r["id"]] for r in table)
+    assert all(r["acl"] == source[r["id"]] for r in table)
 
     again = cli("run", str(spec), "--store", store_url)
     assert again.returncode == 0 and again.stdout.strip() == version
@@ -154,3 +154,34 @@ def test_rates_count_only_this_runs_work_over_the_time_it_took(job_factory: Any,
     status = json.loads(cli("status", first.stdout.strip(), "--store", store_url, "--json").stdout)
     assert status["rate_window_seconds"] < 100  # the time since the first claim, not 300 s
     assert status["records_per_second"] > 300 / 100
+
+
+def test_plan_on_a_mistyped_sqlite_path_says_it_created_a_new_store(job_factory: Any, store: Store,
+                                                                    store_url: str, tmp_path: Path) -> None:
+    spec = job_factory(n=5)
+    typo = tmp_path / "stors" / "batchline.db"
+    first = cli("plan", str(spec), "--store", f"sqlite:///{typo}")
+    assert first.returncode == 0, first.stderr
+    assert [line for line in first.stderr.splitlines() if "store" in line] == [f"created a new store at {typo}"]
+    again = cli("plan", str(spec), "--store", f"sqlite:///{typo}")
+    assert again.returncode == 0 and "created" not in again.stderr, again.stderr
+    existing = cli("plan", str(spec), "--store", store_url)
+    assert existing.returncode == 0 and "created a new store" not in existing.stderr, existing.stderr
+
+
+def test_an_export_or_manifests_to_an_existing_folder_say_so_in_one_line(job_factory: Any, store: Store,
+                                                                         store_url: str, tmp_path: Path) -> None:
+    _spec, version = planned(job_factory(n=20), store)
+    run_to_seal(store, version)
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    for args in (["export", version, "--store", store_url, "--format", "parquet", "--out", str(folder)],
+                 ["export", version, "--store", store_url, "--out", str(folder)],
+                 ["export", version, "--store", store_url, "--format", "openai-batch", "--out", str(folder)],
+                 ["launch", "k8s", "--job", version, "--image", "i", "--queue", "q", "--store-secret", "s",
+                  "--gpus-per-worker", "0", "--out", str(folder)]):
+        done = cli(*args)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        [line] = done.stderr.splitlines()
+        assert line.startswith(f"batchline: error: --out {folder} is a folder"), line
+    assert list(folder.iterdir()) == []

@@ -141,9 +141,8 @@ def test_acl_on_every_row_of_the_table_results_and_dead_letters_joined_with_the_
     version = sealed(job_factory, store, tmp_path / "wh", records, options={"error_on": ["r000009", "r000050"]})
     publish(store, version)
     con = duckdb_iceberg()
-    con.execute("CREATE TABLE source (id VARCHAR, acl VARCHAR)")
-    con.executemany("INSERT INTO source VALUES (?, ?)",
-                    [(r["id"], json.dumps(r["acl"], sort_keys=True)) for r in records])
+    con.execute("CREATE TABLE source (id VARCHAR, acl VARCHAR[])")
+    con.executemany("INSERT INTO source VALUES (?, ?)", [(r["id"], r["acl"]) for r in records])
     location = metadata_location(store_url, TABLE)
     joined = con.execute(f"""
         SELECT t.outcome, count(*), count(*) FILTER (WHERE t.acl IS NOT DISTINCT FROM s.acl),
@@ -184,7 +183,7 @@ def test_output_fields_are_typed_columns_under_output_so_they_cannot_collide_wit
     types = {r[0]: r[1] for r in con.execute(f"DESCRIBE SELECT * FROM iceberg_scan('{location}')").fetchall()}
     assert types["output"] == ("STRUCT(category VARCHAR, summary VARCHAR, score BIGINT, confidence DOUBLE, "
                                "tags VARCHAR[], detail STRUCT(urgent BOOLEAN), anything VARCHAR, id VARCHAR)")
-    assert types["id"] == "VARCHAR" and types["acl"] == "VARCHAR" and types["model"] == "VARCHAR"
+    assert types["id"] == "VARCHAR" and types["acl"] == "VARCHAR[]" and types["model"] == "VARCHAR"
     rows = con.execute(f"SELECT id, output.id, output.score, output.detail.urgent, output.anything, raw_output "
                        f"FROM iceberg_scan('{location}') ORDER BY id").fetchall()
     assert len(rows) == 20

@@ -18,6 +18,7 @@ from batchline.check.validate import validate
 from batchline.errors import InputError, SpecError
 from batchline.plan.planner import plan
 from batchline.publish.pointer import prune, publish
+from batchline.snapshot import Slice, read_slice
 from batchline.spec import JobSpec, load_spec, stored_spec
 from batchline.store import ResultRow, Store
 from tests.helpers import check_invariants, make_records, planned, run_to_seal
@@ -143,7 +144,12 @@ def seal_with_outputs(store: Store, version: str, outputs: dict[str, dict[str, A
     """The version's one shard answered with the outputs given, as a worker would write them."""
     lease = store.claim("hand", version)
     assert lease is not None and store.claim("hand", version) is None
-    store.put_results(lease, [ResultRow(rid, json.dumps(out), acl=["g"]) for rid, out in outputs.items()])
+    # Each row says its piece, as a worker's do: the fence refuses those that do not.
+    read = read_slice(Slice.from_json(lease.slice), stored_spec(store.job(version)).input, None,  # type: ignore[arg-type]
+                      lambda start, end: store.input_records(version, start, end))
+    pieces = {r.id: r.piece for r in read}
+    store.put_results(lease, [ResultRow(rid, json.dumps(out), acl=["g"], piece=pieces[rid])
+                              for rid, out in outputs.items()])
     store.complete(lease)
 
 

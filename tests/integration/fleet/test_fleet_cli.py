@@ -29,7 +29,8 @@ def test_launch_k8s_prints_one_job_per_worker_with_the_jobs_grace_period(
     _spec, version = planned(job_factory(n=10, shards={"grace_seconds": 90}), store)
     out = tmp_path / "fleet.yaml"
     assert run(["launch", "k8s", "--store", store_url, "--job", version, "--workers", "4", "--image", "img:1",
-                "--queue", "gpu", "--store-secret", "bl-store", "--out", str(out)]) == 0
+                "--queue", "gpu", "--store-secret", "bl-store", "--cpu", "8", "--memory", "64Gi",
+                "--weights-cache-size", "40Gi", "--out", str(out)]) == 0
     docs = list(yaml.safe_load_all(out.read_text()))
     jobs = [d for d in docs if d["kind"] == "Job"]
     assert len(jobs) == 4
