@@ -155,8 +155,9 @@ class IndexOutput:
             return (f"vector_field {self.vector_field!r} is not an array in the output schema (an embedding "
                     f"engine's output is {{\"embedding\": [...]}})")
         for name in self.fields:
-            if name not in props and name not in (upstream or {}):
-                have = sorted(props) + [f"{f} (of input.job's output)" for f in sorted(upstream or {})]
+            if name not in props and name not in spec.input.carry and name not in (upstream or {}):
+                have = sorted(props) + [f"{f} (carried)" for f in spec.input.carry] + \
+                    [f"{f} (of input.job's output)" for f in sorted(upstream or {})]
                 return f"field {name!r} is not in the output schema (it has {', '.join(have) or 'none'})"
         return None
 
@@ -242,8 +243,11 @@ class LanceIndex:
 
         props = _properties(spec.output_schema)
         theirs = upstream.properties if upstream is not None else {}
-        own = [name for name in self.output.fields if name in props or name not in theirs]
-        columns = [(name, *_arrow_type(props.get(name) if name in own else theirs.get(name)))
+        # Where each field is read: this job's output, the carried input columns, the upstream's output.
+        carried = [n for n in self.output.fields if n not in props and n in spec.input.carry]
+        own = [n for n in self.output.fields if n not in carried and (n in props or n not in theirs)]
+        columns = [(name, *((pa.string(), False) if name in carried else
+                             _arrow_type(props.get(name) if name in own else theirs.get(name))))
                    for name in self.output.fields]
         first = next(results, None)
         dims = len(self._vector(first)) if first is not None else _schema_dims(props.get(self.output.vector_field))
@@ -258,9 +262,13 @@ class LanceIndex:
 
         def batch(rows: list[StoredResult]) -> Any:
             outputs = [orjson.loads(r.output) for r in rows]
-            if upstream is not None and len(own) < len(self.output.fields):
+            if carried:
+                outputs = [{**out, **{n: _carried((r.carry or {}).get(n)) for n in carried}}
+                           if isinstance(out, dict) else out for r, out in zip(rows, outputs, strict=True)]
+            if upstream is not None and len(own) + len(carried) < len(self.output.fields):
                 found = upstream.outputs([r.record_id for r in rows])
-                outputs = [{**{k: v for k, v in found.get(r.record_id, {}).items() if k not in own}, **out}
+                outputs = [{**{k: v for k, v in found.get(r.record_id, {}).items()
+                               if k not in own and k not in carried}, **out}
                            if isinstance(out, dict) else out for r, out in zip(rows, outputs, strict=True)]
             vectors: list[float] = []
             for r, out in zip(rows, outputs, strict=True):
@@ -387,6 +395,14 @@ def _upstream_reader(store: ReaderStore, spec: JobSpec) -> Upstream | None:
     return Upstream(_properties(job.spec.get("output", {}).get("schema")), outputs)
 
 
+def _carried(value: Any) -> str | None:
+    """A carried input value as its column holds it: a string as itself, another value as its
+    JSON text (as the exports write carried values)."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
 def _properties(schema: Any) -> dict[str, Any]:
     props = schema.get("properties") if isinstance(schema, dict) else None
     return dict(props) if isinstance(props, dict) else {}
@@ -486,8 +502,9 @@ INDEX_FIELDS: Fields = {
     "vector_field": {"type": "string", "minLength": 1, "default": IndexOutput.vector_field,
                      "description": "The output field holding the vector"},
     "fields": {"type": "array", "items": {"type": "string", "minLength": 1}, "default": [],
-               "description": "Output fields each row holds and each hit returns: this job's, or the output "
-                              "fields of the job it reads (input.job)"},
+               "description": "Fields each row holds and each hit returns: this job's output fields, its "
+                              "carried input columns (output.carry), or the output fields of the job it reads "
+                              "(input.job)"},
     "approximate_min_rows": {"type": "integer", "minimum": 1, "default": DEFAULT_APPROXIMATE_MIN_ROWS,
                              "description": "Versions of at least this many rows get an approximate (IVF_PQ) index"},
     "nprobes": {"type": "integer", "minimum": 1, "default": DEFAULT_NPROBES,

@@ -350,3 +350,19 @@ def test_an_index_over_a_published_job_holds_the_upstream_s_fields_and_acls(
     (d / "job.yaml").write_text(yaml.safe_dump(spec))
     with pytest.raises(SpecError, match=r"field 'categry' is not in the output schema .*category \(of input\.job's"):
         plan(load_spec(d / "job.yaml"), store)
+
+
+def test_an_index_row_holds_the_record_s_carried_input_columns(store: Store, store_url: str, tmp_path: Path) -> None:
+    records = make_records(6)
+    for i, r in enumerate(records):
+        r["customer"] = f"c{i}"
+        r["tags"] = ["vip"] if i == 3 else []
+    path = index_job(tmp_path, records, engine="synthetic", index={"fields": ["customer", "tags"]})
+    spec = yaml.safe_load(path.read_text())
+    spec["output"]["carry"] = ["customer", "tags"]
+    path.write_text(yaml.safe_dump(spec))
+    version = sealed(path, store)
+    publish(store, version)
+    found = Jobs(store_url).search("tickets-index", "anything", ["group-0"], k=5)
+    assert sorted((h.record_id, h.fields["customer"], h.fields["tags"]) for h in found.hits) == \
+        [("r000000", "c0", "[]"), ("r000003", "c3", '["vip"]')]
