@@ -89,7 +89,7 @@ def search(store_url: str, query: str, group: str, k: int = 5) -> list[dict[str,
     found = json.loads(done.stdout)
     print(f"\n$ batchline search ticket-summaries --query {query[:40]!r}... --groups {group} --k {k}")
     for hit in found["hits"]:
-        print(f"  {hit['score']:.4f}  {hit['id']}  {hit['fields']['category']:<14}  {hit['fields']['summary'][:50]!r}")
+        print(f"  {hit['score']:.4f}  {hit['id']}  {hit['fields']['category']:<22}  {hit['fields']['summary'][:50]!r}")
     hits: list[dict[str, Any]] = found["hits"]
     return hits
 
