@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, NoReturn
 
-from batchline.errors import BatchlineError, VersionHalted
+from batchline.errors import BatchlineError, EngineFatal, VersionHalted
 
 if TYPE_CHECKING:
     from batchline.check.validate import ValidationReport
@@ -336,6 +336,7 @@ class Jobs:
                 assert info is not None
                 spec = stored_spec(info)
                 family.index_of(spec)  # refused before the model loads
+                _same_runtime(s, version, spec)
                 vector = _embed(spec, query)
                 try:
                     return SearchResult(name, version, family.search(name, version, vector, groups, k=k, spec=spec))
@@ -416,6 +417,18 @@ def _local(location: str) -> Path | str:
     from batchline.sources import is_remote
 
     return location if is_remote(location) else Path(location)
+
+
+def _same_runtime(store: Store, version: str, spec: JobSpec) -> None:
+    """The query is embedded by the engine runtime the version's rows were (I2): another build
+    of the same model can put a text elsewhere, and its hits would be ranked by a vector no
+    row was made with."""
+    from batchline.engines import engine_runtime
+
+    pinned, here = store.pinned_runtime(version), engine_runtime(spec.model.engine)
+    if pinned is not None and here is not None and pinned != here:
+        raise EngineFatal(f"{version}'s vectors were computed with the engine runtime {pinned}, and this "
+                          f"environment's is {here}: search from an environment with {pinned}")
 
 
 def _embed(spec: JobSpec, text: str) -> list[float]:

@@ -366,3 +366,21 @@ def test_an_index_row_holds_the_record_s_carried_input_columns(store: Store, sto
     found = Jobs(store_url).search("tickets-index", "anything", ["group-0"], k=5)
     assert sorted((h.record_id, h.fields["customer"], h.fields["tags"]) for h in found.hits) == \
         [("r000000", "c0", "[]"), ("r000003", "c3", '["vip"]')]
+
+
+def test_a_search_from_another_engine_runtime_than_the_versions_is_refused_before_it_embeds(
+        minilm: None, store: Store, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    version = sealed(index_job(tmp_path, tickets(12)), store)
+    publish(store, version)
+    pinned = store.pinned_runtime(version)
+    assert pinned is not None and "sentence-transformers" in pinned
+    assert search(store_url, "tickets-index", "printer", ["staff"], k=3)[0] == version
+
+    import batchline.engines
+
+    monkeypatch.setattr(batchline.engines, "engine_runtime", lambda _name: "sentence-transformers 0.0.1, torch 0.1")
+    with pytest.raises(BatchlineError) as refused:
+        Jobs(store_url).search("tickets-index", "printer", ["staff"], k=3)
+    assert refused.value.exit_code == 5
+    assert f"computed with the engine runtime {pinned}" in str(refused.value)
+    assert "sentence-transformers 0.0.1" in str(refused.value)
