@@ -51,6 +51,9 @@ if TYPE_CHECKING:
 BATCH_ROWS = 10_000
 # Columns of every row; a chosen field may not take one of these names.
 ID, VECTOR, ACL, VERSION = "id", "vector", "acl", "version"
+# Lance's own column of each hit's distance, named among the columns selected: Lance will
+# otherwise stop adding it, and warns on every search that it will.
+DISTANCE = "_distance"
 RESERVED = (ID, VECTOR, ACL, VERSION)
 METRIC: Final = "cosine"
 DEFAULT_APPROXIMATE_MIN_ROWS = 50_000
@@ -349,7 +352,7 @@ class LanceIndex:
 
         def query(exact: bool) -> list[dict[str, Any]]:
             q = table.search(list(vector), vector_column_name=VECTOR).distance_type(METRIC) \
-                .where(where, prefilter=True).select([ID, VERSION, *self.output.fields]).limit(k)
+                .where(where, prefilter=True).select([ID, VERSION, *self.output.fields, DISTANCE]).limit(k)
             if exact:
                 q = q.bypass_vector_index()
             else:
@@ -361,7 +364,7 @@ class LanceIndex:
         if approximate and len(rows) < k:
             rows = query(exact=True)  # the probed partitions held too few visible rows
         json_fields = {f.name for f in table.schema if f.metadata and f.metadata.get(JSON_FIELD)}
-        return [Hit(str(row[ID]), 1.0 - float(row["_distance"]),
+        return [Hit(str(row[ID]), 1.0 - float(row[DISTANCE]),
                     {f: (json.loads(row[f]) if f in json_fields and row[f] is not None else row[f])
                      for f in self.output.fields}, str(row[VERSION])) for row in rows]
 
