@@ -12,8 +12,9 @@ created in one commit, the ACL's LABEL_LIST index): "write rows/s" (making the r
 bench's own work, is timed as it happens and taken out). Then --queries
 searches (seeded random unit vectors) as the group `all` (unselective: every row visible)
 and as `rare` (selective: 1%), exact; the IVF_PQ index is built (its seconds reported) and
-the same searches run approximate (the target's nprobes and refine factor, falling back to
-exact where fewer than k come back). recall@10: the share of the exact top k the
+the same searches run as the target runs them once a version has that index (every partition
+probed and the refine factor; exact where the ACL leaves at most EXACT_BELOW_SHARE of the
+rows visible, or where fewer than k come back). recall@10: the share of the exact top k the
 approximate search returns (--nprobes and --refine-factor: the same searches with other
 settings on the same index). Bytes per row: the table's folder, before and after the
 vector index, over the rows.
@@ -38,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from batchline.spec import parse_spec
 from batchline.store import StoredResult
 from batchline.targets.lancedb_index import (
-    DEFAULT_NPROBES,
     DEFAULT_REFINE_FACTOR,
+    EXACT_BELOW_SHARE,
     IndexOutput,
     LanceIndex,
     build_indexes,
@@ -155,7 +156,8 @@ def run(rows: int, queries: int, dims: int, k: int, root: Path, probes: list[int
     figures: dict[str, Any] = {"rows": rows, "dims": dims, "queries": queries, "k": k,
                                "write_rows_per_s": rows / write_seconds, "write_seconds": write_seconds,
                                "ivf_pq_seconds": index_seconds, "partitions": ivf_partitions(rows),
-                               "nprobes": DEFAULT_NPROBES, "refine_factor": DEFAULT_REFINE_FACTOR,
+                               "nprobes": ivf_partitions(rows), "refine_factor": DEFAULT_REFINE_FACTOR,
+                               "exact_below_share": EXACT_BELOW_SHARE,
                                "bytes_per_row": bytes_exact / rows, "bytes_per_row_with_ivf_pq": bytes_approx / rows}
     for label in groups:
         for kind, found in (("exact", exact), ("approximate", approx)):

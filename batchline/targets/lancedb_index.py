@@ -57,7 +57,10 @@ DISTANCE = "_distance"
 RESERVED = (ID, VECTOR, ACL, VERSION)
 METRIC: Final = "cosine"
 DEFAULT_APPROXIMATE_MIN_ROWS = 50_000
-DEFAULT_NPROBES = 32
+# Where the ACL leaves at most this share of a version's rows visible, the search is exact:
+# on 1,000,000 random unit vectors with 1% visible, exact answered in 159 ms at p50 and the
+# approximate index, probing every partition, in 192 ms.
+EXACT_BELOW_SHARE = 0.05
 DEFAULT_REFINE_FACTOR = 30
 # A field whose values are not one scalar type is kept as JSON text, marked so in its metadata.
 JSON_FIELD = b"batchline.json"
@@ -114,7 +117,7 @@ class IndexOutput:
     vector_field: str = "embedding"
     fields: tuple[str, ...] = ()
     approximate_min_rows: int = DEFAULT_APPROXIMATE_MIN_ROWS
-    nprobes: int = DEFAULT_NPROBES
+    nprobes: int | None = None  # None: every partition of the version's vector index
     refine_factor: int = DEFAULT_REFINE_FACTOR
 
     def describe(self) -> str:
@@ -122,8 +125,10 @@ class IndexOutput:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"uri": self.uri, "vector_field": self.vector_field, "fields": list(self.fields),
-                               "approximate_min_rows": self.approximate_min_rows, "nprobes": self.nprobes,
+                               "approximate_min_rows": self.approximate_min_rows,
                                "refine_factor": self.refine_factor}
+        if self.nprobes is not None:
+            out["nprobes"] = self.nprobes
         if self.table is not None:
             out["table"] = self.table
         return {"index": out}
@@ -349,6 +354,10 @@ class LanceIndex:
                                    "the version is published; publish it again") from None
             raise
         approximate = not exact and any(ix.columns == [VECTOR] for ix in table.list_indices())
+        rows_in_version = table.count_rows() if approximate else 0
+        if approximate and table.count_rows(where) <= EXACT_BELOW_SHARE * rows_in_version:
+            approximate = False  # a selective ACL leaves few rows: ranking them all is as fast, and exact
+        nprobes = self.output.nprobes or ivf_partitions(rows_in_version)
 
         def query(exact: bool) -> list[dict[str, Any]]:
             q = table.search(list(vector), vector_column_name=VECTOR).distance_type(METRIC) \
@@ -356,7 +365,7 @@ class LanceIndex:
             if exact:
                 q = q.bypass_vector_index()
             else:
-                q = q.nprobes(self.output.nprobes).refine_factor(self.output.refine_factor)
+                q = q.nprobes(nprobes).refine_factor(self.output.refine_factor)
             rows: list[dict[str, Any]] = q.to_arrow().to_pylist()
             return rows
 
@@ -465,9 +474,11 @@ def build_indexes(table: Any, output: IndexOutput) -> None:
 
 
 def ivf_partitions(rows: int) -> int:
-    """About 4,096 rows a partition, as Lance advises, and at least one. On 100,000 random
-    unit vectors (24 partitions) probing 20 kept 0.92 of the exact top 10 and probing all
-    24 0.98 (hence 32 probes by default); vectors of real text cluster, random ones do not."""
+    """About 4,096 rows a partition, as Lance advises, and at least one. On random unit
+    vectors, which do not cluster as real text's do, only probing every partition keeps 0.95
+    of the exact top 10 (100,000 rows, 24 partitions: 20 probed kept 0.92, all 24 0.98;
+    1,000,000 rows, 244 partitions: 32 kept 0.31, 122 0.71, all 0.95), so a search probes
+    them all unless `nprobes` says otherwise."""
     return max(1, min(4096, rows // 4096))
 
 
@@ -510,8 +521,10 @@ INDEX_FIELDS: Fields = {
                               "(input.job)"},
     "approximate_min_rows": {"type": "integer", "minimum": 1, "default": DEFAULT_APPROXIMATE_MIN_ROWS,
                              "description": "Versions of at least this many rows get an approximate (IVF_PQ) index"},
-    "nprobes": {"type": "integer", "minimum": 1, "default": DEFAULT_NPROBES,
-                "description": "Partitions an approximate search probes"},
+    "nprobes": {"type": "integer", "minimum": 1,
+                "description": "Partitions an approximate search probes (default: every partition, which kept "
+                               "0.95 of the exact top 10 on a million random vectors; fewer answer sooner and, "
+                               "on vectors that cluster as real text's do, may keep as many)"},
     "refine_factor": {"type": "integer", "minimum": 1, "default": DEFAULT_REFINE_FACTOR,
                       "description": "An approximate search re-ranks this many times k candidates with the full "
                                      "vectors"},
@@ -551,7 +564,8 @@ class LanceDBOutput(TargetFamily):
 
         return IndexOutput(uri, table, vector_field or IndexOutput.vector_field, fields,
                            integer("approximate_min_rows", DEFAULT_APPROXIMATE_MIN_ROWS),
-                           integer("nprobes", DEFAULT_NPROBES), integer("refine_factor", DEFAULT_REFINE_FACTOR))
+                           None if raw.get("nprobes") is None else integer("nprobes", 1),
+                           integer("refine_factor", DEFAULT_REFINE_FACTOR))
 
     def access(self, section: Mapping[str, Any]) -> list[str]:
         index = section.get("index")
