@@ -139,3 +139,13 @@ class EngineConfig:
     decoding: DecodingSpec
     output_schema: Mapping[str, Any]
     work_dir: Path = field(default_factory=Path.cwd)
+
+
+def torch_device_computes_on(device: str) -> str:
+    """What a worker of a torch engine computed on, from the device its options name (auto:
+    CUDA where a GPU is visible): the words `capacity --from-run` sizes a run by."""
+    if device == "auto":
+        return "a GPU where the worker had one, else the CPU (device: auto)"
+    if device == "cpu":
+        return "the CPU"
+    return "a GPU" if device.startswith("cuda") else f"the {device} device"

@@ -25,6 +25,7 @@ from batchline.engines.base import (
     EngineRequest,
     RequestSource,
     batches,
+    torch_device_computes_on,
 )
 from batchline.engines.models import MINILM_PACKAGE, resolve_model_path
 from batchline.errors import EngineFatal
@@ -40,13 +41,8 @@ OPTIONS = EngineOptions(
 
 
 def computes_on(options: Mapping[str, Any], runtime: str | None) -> str:
-    """What a worker computed on: the torch device the options name (auto: CUDA where a GPU is visible)."""
-    device = str(OPTIONS.of(options, "device"))
-    if device == "auto":
-        return "a GPU where the worker had one, else the CPU (device: auto)"
-    if device == "cpu":
-        return "the CPU"
-    return "a GPU" if device.startswith("cuda") else f"the {device} device"
+    """What a worker computed on: the torch device the options name."""
+    return torch_device_computes_on(str(OPTIONS.of(options, "device")))
 
 
 class EmbeddingEngine:

@@ -75,6 +75,7 @@ from batchline.engines.base import (
     batches,
     hf_chat_prompt,
     hf_templated,
+    torch_device_computes_on,
 )
 from batchline.engines.decoding import TokenPenalties, cut_at_stop, stop_window
 from batchline.engines.grammar import GrammarSession, import_llguidance, json_schema_grammar
@@ -152,13 +153,8 @@ class _Prefix:
 
 
 def computes_on(options: Mapping[str, Any], runtime: str | None) -> str:
-    """What a worker computed on: the torch device the options name (auto: CUDA where a GPU is visible)."""
-    device = str(OPTIONS.of(options, "device"))
-    if device == "auto":
-        return "a GPU where the worker had one, else the CPU (device: auto)"
-    if device == "cpu":
-        return "the CPU"
-    return "a GPU" if device.startswith("cuda") else f"the {device} device"
+    """What a worker computed on: the torch device the options name."""
+    return torch_device_computes_on(str(OPTIONS.of(options, "device")))
 
 
 class TransformersEngine:
