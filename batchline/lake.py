@@ -85,9 +85,10 @@ class LakeSettings:
             config["skip_signature"] = True
         return {"config": config, "client_options": client, "retry_config": {"max_retries": 0}}
 
-    def lance_storage_options(self, scheme: str) -> dict[str, str]:
-        """The same settings as Lance's `storage_options` (credentials stay in the environment,
-        which Lance reads itself)."""
+    def object_store_options(self, scheme: str) -> dict[str, str]:
+        """The same settings as the `storage_options` of the readers built on Rust's
+        object_store (Lance, Delta): credentials stay in the environment, which they read
+        themselves."""
         out: dict[str, str] = {}
         if scheme == "s3":
             if self.s3_endpoint:

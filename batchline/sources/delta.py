@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote
 
 from batchline.errors import BatchlineError, InputError, missing_extra, one_line
-from batchline.lake import LakeSettings, lake_settings
+from batchline.lake import lake_settings
 from batchline.sources.base import (
     KeyedFamily,
     ParseContext,
@@ -52,18 +52,6 @@ def _deltalake() -> Any:
     except ImportError:
         raise BatchlineError(missing_extra("Delta tables", "deltalake", "delta")) from None
     return deltalake
-
-
-def storage_options(settings: LakeSettings) -> dict[str, str]:
-    """The lake settings as the Delta reader's storage options; keys stay in the environment."""
-    out: dict[str, str] = {}
-    if settings.s3_endpoint:
-        out["AWS_ENDPOINT_URL"] = settings.s3_endpoint
-        if settings.s3_endpoint.startswith("http://"):
-            out["AWS_ALLOW_HTTP"] = "true"
-    if settings.region:
-        out["AWS_REGION"] = settings.region
-    return out
 
 
 @dataclass(frozen=True)
@@ -114,7 +102,7 @@ def read_version(source: DeltaSource, spec: InputSpec) -> DeltaVersion:
     deltalake = _deltalake()
     import pyarrow as pa
 
-    options = storage_options(lake_settings(spec.storage))
+    options = lake_settings(spec.storage).object_store_options(source.uri.split(":", 1)[0])
     where = source.describe()
     try:
         table = deltalake.DeltaTable(source.uri, version=source.version, storage_options=options)

@@ -202,7 +202,7 @@ def _connect(uri: str, storage: Mapping[str, Any]) -> Any:
         return lancedb.connect(uri)
     from batchline.lake import lake_settings
 
-    return lancedb.connect(uri, storage_options=lake_settings(storage).lance_storage_options(uri.split(":", 1)[0]))
+    return lancedb.connect(uri, storage_options=lake_settings(storage).object_store_options(uri.split(":", 1)[0]))
 
 
 def _missing_table(exc: Exception) -> bool:

@@ -163,3 +163,18 @@ def mark_first_row_deleted(table: Path) -> None:
     ]
     log = table / "_delta_log" / f"{dt.version() + 1:020d}.json"
     log.write_text("".join(json.dumps(line) + "\n" for line in commit))
+
+
+def test_a_table_in_the_s3_stand_in_is_planned_and_read_through_the_lake_settings(
+        job_factory: Any, store: Store, lake_env: Any) -> None:
+    from batchline.lake import lake_settings
+
+    bucket = lake_env.bucket()
+    uri = f"s3://{bucket.name}/tickets"
+    rows = [{**r, "team": "t"} for r in make_records(30)]
+    write_deltalake(uri, pa.Table.from_pylist(rows, schema=ARROW),  # type: ignore[arg-type]
+                    storage_options={**lake_env.env(), **lake_settings().object_store_options("s3")})
+    result = plan(load_spec(delta_job(job_factory, {"uri": uri})), store)
+    assert result.records == 30
+    run_to_seal(store, result.version)
+    assert sorted(r.record_id for r in store.iter_results(result.version)) == [r["id"] for r in rows]
