@@ -279,9 +279,10 @@ class StoreCore(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    @abstractmethod
     def where(self) -> str:
-        """The store, as messages name it (no password)."""
-        return self.url
+        """The store, as messages name it: each backend's own (a file's path, a URL without
+        its password), so no message can show a password."""
 
     # --- events ----------------------------------------------------------------------
 
