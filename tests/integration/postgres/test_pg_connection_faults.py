@@ -5,7 +5,10 @@ acknowledgement never arrives. Each write must be applied exactly once."""
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +24,6 @@ from batchline.store.postgres import PostgresStore
 from tests.helpers import (
     PG_ADMIN_URL,
     check_invariants,
-    pg_available,
     planned,
     start_worker,
     stop_all,
@@ -231,43 +233,90 @@ def test_workers_survive_their_backends_being_terminated_mid_run(
     check_applied_once(store, version)
 
 
-def pg_ctl(action: str) -> None:
-    cluster = sorted(os.listdir("/etc/postgresql"))[0]
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", action, "-m", "fast"]
-                   if action != "start" else
-                   ["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", action],
-                   check=True, capture_output=True, timeout=120)
+class PrivateServer:
+    """A PostgreSQL cluster of this test's own (initdb in a temporary folder, a free port),
+    because restarting the shared server on 127.0.0.1:5432 would cut the connections of every
+    other test running beside this one, the vLLM tests included."""
+
+    def __init__(self) -> None:
+        found = [str(p.parent) for p in sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))]
+        bindir = found[-1] if found else os.path.dirname(shutil.which("initdb") or "")
+        if not bindir:
+            pytest.skip("needs PostgreSQL's server programs (initdb, pg_ctl) to run a server of its own")
+        self.bindir = bindir
+        # initdb refuses to run as root; the cluster then belongs to the postgres user.
+        self.as_user: list[str] = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        self.folder = Path(tempfile.mkdtemp(prefix="bl-pgserver-"))
+        if self.as_user:
+            shutil.chown(self.folder, "postgres", "postgres")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.data = self.folder / "data"
+        self.ctl("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--no-sync")
+        self.ctl("pg_ctl", "-D", str(self.data), "-l", str(self.folder / "server.log"), "-w", "-t", "60",
+                 "-o", f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off",
+                 "start")
+
+    def ctl(self, program: str, *args: str) -> None:
+        done = subprocess.run([*self.as_user, os.path.join(self.bindir, program), *args],
+                              capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise AssertionError(f"{program} {' '.join(args)} failed: {done.stdout}{done.stderr}")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def available(self) -> bool:
+        try:
+            with psycopg.connect(self.url, connect_timeout=3):
+                return True
+        except psycopg.Error:
+            return False
+
+    def restart(self) -> None:
+        # -l again: without it the new server writes to pg_ctl's output, which it would hold open.
+        self.ctl("pg_ctl", "-D", str(self.data), "-l", str(self.folder / "server.log"), "-m", "fast", "-w",
+                 "-t", "60", "restart")
+
+    def close(self) -> None:
+        try:
+            self.ctl("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 @pytest.fixture
-def restartable_server() -> Iterator[None]:
-    if not os.path.isdir("/etc/postgresql") or os.geteuid() != 0:
-        pytest.skip("needs the local cluster and the rights to restart it")
-    yield
-    # Whatever happened, leave the server up for every other test.
-    if not pg_available():
-        pg_ctl("start")
-    wait_for(pg_available, timeout=60, what="PostgreSQL to accept connections again")
+def private_server() -> Iterator[PrivateServer]:
+    server = PrivateServer()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
-def test_workers_survive_a_server_restart(restartable_server: None, poison_job: Path, store: Store,
-                                         store_url: str, tmp_path: Path) -> None:
+def test_workers_survive_a_server_restart(private_server: PrivateServer, poison_job: Path,
+                                         tmp_path: Path) -> None:
+    store_url = private_server.url
+    store = open_store(store_url)
     spec, version = planned(poison_job, store)
     procs = [start_worker(store_url, version, tmp_path / f"w{i}.log") for i in range(2)]
     try:
         before = wait_for(lambda: (n := progress(store, version)) > 200 and n, timeout=90, what="progress")
-        pg_ctl("restart")
-        wait_for(pg_available, timeout=60, what="the server to come back")
+        private_server.restart()
+        wait_for(private_server.available, timeout=60, what="the server to come back")
         after = open_store(store_url)
         try:
             wait_for(lambda: progress(after, version) > before + 100, timeout=90,
                      what="the workers to go on after the restart")
+            wait_for(lambda: sealed(after, version), timeout=180, what="the job to seal")
+            codes = [p.wait(timeout=60) for p in procs]
+            assert codes == [0, 0], [(tmp_path / f"w{i}.log").read_text()[-2000:] for i in range(2)]
+            check_invariants(after, version, spec)
+            check_applied_once(after, version)
         finally:
             after.close()
-        wait_for(lambda: sealed(store, version), timeout=180, what="the job to seal")
-        codes = [p.wait(timeout=60) for p in procs]
     finally:
         stop_all(procs)
-    assert codes == [0, 0], [(tmp_path / f"w{i}.log").read_text()[-2000:] for i in range(2)]
-    check_invariants(store, version, spec)
-    check_applied_once(store, version)
+        store.close()
