@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, NoReturn
 
-from batchline.errors import BatchlineError, EngineFatal, VersionHalted
+from batchline.errors import BatchlineError, EngineFatal, NoSuchVersion, VersionHalted
 
 if TYPE_CHECKING:
     from batchline.check.validate import ValidationReport
@@ -131,7 +131,7 @@ class Jobs:
             return target
         resolved = s.resolve_name(target)
         if resolved is None:
-            raise BatchlineError(f"no job version or published name {target!r} in {s.url}")
+            raise NoSuchVersion(target, s.where(), or_name=True)
         return resolved
 
     def resolve(self, target: str) -> str:
@@ -221,7 +221,7 @@ class Jobs:
         with self._opened() as s:
             found = s.publications(name)
             if not found and not any(j.name == name for j in s.jobs()):
-                raise BatchlineError(f"no job named {name!r} in {s.url}")
+                raise BatchlineError(f"no job named {name!r} in {s.where()}")
             return found
 
     # --- validation and publication -----------------------------------------------------------
@@ -331,7 +331,7 @@ class Jobs:
             for attempt in range(2):
                 version = s.resolve_name(name)
                 if version is None:
-                    raise BatchlineError(f"nothing is published under {name!r} in {s.url}")
+                    raise BatchlineError(f"nothing is published under {name!r} in {s.where()}")
                 info = s.job(version)
                 assert info is not None
                 spec = stored_spec(info)
@@ -380,6 +380,7 @@ class Jobs:
             if errors is not None:
                 raise BatchlineError("--errors goes with --format openai-batch")
             if format == "parquet" and s.job(target) is None:
+                self._resolve(s, target)  # neither a version nor a published name: exit 66
                 version, folder = TARGETS["parquet"].load().export(s, target, out if out is not None else "exports")
                 return ExportResult(version, s.status(version).results, _local(folder),
                                     current=_local(folder.rsplit("/", 1)[0] + "/CURRENT"))
@@ -485,7 +486,7 @@ class _OneRequest:
 def _refuse_cancelled(s: Store, version: str) -> None:
     info = s.job(version)
     if info is not None and info.state in ("cancelled", "removed"):
-        raise BatchlineError(f"{version} was {'cancelled' if info.state == 'cancelled' else 'deleted'} in {s.url}; "
+        raise BatchlineError(f"{version} was {'cancelled' if info.state == 'cancelled' else 'deleted'} in {s.where()}; "
                              "nothing of it runs again")
 
 

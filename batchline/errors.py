@@ -69,15 +69,16 @@ class VersionHalted(BatchlineError):
 
 
 class NoSuchVersion(BatchlineError):
-    """A worker (or a launcher) was given a job version the store does not have. No
+    """A command was given a job version (or a published name) the store does not have. No
     worker started later would find it either, so it is fatal, not "no work left" (0),
     which a Kubernetes Job would show as Complete. 66 as sysexits' EX_NOUSER: no such
     addressee."""
 
     exit_code = 66
 
-    def __init__(self, version: str, where: str) -> None:
-        super().__init__(f"no job version {version!r} in {where}")
+    def __init__(self, version: str, where: str, *, or_name: bool = False) -> None:
+        what = "job version or published name" if or_name else "job version"
+        super().__init__(f"no {what} {version!r} in {where}")
 
 
 class EngineCrashed(Exception):

@@ -21,7 +21,7 @@ from typing import Any
 from batchline.check.outputs import OutputChecker
 from batchline.errors import BatchlineError
 from batchline.spec import EvalSpec, JobSpec, stored_spec
-from batchline.store import Store
+from batchline.store import Store, require_job
 
 PSI_EPSILON = 1e-4  # stands in for a category's share where it is absent, so PSI stays finite
 
@@ -54,9 +54,7 @@ class ValidationReport:
 
 
 def validate(store: Store, version: str, *, record: bool = True) -> ValidationReport:
-    info = store.job(version)
-    if info is None:
-        raise BatchlineError(f"no job version {version!r} in {store.url}")
+    info = require_job(store, version)
     if info.state == "cancelled":
         raise BatchlineError(f"{version} was cancelled: a cancelled version is not validated")
     if info.state != "sealed":

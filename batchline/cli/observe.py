@@ -14,7 +14,7 @@ from typing import IO
 from batchline.cli.common import add_store_option, store_command
 from batchline.errors import BatchlineError, VersionHalted
 from batchline.spec import stored_spec
-from batchline.store import Store, open_store
+from batchline.store import Store, open_store, require_job
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -119,9 +119,7 @@ def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[s
     from batchline.ops.runner import RATE_WINDOW_SECONDS, progress_line
 
     stream = out or sys.stdout
-    info = store.job(version)
-    if info is None:
-        raise BatchlineError(f"no job version {version!r} in {store.url}")
+    info = require_job(store, version)
     spec = stored_spec(info)
     deadline = spec.deadline.timestamp() if spec.deadline else None
     samples: collections.deque[tuple[float, int]] = collections.deque()

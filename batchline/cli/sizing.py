@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any, TextIO
 
-from batchline.errors import BatchlineError
+from batchline.errors import BatchlineError, NoSuchVersion
 from batchline.sizing import capacity as cap
 from batchline.sizing import simulate as sim
 
@@ -158,7 +158,7 @@ def measure_run(store_url: str, version: str) -> cap.RunMeasurement:
     try:
         job = store.job(version)
         if job is None:
-            raise BatchlineError(f"{version}: no such job version in {store_url}")
+            raise NoSuchVersion(version, store.where())
         measured = store.run_throughput(version)
         routes = store.route_totals(version).values()
         runtime = store.pinned_runtime(version)

@@ -29,6 +29,7 @@ from psycopg import sql
 
 from batchline.errors import BatchlineError, StoreError
 from batchline.store import postgres_sql as q
+from batchline.store import require_job
 from batchline.store.postgres import redact
 
 # Row-level security admits the role to its version's rows only. Where a
@@ -165,9 +166,7 @@ def grant(store_url: str, version: str, *, role: str | None = None, dry_run: boo
     # Opening the store as its owner also brings the schema (and row-level security) up to date.
     store = PostgresStore(store_url)
     try:
-        job = store.job(version)
-        if job is None:
-            raise StoreError(f"no job version {version!r} in {redact(store_url)}")
+        job = require_job(store, version)
         spec = job.spec
     finally:
         store.close()

@@ -139,7 +139,7 @@ def _base_version(spec: JobSpec, store: Store, log: Callable[[str], None]) -> st
         return None
     info = store.job(base)
     if info is None or info.state != "sealed":
-        raise InputError(f"base version {base} is not a sealed version in {store.url}")
+        raise InputError(f"base version {base} is not a sealed version in {store.where()}")
     base_spec = stored_spec(info)
     if base_spec.inference_identity() != spec.inference_identity():
         log(f"{base} used another model, prompt, decoding or schema: every record is inferred")

@@ -11,7 +11,7 @@ from typing import Any
 from batchline.errors import BatchlineError
 from batchline.sources import versions_read
 from batchline.spec import stored_spec
-from batchline.store import PublisherStore
+from batchline.store import PublisherStore, require_job
 from batchline.store.model import Publication, rollback_target
 from batchline.targets import PublicationTarget, targets_for
 
@@ -52,9 +52,7 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
     shown, and the store records what each shows as it moves the pointer. A store
     that refuses puts the targets back. The version published already is left as it
     is, and nothing is recorded (the result's `changed` is False)."""
-    info = store.job(version)
-    if info is None:
-        raise BatchlineError(f"no job version {version!r} in {store.url}")
+    info = require_job(store, version)
     if info.state == "cancelled":
         raise BatchlineError(f"{version} was cancelled: a cancelled version is never published")
     if targets is None:

@@ -182,12 +182,12 @@ class JobSource:
         carries."""
         version = self.version or store.resolve_name(self.name)
         if version is None:
-            raise InputError(f"input.job: nothing is published as {self.name!r} in {store.url}; publish a version "
+            raise InputError(f"input.job: nothing is published as {self.name!r} in {store.where()}; publish a version "
                              "of it first (or name a sealed one in input.job_version)")
         job = store.job(version)
         if job is None or job.name != self.name:
             what = "no such version" if job is None else f"a version of {job.name!r}, not of {self.name!r}"
-            raise InputError(f"input.job_version: {version} is {what} in {store.url}")
+            raise InputError(f"input.job_version: {version} is {what} in {store.where()}")
         if job.state != "sealed":
             raise InputError(f"input.job_version: {version} is {job.state}; only a sealed version is read")
         _check_field(self.field, job)

@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from batchline.errors import StoreError
+from batchline.errors import NoSuchVersion, StoreError
 from batchline.store.model import (
     ChargeResult,
     DeadLetterBound,
@@ -34,6 +34,7 @@ from batchline.store.ports import (
     PublisherStore,
     ReaderStore,
     Store,
+    StoreHandle,
     WorkerStore,
 )
 
@@ -44,8 +45,17 @@ __all__ = [
     "InputRecord", "JobInfo", "JobStatus", "Lease", "LeaseHolder", "LeaseLost", "PlanWriter", "PlannedRecord",
     "PlannedShard", "PlannerStore", "PublisherStore",
     "ReaderStore", "ResultRow", "RouteTotals", "ShardRow", "Store", "StoredDeadLetter", "StoredResult",
-    "WorkerStore", "default_url", "open_store",
+    "WorkerStore", "default_url", "open_store", "require_job",
 ]
+
+
+def require_job(store: StoreHandle, version: str, *, or_name: bool = False) -> JobInfo:
+    """The version's job, or `NoSuchVersion` (exit 66) naming the store as `where()` does:
+    a message built from the store's URL would show its password."""
+    info = store.job(version)
+    if info is None:
+        raise NoSuchVersion(version, store.where(), or_name=or_name)
+    return info
 
 
 def default_url() -> str:

@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from batchline.errors import PublicationMoved, StoreError
+from batchline.errors import NoSuchVersion, PublicationMoved, StoreError
 from batchline.store.model import (
     WRITE_BATCH_ROWS,
     ChargeResult,
@@ -776,8 +776,8 @@ class StoreCore(ABC):
 
     # --- reading ------------------------------------------------------------------------------
 
-    def _no_version(self, version: str) -> StoreError:
-        return StoreError(f"no job version {version!r} in {self.where()}")
+    def _no_version(self, version: str) -> NoSuchVersion:
+        return NoSuchVersion(version, self.where())
 
     def status(self, version: str, window_seconds: float = 300.0) -> JobStatus:
         def body(tx: Tx) -> JobStatus:
@@ -1065,7 +1065,7 @@ class StoreCore(ABC):
         published version of its name nor the one a rollback would return to."""
         row = tx.one(self.q.JOB, {"v": version})
         if row is None:
-            raise StoreError(f"cannot {verb} {version}: no such job version in {self.where()}")
+            raise self._no_version(version)
         # Publish and rollback take the same lock: the pointer cannot move while this runs.
         tx.one(self.q.PLAN_LOCK, {"key": f"publish:{row[1]}"})
         row = tx.one(self.q.JOB, {"v": version})  # its state as it is under the lock

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from batchline.errors import BatchlineError
-from batchline.store import JobInfo, ReaderStore, StoredResult
+from batchline.store import JobInfo, ReaderStore, StoredResult, require_job
 from batchline.targets.columns import (
     ACL,
     CARRY_COLUMN,
@@ -36,9 +36,7 @@ def _rows(store: ReaderStore, version: str) -> Iterator[StoredResult]:
 def finished(store: ReaderStore, version: str, partial: bool) -> JobInfo:
     """The version to export: sealed, or with `partial` any version (a half-done job is
     exported only when asked for by name: a reader of a file cannot tell it is half)."""
-    info = store.job(version)
-    if info is None:
-        raise BatchlineError(f"no job version {version!r} in {store.url}")
+    info = require_job(store, version)
     if info.state != "sealed" and not partial:
         st = store.status(version)
         raise BatchlineError(f"{version} is not finished ({st.results + st.dead_letters:,} of {st.records:,} "
@@ -95,9 +93,7 @@ def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
 
     from batchline.spec import stored_spec
 
-    info = store.job(version)
-    if info is None:
-        raise BatchlineError(f"no job version {version!r} in {store.url}")
+    info = require_job(store, version)
     spec = stored_spec(info)
     output_schema = spec.output_schema
     schema = parquet_schema(output_schema, spec.input.carry)

@@ -43,7 +43,7 @@ from batchline.sources.iceberg import (
 )
 from batchline.spec import JobSpec, stored_spec
 from batchline.spec.reader import Fields, SpecReader
-from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
+from batchline.store import ReaderStore, StoredDeadLetter, StoredResult, require_job
 from batchline.targets.base import TargetFamily
 from batchline.targets.iceberg_schema import (
     CARRY_COLUMN,
@@ -91,9 +91,7 @@ class IcebergTable:
     # --- stage ---------------------------------------------------------------------
 
     def stage(self, store: ReaderStore, version: str) -> None:
-        info = store.job(version)
-        if info is None:
-            raise BatchlineError(f"no job version {version!r} in {store.url}")
+        info = require_job(store, version)
         spec = stored_spec(info)
         with open_catalog(self.ref, self.store_url, self.storage) as catalog:
             for attempt in range(COMMIT_TRIES):

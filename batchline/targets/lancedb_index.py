@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 import orjson
 
 from batchline.errors import BatchlineError, SpecError, missing_extra, one_line
-from batchline.store import ReaderStore, StoredResult
+from batchline.store import ReaderStore, StoredResult, require_job
 from batchline.targets.base import TargetFamily
 
 if TYPE_CHECKING:
@@ -230,9 +230,7 @@ class LanceIndex:
     def stage(self, store: ReaderStore, version: str) -> None:
         from batchline.spec import stored_spec
 
-        info = store.job(version)
-        if info is None:
-            raise BatchlineError(f"no job version {version!r} in {store.url}")
+        info = require_job(store, version)
         spec = stored_spec(info)
         db = self.connect()
         name = table_name(self.output.table_for(info.name), version)

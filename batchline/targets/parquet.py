@@ -266,7 +266,7 @@ class ParquetOutput(TargetFamily):
         whatever it named before. Returns the version and its folder."""
         version = store.resolve_name(name)
         if version is None:
-            raise BatchlineError(f"nothing is published under {name!r} in {store.url}")
+            raise BatchlineError(f"nothing is published under {name!r} in {store.where()}")
         dataset = dataset_at(root)
         dataset.stage(store, version)
         dataset.show(name, version, None)

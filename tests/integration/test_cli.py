@@ -185,3 +185,39 @@ def test_an_export_or_manifests_to_an_existing_folder_say_so_in_one_line(job_fac
         [line] = done.stderr.splitlines()
         assert line.startswith(f"batchline: error: --out {folder} is a folder"), line
     assert list(folder.iterdir()) == []
+
+
+PASSWORD = "s3cr3t-pw"
+
+
+def with_password(store_url: str) -> str:
+    """The store's URL as a deployment writes it, password and all (the test server's trust
+    authentication takes any password)."""
+    return store_url.replace("postgresql://postgres@", f"postgresql://postgres:{PASSWORD}@")
+
+
+def test_a_missing_version_exits_66_and_its_message_showed_the_store_password(
+        store_url: str, store: Store, tmp_path: Path) -> None:
+    """Every command given a version the store does not have exits 66 with one line naming
+    the store as `where()` does. Validate, export, publish and the report once wrote the
+    store's URL into that line, a PostgreSQL password with it, and exited 1."""
+    url = with_password(store_url)
+    missing = "nope@123"
+    commands = [
+        ["status", missing], ["dead-letters", missing], ["validate", missing], ["publish", missing],
+        ["export", missing, "--out", str(tmp_path / "out.jsonl")],
+        ["export", missing, "--format", "parquet", "--out", str(tmp_path / "out.parquet")],
+        ["report", missing, "--html", str(tmp_path / "report.html")],
+        ["cancel", missing], ["delete", missing], ["resume", missing],
+        ["worker", "--job", missing], ["drill", "--check", missing], ["capacity", "--from-run", missing],
+    ]
+    if url.startswith("postgresql://"):
+        commands.append(["grants", missing, "--dry-run"])
+    for args in commands:
+        done = cli(*args, "--store", url)
+        said = done.stderr.strip()
+        assert done.returncode == 66, (args, done.returncode, said)
+        assert said.count("\n") == 0 and said.startswith("batchline: error: no job version"), (args, said)
+        assert f"'{missing}' in {store.where()}" in said, (args, said)
+        assert PASSWORD not in done.stdout + done.stderr, args
+    assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "report.html").exists()

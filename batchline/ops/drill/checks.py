@@ -9,9 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchline.errors import BatchlineError
 from batchline.spec import JobSpec, stored_spec
-from batchline.store import Event, Store
+from batchline.store import Event, Store, require_job
 
 FAULT_KINDS = ("kill9", "sigstop", "sigterm")
 POISON_KINDS = {"crash_on": "crash", "error_on": "engine_error", "hang_on": "hang", "invalid_on": "invalid_output"}
@@ -75,6 +74,7 @@ class RunFigures:
 @dataclass
 class DrillResult:
     store_url: str
+    store: str  # as messages name it: without a password
     seed: int
     workers: int
     work_dir: str
@@ -111,7 +111,7 @@ class DrillResult:
         stale = ", ".join(f"{op} {n}" for op, n in sorted(f.stale_refused_by_op.items())) or "none"
         by_kind = ", ".join(f"{k} {v}" for k, v in sorted(f.dead_letters_by_kind.items())) or "none"
         lines = [
-            f"drill of {f.version} on {self.store_url} ({self.workers} workers, seed {self.seed})",
+            f"drill of {f.version} on {self.store} ({self.workers} workers, seed {self.seed})",
             f"  faults injected     {injected}; poison records: {poison}",
             f"  records             {f.records:,}",
             f"  results             {f.results:,}",
@@ -192,9 +192,7 @@ def _exported_ids(store: Store, version: str, work_dir: Path | None) -> Counter[
 def check_job(store: Store, version: str, *, work_dir: Path | None = None,
               validate_gate: bool = True) -> tuple[JobFigures, list[Check]]:
     """The invariants of a finished drill job, read from the store (and an export)."""
-    info = store.job(version)
-    if info is None:
-        raise BatchlineError(f"no job version {version!r} in {store.url}")
+    info = require_job(store, version)
     spec = stored_spec(info)
     stored = _Stored.read(store, version, spec)
     export_counts = _exported_ids(store, version, work_dir)

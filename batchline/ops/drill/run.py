@@ -403,7 +403,7 @@ class Drill:
         from batchline.plan.planner import plan as plan_job
         from batchline.spec import load_spec
 
-        self.say(f"drill on {self.store_url}: {plan.records:,} records in shards of {plan.shard_size}, "
+        self.say(f"drill on {self.store.where()}: {plan.records:,} records in shards of {plan.shard_size}, "
                  f"{self.workers} workers, seed {self.seed}, work dir {self.work}")
         base_spec = load_spec(_write_job(self.work, plan, self.run_id, None))
         base_version = plan_job(base_spec, self.store).version
@@ -454,7 +454,7 @@ class Drill:
         figures, checks = check_job(self.store, version, work_dir=self.work)
         checks += fault_checks(self.store, version, faults)
         return DrillResult(
-            store_url=self.store_url, seed=self.seed, workers=self.workers, work_dir=str(self.work),
+            store_url=self.store_url, store=self.store.where(), seed=self.seed, workers=self.workers, work_dir=str(self.work),
             baseline=RunFigures(base_version, base_makespan, base_fleet.starts, plan.records),
             faulted=RunFigures(version, makespan, fleet.starts, plan.records),
             faults=faults, poison=plan.poison, figures=figures, checks=checks)

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchline.errors import BatchlineError
+from batchline.errors import NoSuchVersion
 from batchline.spec import LOCAL_ROUTE, JobSpec, ProviderSpec, stored_spec
 from batchline.store import Event, JobInfo, JobStatus, ReaderStore, RouteTotals, StoredDeadLetter
 from batchline.store.model import ValidationRecord, rollback_target
@@ -210,7 +210,7 @@ def _job_or_published(store: ReaderStore, target: str) -> JobInfo:
         resolved = store.resolve_name(target)
         info = store.job(resolved) if resolved else None
         if info is None:
-            raise BatchlineError(f"no job version or published name {target!r} in {store.url}")
+            raise NoSuchVersion(target, store.where(), or_name=True)
     return info
 
 

@@ -5,11 +5,12 @@ worker's role can do neither."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
 
-from batchline.errors import StoreError
+from batchline.errors import NoSuchVersion, StoreError
 from batchline.store import LeaseLost, ResultRow, Store, open_store
 from tests.integration.store.test_contract import OUT, answer_all, latest_publication, plan_version
 
@@ -90,7 +91,7 @@ def test_delete_removes_a_cancelled_or_unpublished_sealed_version_and_refuses_on
     assert store.delete("job@1", WHO) is False
     with pytest.raises(StoreError, match="cannot cancel job@1: it is removed"):
         store.cancel("job@1", WHO, None)
-    with pytest.raises(StoreError, match="cannot delete job@9: no such job version"):
+    with pytest.raises(NoSuchVersion, match=re.escape(f"no job version 'job@9' in {store.where()}")):
         store.delete("job@9", WHO)
 
 
