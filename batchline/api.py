@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, NoReturn
 
-from batchline.errors import BatchlineError, EngineFatal, NoSuchVersion, VersionHalted
+from batchline.errors import BatchlineError, EngineFatal, NoSuchVersion, VersionEnded, VersionHalted
 
 if TYPE_CHECKING:
     from batchline.check.validate import ValidationReport
@@ -485,9 +485,8 @@ class _OneRequest:
 
 def _refuse_cancelled(s: Store, version: str) -> None:
     info = s.job(version)
-    if info is not None and info.state in ("cancelled", "removed"):
-        raise BatchlineError(f"{version} was {'cancelled' if info.state == 'cancelled' else 'deleted'} in {s.where()}; "
-                             "nothing of it runs again")
+    if info is not None and info.state in VersionEnded.ENDED_STATES:
+        raise VersionEnded(version, info.state, s.where())
 
 
 def _plan_once(s: Store, job: JobSpec, plan_key: str | None, log: Callable[[str], None]) -> tuple[str, bool]:

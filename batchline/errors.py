@@ -81,6 +81,17 @@ class NoSuchVersion(BatchlineError):
         super().__init__(f"no {what} {version!r} in {where}")
 
 
+class VersionEnded(BatchlineError):
+    """The version was cancelled or deleted: nothing of it runs again, so neither a run nor
+    a watch of it can end as asked."""
+
+    ENDED_STATES = frozenset({"cancelled", "removed"})
+
+    def __init__(self, version: str, state: str, where: str) -> None:
+        super().__init__(f"{version} was {'cancelled' if state == 'cancelled' else 'deleted'} in {where}; "
+                         "nothing of it runs again")
+
+
 class EngineCrashed(Exception):
     """The engine died under the records in flight (vLLM's engine core killed by a signal,
     a native crash in it) after it had loaded. Not fatal: the engine child exits and the

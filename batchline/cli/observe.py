@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO
 
 from batchline.cli.common import add_store_option, store_command
-from batchline.errors import BatchlineError, VersionHalted
+from batchline.errors import BatchlineError, VersionEnded, VersionHalted
 from batchline.spec import stored_spec
 from batchline.store import Store, open_store, require_job
 
@@ -110,7 +110,8 @@ def workers_alive(store: Store, version: str, now: float) -> int:
 def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[str] | None = None,
                  max_updates: int | None = None) -> int:
     """Redraws the progress line of a job running elsewhere until it is sealed (or halted,
-    which ends it with the halt's line and exit 7).
+    which ends it with the halt's line and exit 7; or cancelled or deleted, which ends it
+    with a line saying so and exit 1).
 
     The rate is measured over the last minute of this watch's own samples (the
     store's figure, outcomes written within its window, before a second has passed),
@@ -142,7 +143,8 @@ def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[s
             stream.write(("\r\033[K" + line) if tty else line + "\n")
             stream.flush()
             updates += 1
-            if st.state in ("sealed", "halted") or (max_updates is not None and updates >= max_updates):
+            if (st.state in ("sealed", "halted") or st.state in VersionEnded.ENDED_STATES
+                    or (max_updates is not None and updates >= max_updates)):
                 break
             time.sleep(interval)
     except KeyboardInterrupt:
@@ -153,4 +155,8 @@ def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[s
     halt = store.halt_of(version)
     if halt is not None:
         raise VersionHalted(halt.message(version))  # nothing moves until it is resumed or cancelled
+    ended = require_job(store, version).state
+    if ended in VersionEnded.ENDED_STATES:
+        # It will never seal: a watch that went on would hold a script waiting for ever.
+        raise VersionEnded(version, ended, store.where())
     return 0

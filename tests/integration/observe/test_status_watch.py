@@ -12,6 +12,7 @@ import pytest
 
 from batchline.cli import main
 from batchline.cli.observe import watch_status, workers_alive
+from batchline.errors import VersionEnded
 from batchline.store import Store
 from tests.helpers import planned, start_worker, stop_all, wait_for
 
@@ -61,3 +62,18 @@ def test_status_names_a_version_stopped_by_a_changed_input_instead_of_a_rate_and
     path.write_bytes(planned_input)
     assert start_worker(store_url, version, tmp_path / "w2.log").wait(timeout=60) == 0
     assert store.status(version).stopped is None
+
+
+def test_a_watch_of_a_cancelled_version_redrew_for_ever_instead_of_ending(
+        job_factory: Any, store: Store, store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cancelled version never seals: the watch ends at its first line with exit 1 and
+    says so, where it once redrew the same line until it was interrupted."""
+    _spec, version = planned(job_factory(n=40, shards={"size": 20}), store)
+    assert store.cancel(version, "ops", "superseded")
+    out = io.StringIO()
+    with pytest.raises(VersionEnded, match=rf"^{re.escape(version)} was cancelled in .*; nothing of it runs again$"):
+        watch_status(store, version, interval=0.05, out=out, max_updates=40)
+    assert [ln.split()[0] for ln in out.getvalue().splitlines()] == ["cancelled"]
+    assert main(["status", version, "--store", store_url, "--watch", "--interval", "0.05"]) == 1
+    assert capsys.readouterr().err.strip() == f"batchline: error: {version} was cancelled in {store.where()}; " \
+                                               "nothing of it runs again"
