@@ -53,6 +53,8 @@ def drilled(tmp_path_factory: pytest.TempPathFactory) -> Drilled:
                     "--work-dir", str(work / "run"), "--report", str(report), "--json")
     result = json.loads(out)
     assert code == 0, json.dumps(result["checks"], indent=1)
+    # Named as messages name a store: a URL could hold a password.
+    assert result["store"] == str(db) and "store_url" not in result
     return Drilled(db, result, report)
 
 
