@@ -179,7 +179,9 @@ def prune(store: PublisherStore, name: str, keep: int, *, log: Callable[[str], N
     history = store.publications(name)
     protected = {current, rollback_target(history, current)}
     jobs = store.jobs()
-    protected.update(v for j in jobs if j.state == "ready" for v in versions_read(j.spec.get("input", {})))
+    # A halted version is not sealed yet either: it runs again once it is resumed.
+    protected.update(v for j in jobs if j.state in ("planning", "ready", "halted")
+                     for v in versions_read(j.spec.get("input", {})))
     versions = sorted((j for j in jobs if j.name == name), key=lambda j: j.created_at, reverse=True)
     removed = []
     for job in versions[keep:]:

@@ -15,12 +15,13 @@ import pytest
 import yaml
 
 from batchline.check.validate import validate
-from batchline.errors import InputError, SpecError
+from batchline.errors import InputError, SpecError, VersionHalted
 from batchline.plan.planner import plan
 from batchline.publish.pointer import prune, publish
 from batchline.snapshot import Slice, read_slice
 from batchline.spec import JobSpec, load_spec, stored_spec
 from batchline.store import ResultRow, Store
+from batchline.worker.supervisor import Worker
 from tests.helpers import check_invariants, make_records, planned, run_to_seal
 
 N = 120
@@ -188,6 +189,25 @@ def test_retention_keeps_an_upstream_version_while_a_version_planned_on_it_is_no
     assert prune(store, "tickets", 2) == (v1,)
     assert store.job(v1).state == "removed"  # type: ignore[union-attr]
     assert {j.version for j in store.jobs() if j.name == "tickets" and j.state == "sealed"} == set(later[1:])
+
+
+def test_retention_removed_the_upstream_of_a_halted_downstream_version_as_if_it_were_sealed(
+        job_factory: Any, store: Store) -> None:
+    """A halted version is not sealed: resumed, it runs again, so the upstream it was planned
+    on is kept as for a ready one."""
+    records = make_records(20)
+    keep_two = {"retention": {"versions": 2}}
+    _s1, v1 = publish_upstream(job_factory, store, records, **keep_two)
+    downstream = plan(load_spec(downstream_job(
+        job_factory, options={"truncate_on": [r["id"] for r in records]},
+        shards={"abort_dead_letter_rate": 0.5, "abort_min_outcomes": 5})), store).version
+    with pytest.raises(VersionHalted):
+        Worker(store, version=downstream, poll_seconds=0.1).run()
+    assert store.job(downstream).state == "halted"  # type: ignore[union-attr]
+    later = [publish_upstream(job_factory, store, [{**r, "text": f"{n} {r['text']}"} for r in records],
+                              **keep_two)[1] for n in (2, 3, 4)]
+    assert store.job(later[0]).state == "removed"  # type: ignore[union-attr]
+    assert store.job(v1).state == "sealed"  # type: ignore[union-attr]
 
 
 def test_a_job_over_a_job_nothing_is_published_as_is_refused_in_one_line(job_factory: Any, store: Store) -> None:
