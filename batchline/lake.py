@@ -97,6 +97,12 @@ class LakeSettings:
                     out["allow_http"] = "true"
             if self.region:
                 out["aws_region"] = self.region
+        elif scheme == "gs" and self.gcs_endpoint:
+            # As obstore_kwargs: a GCS endpoint of its own is an emulator, which answers unsigned.
+            out["google_base_url"] = self.gcs_endpoint
+            out["google_skip_signature"] = "true"
+            if self.gcs_endpoint.startswith("http://"):
+                out["allow_http"] = "true"
         return out
 
     def duckdb_settings(self) -> dict[str, str]:
