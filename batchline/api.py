@@ -305,12 +305,12 @@ class Jobs:
 
     def delete(self, version: str) -> bool:
         """Removes the rows of a cancelled version, or of a sealed one that is neither
-        published nor what a rollback would return to (results a later version carries
-        stay). False if it was removed already."""
-        from batchline.publish.pointer import who
+        published nor what a rollback would return to nor read by a version not sealed yet
+        (results a later version carries stay). False if it was removed already."""
+        from batchline.publish.pointer import delete, who
 
         with self._opened() as s:
-            return s.delete(version, who())
+            return delete(s, version, who())
 
     # --- search ------------------------------------------------------------------------------
 

@@ -127,8 +127,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--reason", default=None, help="why, recorded with the resumption")
     p.set_defaults(func=cmd_resume)
 
-    p = command("delete", "remove the rows of a cancelled version, or of a sealed one that is not published "
-                          "and not what a rollback returns to")
+    p = command("delete", "remove the rows of a cancelled version, or of a sealed one that is not published, "
+                          "not what a rollback returns to and not read by a version not sealed yet")
     p.add_argument("version", metavar="VERSION")
     p.set_defaults(func=cmd_delete)
 

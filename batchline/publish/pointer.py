@@ -8,11 +8,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from batchline.errors import BatchlineError
+from batchline.errors import BatchlineError, StoreError
 from batchline.sources import versions_read
 from batchline.spec import stored_spec
 from batchline.store import PublisherStore, require_job
-from batchline.store.model import Publication, rollback_target
+from batchline.store.model import JobInfo, Publication, rollback_target
 from batchline.targets import PublicationTarget, targets_for
 
 
@@ -170,6 +170,23 @@ def _put_back(name: str, targets: Sequence[PublicationTarget], shown: dict[str, 
                              + "; ".join(failed) + ": it now shows what the store did not record") from cause
 
 
+def readers_not_sealed(jobs: Sequence[JobInfo]) -> dict[str, str]:
+    """Each version that a version not sealed yet reads (a job over a job, planned on it),
+    with one such reader: what neither retention nor `delete` removes."""
+    # A halted version is not sealed yet either: it runs again once it is resumed.
+    return {read: j.version for j in jobs if j.state in ("planning", "ready", "halted")
+            for read in versions_read(j.spec.get("input", {}))}
+
+
+def delete(store: PublisherStore, version: str, who: str) -> bool:
+    """`store.delete`, refused while a version not sealed yet reads this one."""
+    reader = readers_not_sealed(store.jobs()).get(version)
+    if reader is not None:
+        raise StoreError(f"cannot delete {version}: {reader} reads it (input.job) and is not sealed yet; "
+                         f"let it seal, or cancel it, first")
+    return store.delete(version, who)
+
+
 def prune(store: PublisherStore, name: str, keep: int, *, log: Callable[[str], None] = lambda _m: None,
           targets: Sequence[PublicationTarget] = ()) -> tuple[str, ...]:
     """Removes sealed versions of `name` beyond the newest `keep`, never the published
@@ -179,9 +196,7 @@ def prune(store: PublisherStore, name: str, keep: int, *, log: Callable[[str], N
     history = store.publications(name)
     protected = {current, rollback_target(history, current)}
     jobs = store.jobs()
-    # A halted version is not sealed yet either: it runs again once it is resumed.
-    protected.update(v for j in jobs if j.state in ("planning", "ready", "halted")
-                     for v in versions_read(j.spec.get("input", {})))
+    protected.update(readers_not_sealed(jobs))
     versions = sorted((j for j in jobs if j.name == name), key=lambda j: j.created_at, reverse=True)
     removed = []
     for job in versions[keep:]:

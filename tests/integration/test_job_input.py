@@ -8,14 +8,16 @@ not sealed yet reads, and mistakes refused with one line. On both stores."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from batchline.api import Jobs
 from batchline.check.validate import validate
-from batchline.errors import InputError, SpecError, VersionHalted
+from batchline.errors import InputError, SpecError, StoreError, VersionHalted
 from batchline.plan.planner import plan
 from batchline.publish.pointer import prune, publish
 from batchline.snapshot import Slice, read_slice
@@ -208,6 +210,25 @@ def test_retention_removed_the_upstream_of_a_halted_downstream_version_as_if_it_
                               **keep_two)[1] for n in (2, 3, 4)]
     assert store.job(later[0]).state == "removed"  # type: ignore[union-attr]
     assert store.job(v1).state == "sealed"  # type: ignore[union-attr]
+
+
+def test_delete_removed_an_upstream_version_that_a_version_not_sealed_yet_reads(
+        job_factory: Any, store: Store, store_url: str) -> None:
+    """`delete` keeps what retention keeps: an upstream version a downstream version not
+    sealed yet was planned on is refused, with the reader named, until that one seals."""
+    records = make_records(10)
+    _s1, v1 = publish_upstream(job_factory, store, records)
+    downstream = plan(load_spec(downstream_job(job_factory)), store).version
+    for n in (2, 3):  # v1 is then neither published nor what a rollback returns to
+        publish_upstream(job_factory, store, [{**r, "text": f"{n} {r['text']}"} for r in records])
+    jobs = Jobs(store_url)
+    with pytest.raises(StoreError, match=rf"^cannot delete {re.escape(v1)}: {re.escape(downstream)} reads it "
+                                         r"\(input.job\) and is not sealed yet; let it seal, or cancel it, first$"):
+        jobs.delete(v1)
+    assert store.job(v1).state == "sealed"  # type: ignore[union-attr]
+    run_to_seal(store, downstream)
+    assert jobs.delete(v1) is True
+    assert store.job(v1).state == "removed"  # type: ignore[union-attr]
 
 
 def test_a_job_over_a_job_nothing_is_published_as_is_refused_in_one_line(job_factory: Any, store: Store) -> None:
