@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, NoReturn
 
-from batchline.errors import BatchlineError, EngineFatal, NoSuchVersion, VersionEnded, VersionHalted
+from batchline.errors import BatchlineError, EngineFatal, VersionEnded, VersionHalted
 
 if TYPE_CHECKING:
     from batchline.check.validate import ValidationReport
@@ -127,12 +127,9 @@ class Jobs:
 
     @staticmethod
     def _resolve(s: Store, target: str) -> str:
-        if s.job(target) is not None:
-            return target
-        resolved = s.resolve_name(target)
-        if resolved is None:
-            raise NoSuchVersion(target, s.where(), or_name=True)
-        return resolved
+        from batchline.store import job_or_published
+
+        return job_or_published(s, target).version
 
     def resolve(self, target: str) -> str:
         """The job version `target` names: itself, or the version published under that name."""

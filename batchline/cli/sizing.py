@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any, TextIO
 
-from batchline.errors import BatchlineError, NoSuchVersion
+from batchline.errors import BatchlineError
 from batchline.sizing import capacity as cap
 from batchline.sizing import simulate as sim
 
@@ -152,13 +152,11 @@ def measure_run(store_url: str, version: str) -> cap.RunMeasurement:
     """What a run of `version` measured, from the store: records/s per worker (the event
     log), the job's records, and the mean tokens of the results it computed."""
     from batchline.registry import ENGINES
-    from batchline.store import open_store
+    from batchline.store import open_store, require_job
 
     store = open_store(store_url, create=False)
     try:
-        job = store.job(version)
-        if job is None:
-            raise NoSuchVersion(version, store.where())
+        job = require_job(store, version)
         measured = store.run_throughput(version)
         routes = store.route_totals(version).values()
         runtime = store.pinned_runtime(version)

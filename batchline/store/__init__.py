@@ -45,16 +45,28 @@ __all__ = [
     "InputRecord", "JobInfo", "JobStatus", "Lease", "LeaseHolder", "LeaseLost", "PlanWriter", "PlannedRecord",
     "PlannedShard", "PlannerStore", "PublisherStore",
     "ReaderStore", "ResultRow", "RouteTotals", "ShardRow", "Store", "StoredDeadLetter", "StoredResult",
-    "WorkerStore", "default_url", "open_store", "require_job",
+    "WorkerStore", "default_url", "job_or_published", "open_store", "require_job",
 ]
 
 
-def require_job(store: StoreHandle, version: str, *, or_name: bool = False) -> JobInfo:
+def require_job(store: StoreHandle, version: str) -> JobInfo:
     """The version's job, or `NoSuchVersion` (exit 66) naming the store as `where()` does:
     a message built from the store's URL would show its password."""
     info = store.job(version)
     if info is None:
-        raise NoSuchVersion(version, store.where(), or_name=or_name)
+        raise NoSuchVersion(version, store.where())
+    return info
+
+
+def job_or_published(store: ReaderStore, target: str) -> JobInfo:
+    """The job of `target`, a version or the name it is published under; else
+    `NoSuchVersion` (exit 66), as `require_job`."""
+    info = store.job(target)
+    if info is None:
+        resolved = store.resolve_name(target)
+        info = store.job(resolved) if resolved else None
+        if info is None:
+            raise NoSuchVersion(target, store.where(), or_name=True)
     return info
 
 

@@ -9,9 +9,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchline.errors import NoSuchVersion
 from batchline.spec import LOCAL_ROUTE, JobSpec, ProviderSpec, stored_spec
-from batchline.store import Event, JobInfo, JobStatus, ReaderStore, RouteTotals, StoredDeadLetter
+from batchline.store import (
+    Event,
+    JobInfo,
+    JobStatus,
+    ReaderStore,
+    RouteTotals,
+    StoredDeadLetter,
+    job_or_published,
+)
 from batchline.store.model import ValidationRecord, rollback_target
 
 DEFAULT_GPU_HOUR_PRICE = 3.50
@@ -173,7 +180,7 @@ def collect(store: ReaderStore, version: str, *, price: float = DEFAULT_GPU_HOUR
     time bin; dead letters are streamed once into fixed-size tallies (kinds, samples), so
     memory does not grow with the job; the event log is read whole (a few events per
     shard, plus one per charged attempt)."""
-    info = _job_or_published(store, version)
+    info = job_or_published(store, version)
     version = info.version
     spec = stored_spec(info)
     status = store.status(version, window_seconds=60.0)
@@ -202,16 +209,6 @@ def collect(store: ReaderStore, version: str, *, price: float = DEFAULT_GPU_HOUR
         lease_seconds_by_outcome=_gpu_seconds(store, version, leases), routes=store.route_totals(version),
         providers=spec.routing.providers if spec.routing else (),
     )
-
-
-def _job_or_published(store: ReaderStore, target: str) -> JobInfo:
-    info = store.job(target)
-    if info is None:
-        resolved = store.resolve_name(target)
-        info = store.job(resolved) if resolved else None
-        if info is None:
-            raise NoSuchVersion(target, store.where(), or_name=True)
-    return info
 
 
 def _markers(events: list[Event], clock: _Clock) -> tuple[list[Marker], dict[str, int]]:

@@ -25,6 +25,7 @@ from tests.helpers import (
     PG_ADMIN_URL,
     check_invariants,
     planned,
+    postgres_missing,
     start_worker,
     stop_all,
     wait_for,
@@ -242,7 +243,7 @@ class PrivateServer:
         found = [str(p.parent) for p in sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))]
         bindir = found[-1] if found else os.path.dirname(shutil.which("initdb") or "")
         if not bindir:
-            pytest.skip("needs PostgreSQL's server programs (initdb, pg_ctl) to run a server of its own")
+            postgres_missing("needs PostgreSQL's server programs (initdb, pg_ctl) to run a server of its own")
         self.bindir = bindir
         # initdb refuses to run as root; the cluster then belongs to the postgres user.
         self.as_user: list[str] = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
