@@ -41,8 +41,9 @@ from batchline.errors import BatchlineError, EngineFatal, VersionEnded, VersionH
 if TYPE_CHECKING:
     from batchline.check.validate import ValidationReport
     from batchline.ops.report.data import ReportData
-    from batchline.plan.planner import PlanResult
+    from batchline.plan.planner import PlanPreview, PlanResult
     from batchline.publish.pointer import PublishResult
+    from batchline.publish.upstream import UpstreamLag
     from batchline.spec import JobSpec
     from batchline.store import DeadLetterBound, JobStatus, Store, StoredDeadLetter
     from batchline.store.model import Publication
@@ -104,6 +105,9 @@ class SearchResult:
     name: str
     version: str  # the published version every hit was answered from
     hits: list[Hit]  # nearest first
+    path: str = "exact"  # how it ranked: ivf_pq, exact, or fallback (exact after too few in the probed partitions)
+    withheld: int = 0  # candidates the upstream's current ACLs withheld (revoked since the version was planned)
+    behind: tuple[UpstreamLag, ...] = ()  # each upstream it reads (input.job), and whether it is behind it
 
 
 class Jobs:
@@ -122,8 +126,10 @@ class Jobs:
         opened = open_store(self.store, create=create)
         try:
             yield opened
-        finally:
-            opened.close()
+        except BaseException:
+            opened.close_discarding()  # a failed first plan leaves no empty store behind
+            raise
+        opened.close()
 
     @staticmethod
     def _resolve(s: Store, target: str) -> str:
@@ -149,6 +155,47 @@ class Jobs:
         with self._opened(create=True) as s:
             _say_created(s, log)
             return plan_spec(job, s, log=log)
+
+    def preview(self, spec: str | Path, *, log: Callable[[str], None] = _stderr) -> PlanPreview:
+        """What `plan` would do now, writing nothing (a store that does not exist is not made):
+        the version, the records it would carry from its base (those under a changed ACL
+        among them), infer (new, changed text, base dead letters retried), drop (removed from
+        the input) and dead-letter at planning."""
+        from batchline.errors import StoreError
+        from batchline.plan.planner import preview
+        from batchline.spec import load_spec
+        from batchline.store import open_store
+
+        job = load_spec(spec)
+        if self.store is not None and not isinstance(self.store, str):
+            return preview(job, self.store, log=log)
+        try:
+            opened = open_store(self.store, create=False)
+        except StoreError:
+            if not (self.store or "sqlite:").startswith("sqlite:"):
+                raise
+            return preview(job, None, log=log)  # no store yet: nothing to carry from
+        try:
+            return preview(job, opened, log=log)
+        finally:
+            opened.close()
+
+    def changes(self, version: str) -> Iterator[tuple[str, str]]:
+        """Each record of `version` by kind against the base it was planned on (new, text, acl,
+        unchanged), then each record of the base it dropped (removed), in id order; refused
+        for a version planned without a base."""
+        from batchline.store import require_job
+
+        with self._opened() as s:
+            base = require_job(s, version).spec.get("base_version")
+            if not base:
+                raise BatchlineError(f"{version} was planned without a base version: every record was inferred")
+            if s.job(base) is None:
+                raise BatchlineError(f"{version}'s base {base} is no longer in {s.where()} (removed by retention)")
+            for record_id, kind in s.record_changes(version, base):
+                yield kind, record_id
+            for record_id in s.removed_records(version, base):
+                yield "removed", record_id
 
     def run(self, spec: str | Path, *, workers: int = 1, log_dir: str | Path | None = None, publish: bool = False,
             plan_key: str | None = None, progress: IO[str] | None = sys.stderr,
@@ -311,36 +358,50 @@ class Jobs:
 
     # --- search ------------------------------------------------------------------------------
 
-    def search(self, name: str, query: str, groups: Sequence[str], *, k: int = 10) -> SearchResult:
+    def search(self, name: str, query: str, groups: Sequence[str], *, k: int = 10,
+               count_behind: bool = False) -> SearchResult:
         """The `k` records of the version published as `name` whose vectors are nearest the
-        query's, among those whose ACL names one of `groups` (none is refused, never read as
-        all of them). The query is embedded with the job's own pinned model, its weights'
-        digest verified, so query and rows are vectors of one model; the index is the job's
-        `output.index`."""
+        query's, among those whose ACL names one of `groups` exactly (a list of names: none,
+        a bare string, or a group with padding or a control character is refused before
+        anything is read). The query is embedded with the job's own pinned model, its
+        weights' digest verified, so query and rows are vectors of one model; the index is
+        the job's `output.index`. Where the job reads a published job (`input.job`), each hit
+        is also admitted by the ACL that job publishes now, so a revocation upstream is
+        served nowhere from its publish on; `behind` says whether the version was planned on
+        another upstream version than the one published now (`count_behind`: with the
+        records that differ, a keyed join over both)."""
+        from batchline.acl import caller_groups, check_k
+        from batchline.errors import NotPublished
+        from batchline.publish.upstream import CurrentAcls, lag
         from batchline.registry import TARGETS
         from batchline.spec import stored_spec
 
+        groups = caller_groups(groups, "groups")
+        k = check_k(k)
         family = TARGETS["lancedb"].load()
-        groups = family.check_groups(groups)
-        if k < 1:
-            raise BatchlineError(f"k must be at least 1, not {k}")
         with self._opened() as s:
             for attempt in range(2):
                 version = s.resolve_name(name)
                 if version is None:
-                    raise BatchlineError(f"nothing is published under {name!r} in {s.where()}")
+                    raise NotPublished(name, s.where())
                 info = s.job(version)
                 assert info is not None
                 spec = stored_spec(info)
                 family.index_of(spec)  # refused before the model loads
                 _same_runtime(s, version, spec)
+                current = CurrentAcls.of(s, info)
                 vector = _embed(spec, query)
                 try:
-                    return SearchResult(name, version, family.search(name, version, vector, groups, k=k, spec=spec))
+                    answer = family.search(name, version, vector, groups, k=k, spec=spec,
+                                           admit=None if current is None else
+                                           (lambda ids, c=current: c.admitted(ids, groups)))
                 except BatchlineError:
                     # Two publishes since the pointer was read can prune its version: read it again.
                     if attempt == 1 or s.resolve_name(name) == version:
                         raise
+                    continue
+                return SearchResult(name, version, answer.hits, answer.path, answer.withheld,
+                                    tuple(lag(s, info, count=count_behind)))
             raise AssertionError("unreachable")
 
     # --- export and report -----------------------------------------------------------------------
@@ -349,7 +410,8 @@ class Jobs:
                errors: str | Path | None = None, partial: bool = False) -> ExportResult:
         """Writes a version's results with each record's ACL: `jsonl` (to `out`, or stdout),
         `parquet` (one file; for a published NAME, a folder per version under `out` with
-        NAME/CURRENT naming the published one; `out` may be an s3:// or gs:// URL), or `openai-batch` (OpenAI's output file at
+        NAME/CURRENT naming the published one, unless `out` ends in `.parquet`: then the one
+        file of the version published now; `out` may be an s3:// or gs:// URL), or `openai-batch` (OpenAI's output file at
         `out` and error file at `errors`, one line per input line, in the input's order).
         A version that is not sealed yet is refused unless `partial` asks for the outcomes
         there are (a reader of a file cannot tell it is half)."""
@@ -376,7 +438,7 @@ class Jobs:
                 return ExportResult(version, done.responses, out_path, done.errors, errors_path, done.pending)
             if errors is not None:
                 raise BatchlineError("--errors goes with --format openai-batch")
-            if format == "parquet" and s.job(target) is None:
+            if format == "parquet" and s.job(target) is None and not str(out or "").endswith(".parquet"):
                 self._resolve(s, target)  # neither a version nor a published name: exit 66
                 version, folder = TARGETS["parquet"].load().export(s, target, out if out is not None else "exports")
                 return ExportResult(version, s.status(version).results, _local(folder),

@@ -29,6 +29,14 @@ class SpecError(BatchlineError):
     exit_code = 2
 
 
+class ArgumentError(BatchlineError):
+    """A command or call was given an argument that cannot be what the caller meant (a
+    group with padding, a bare string for a list, a k out of bounds): 2, as argparse
+    exits for any other bad argument."""
+
+    exit_code = 2
+
+
 class InputError(BatchlineError):
     """The input snapshot is malformed, changed since planning, or unreadable."""
 
@@ -79,6 +87,16 @@ class NoSuchVersion(BatchlineError):
     def __init__(self, version: str, where: str, *, or_name: bool = False) -> None:
         what = "job version or published name" if or_name else "job version"
         super().__init__(f"no {what} {version!r} in {where}")
+
+
+class NotPublished(BatchlineError):
+    """A command that reads a name's published version was given a name nothing is published
+    under: 66, as for a version the store does not have."""
+
+    exit_code = 66
+
+    def __init__(self, name: str, where: str) -> None:
+        super().__init__(f"nothing is published under {name!r} in {where}")
 
 
 class VersionEnded(BatchlineError):

@@ -37,7 +37,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = command("plan", "plan the job and print its version")
     p.add_argument("spec", metavar="JOB.yaml")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say what planning would do (records carried, to infer, removed, dead-lettered) and "
+                        "write nothing")
+    p.add_argument("--json", action="store_true", help="with --dry-run: the figures as JSON")
     p.set_defaults(func=cmd_plan)
+
+    p = command("changes", "the records of an incremental version by kind against its base: new, text (changed "
+                           "text), acl (only the ACL changed: carried under the new one), unchanged, removed")
+    p.add_argument("version", metavar="VERSION")
+    p.add_argument("--kind", action="append", choices=("new", "text", "acl", "unchanged", "removed"), default=None,
+                   help="only records of this kind (repeatable; default: every kind but unchanged)")
+    p.set_defaults(func=cmd_changes)
 
     p = command("worker", "run one worker; exits 0 when no work is left, 75 when stopped early")
     p.add_argument("--job", default=None, metavar="VERSION", help="work on this version only")
@@ -142,9 +153,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                           "names one of the caller's groups (the job's output.index)")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--query", required=True, metavar="TEXT", help="embedded with the job's own pinned model")
-    p.add_argument("--groups", default="", metavar="G1,G2",
-                   help="the caller's groups: only rows whose ACL names one of them are searched")
-    p.add_argument("--k", type=int, default=10, metavar="K", help="how many hits (default 10)")
+    p.add_argument("--groups", action="append", default=[], metavar="G1,G2",
+                   help="the caller's groups, separated by commas or the option repeated: only rows whose ACL "
+                        "names one of them exactly are searched (a group with whitespace at either end or a "
+                        "control character is refused)")
+    p.add_argument("--k", type=int, default=10, metavar="K", help="how many hits (default 10, at most 100,000)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_search)
 
@@ -168,6 +181,12 @@ def _store(args: argparse.Namespace) -> Store:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        preview = Jobs(args.store).preview(args.spec)
+        print(json.dumps(preview.to_json(), indent=2) if args.json else preview.table())
+        return 0
+    if args.json:
+        raise BatchlineError("--json goes with --dry-run (a plan prints its version)")
     result = Jobs(args.store).plan(args.spec)
     if not result.created:
         print(f"already planned: {result.records} records in {result.shards} shards", file=sys.stderr)
@@ -225,6 +244,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(published.summary(), file=sys.stderr)
     print(st.version)
     return summary.exit_code
+
+
+def cmd_changes(args: argparse.Namespace) -> int:
+    kinds = set(args.kind or ("new", "text", "acl", "removed"))
+    counts: dict[str, int] = {}
+    for kind, record_id in Jobs(_store(args)).changes(args.version):
+        counts[kind] = counts.get(kind, 0) + 1
+        if kind in kinds:
+            print(f"{kind}\t{record_id}")
+    print(", ".join(f"{k} {counts.get(k, 0):,}" for k in ("new", "text", "acl", "unchanged", "removed")),
+          file=sys.stderr)
+    return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -286,6 +317,7 @@ def routes_dict(store: Store, version: str) -> dict[str, Any]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from batchline.ops.runner import progress_line
+    from batchline.publish.upstream import lag
 
     store = _store(args)
     if args.version is None:
@@ -309,13 +341,25 @@ def cmd_status(args: argparse.Namespace) -> int:
         return watch_status(store, version, interval=args.interval)
     st = store.status(version)
     published = store.resolve_name(st.name) == st.version
+    info = store.job(version)
+    assert info is not None
+    lags = lag(store, info, count=True)
     if args.json:
-        print(json.dumps({**status_dict(st), "published": published, "routes": routes_dict(store, st.version)},
-                         indent=2))
+        history = store.publications(st.name) if published else []
+        print(json.dumps({**status_dict(st), "published": published, "routes": routes_dict(store, st.version),
+                          "upstreams": [u.to_json() for u in lags],
+                          # What each target showed after the publication readers see now (an
+                          # Iceberg table's metadata_location, for a reader without a catalog).
+                          "targets": (history[-1].targets or {}) if history else {}}, indent=2))
         return 0
     rate = st.records_per_second or None
     print(f"{st.version} ({st.state}" + (f", published as {st.name}" if published else "") + ")")
     print("  " + progress_line(st, rate, None, None, None))
+    for u in lags:
+        if u.behind:
+            print(f"  {u.describe()}: a search of its index checks each hit against the ACLs {u.name} publishes "
+                  f"now; its own view, exports and tables keep the ACLs it was planned with until it runs again "
+                  f"(an incremental run re-infers only what changed, and an ACL-only change nothing)")
     print("  shards: " + ", ".join(f"{k} {v}" for k, v in st.shards.items()))
     routes = store.route_totals(st.version)
     if set(routes) - {"local"}:
@@ -402,12 +446,21 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    found = Jobs(_store(args)).search(args.name, args.query, args.groups.split(","), k=args.k)
+    from batchline.acl import caller_groups, check_k, split_groups_option
+
+    groups = caller_groups(split_groups_option(args.groups))
+    check_k(args.k)
+    found = Jobs(_store(args)).search(args.name, args.query, groups, k=args.k, count_behind=args.json)
     if args.json:
-        print(json.dumps({"name": found.name, "version": found.version,
+        print(json.dumps({"name": found.name, "version": found.version, "path": found.path,
+                          "withheld": found.withheld, "upstreams": [u.to_json() for u in found.behind],
                           "hits": [h.to_dict() for h in found.hits]}, indent=2, ensure_ascii=False))
         return 0
     print(f"{len(found.hits)} hits from {found.version}", file=sys.stderr)
+    for lag in found.behind:
+        if lag.behind:
+            print(f"{found.version} is {lag.describe()}; each hit was checked against the ACLs published now",
+                  file=sys.stderr)
     for h in found.hits:
         print(f"{h.score:.4f}  {h.record_id}  {json.dumps(h.fields, ensure_ascii=False)}")
     return 0

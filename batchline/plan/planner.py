@@ -11,6 +11,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from batchline.errors import EngineFatal, InputError, SpecError
 from batchline.snapshot import (
@@ -29,11 +30,20 @@ from batchline.snapshot import (
     scan_with_header,
     shared_columns,
     stored_input,
+    text_hash,
     unruled_acl_array,
 )
 from batchline.sources import Snapshot, Source, StoredRows, snapshot_digest
 from batchline.spec import LOCAL_ROUTE, STORED, JobSpec, ModelSpec, stored_spec
-from batchline.store import DeadLetterRow, DuplicateRecord, PlannedRecord, PlannedShard, Store
+from batchline.store import (
+    DeadLetterRow,
+    DuplicateRecord,
+    PlannedRecord,
+    PlannedShard,
+    ReaderStore,
+    Store,
+)
+from batchline.store.changes import record_kind
 from batchline.store.ports import PlanWriter
 
 
@@ -64,7 +74,7 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
         spec = _auto_shard_size(spec, store, base, sources, log)
     writer = store.begin_plan(version, spec.name, {**spec.to_dict(), "base_version": base})
     try:
-        result = _write_plan(spec, version, writer, sources)
+        result = _write_plan(spec, version, writer, sources, keep_acl=base is not None)
         if base is not None:
             carried = writer.carry_from(base)
             log(f"carried {carried} unchanged records from {base} without inference")
@@ -110,7 +120,7 @@ def _check_weights(spec: JobSpec) -> None:
         raise EngineFatal(f"{exc}; nothing was planned") from None
 
 
-def _pinned_input(spec: JobSpec, store_url: str) -> tuple[JobSpec, Snapshot]:
+def _pinned_input(spec: JobSpec, store_url: str | None) -> tuple[JobSpec, Snapshot]:
     """The input's snapshot as its source pins it. A source whose pin names what was read
     (a table's snapshot id) writes it into the spec, so the stored spec (and every later
     reader of it) names that snapshot."""
@@ -129,7 +139,7 @@ def routes_summary(spec: JobSpec, per_route: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
-def _base_version(spec: JobSpec, store: Store, log: Callable[[str], None]) -> str | None:
+def _base_version(spec: JobSpec, store: ReaderStore, log: Callable[[str], None]) -> str | None:
     """The version whose results an incremental run may carry, if it is compatible."""
     if spec.base is None:
         return None
@@ -193,7 +203,10 @@ def estimate_records(source: Source, fmt: str) -> int:
     return lines
 
 
-def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[Source]) -> PlanResult:
+def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[Source], *,
+                keep_acl: bool = False) -> PlanResult:
+    """Writes the shards, records and planner dead letters; `keep_acl`: each record keeps its
+    ACL too, under which a base version's result for its unchanged text is carried."""
     cap = spec.input.max_input_tokens
     byte_bound = cap * spec.input.max_bytes_per_token if cap else None
     shard_no = records = dead_total = 0
@@ -219,8 +232,7 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
                 refusal = unruled_acl_array(r, spec.input, source.location)
                 if refusal:
                     raise InputError(refusal)
-            over = {r.id for r in batch if r.missing is None and byte_bound is not None
-                    and len(r.text.encode()) > byte_bound}
+            over = {r.id for r in batch if surely_too_long(r, byte_bound)}
             missing = {r.id for r in batch if r.missing is not None}
             digest, shard_pieces = _digests(source, chunk, spec, pieces, over | missing)
             sl = Slice(path=source.location, format=spec.input.format, start=first.start, end=last.end,
@@ -234,7 +246,9 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
             pieces += len(shard_pieces)
             try:
                 writer.add_records([PlannedRecord(s.record.id, shard_no, s.record.content_hash,
-                                                  stored_input(s) if stored else None, s.record.carried)
+                                                  stored_input(s) if stored else None, s.record.carried,
+                                                  text_hash(s.record, spec.input),
+                                                  s.record.acl if keep_acl else None)
                                     for s in chunk])
             except DuplicateRecord as dup:
                 raise _duplicate_error(dup, batch, slices, spec) from None
@@ -253,6 +267,136 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
     if records == 0:
         raise InputError(f"no records in {spec.input.describe()} (empty input)")
     return PlanResult(version, True, records, shard_no, dead_total, per_route)
+
+
+def surely_too_long(record: Record, byte_bound: int | None) -> bool:
+    """The planner's cheap bound: a record whose text is over it in bytes is surely over
+    max_input_tokens, and is dead-lettered at planning (never charged)."""
+    return record.missing is None and byte_bound is not None and len(record.text.encode()) > byte_bound
+
+
+@dataclass(frozen=True)
+class PlanPreview:
+    """What planning a spec would do now, found without writing anything (`plan --dry-run`)."""
+
+    version: str
+    state: str | None  # the version's state where it is planned already, else None
+    base: str | None  # the version it would carry from
+    records: int
+    carried: int  # results carried from the base, no inference (acl_changed of them under a new ACL)
+    acl_changed: int
+    new: int  # records the base has no record of
+    changed: int  # records whose text (or class) changed
+    retried: int  # unchanged records whose base outcome was a dead letter: inferred again
+    removed: int  # records of the base the input no longer has
+    dead_letters: int  # over the length cap, or without text: dead letters at planning
+
+    @property
+    def to_infer(self) -> int:
+        return self.records - self.carried - self.dead_letters
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "to_infer": self.to_infer}
+
+    def table(self) -> str:
+        planned = f" (planned already: {self.state})" if self.state else " (new)"
+        base = f" against base {self.base}" if self.base else " (no base: every record is inferred)"
+        lines = [f"would plan {self.version}{planned}{base}",
+                 f"  records       {self.records:,}",
+                 f"  carried       {self.carried:,} without inference"
+                 + (f" ({self.acl_changed:,} of them under a changed ACL)" if self.acl_changed else ""),
+                 f"  to infer      {self.to_infer:,} (new {self.new:,}, changed text {self.changed:,}, "
+                 f"retried dead letters {self.retried:,})",
+                 f"  removed       {self.removed:,} (in the base, not in the input)",
+                 f"  dead letters  {self.dead_letters:,} at planning (over the length cap, or without text)",
+                 "nothing was written"]
+        return "\n".join(lines)
+
+
+def preview(spec: JobSpec, store: ReaderStore | None, *, log: Callable[[str], None] = lambda _m: None,
+            chunk_size: int = 5000) -> PlanPreview:
+    """What `plan` would do with `spec` now (`store`: None where the store does not exist
+    yet), read and compared by keys, writing nothing: the input is scanned once and checked
+    as planning checks it (ids, ACLs, text), and each record is compared with the base's."""
+    import sqlite3
+    import tempfile
+
+    store_url = store.url if store is not None else None
+    spec, snapshot = _pinned_input(spec, store_url)
+    digest = snapshot_digest(snapshot.pins)
+    base = _base_version(spec, store, log) if store is not None else None
+    version = spec.version(digest, base)
+    existing = store.job(version) if store is not None else None
+    cap = spec.input.max_input_tokens
+    byte_bound = cap * spec.input.max_bytes_per_token if cap else None
+    counts = dict.fromkeys(("records", "carried", "acl_changed", "new", "changed", "retried", "matched", "dead"), 0)
+    unruled = (spec.input.format == "csv" and spec.input.acl_field is not None and not spec.input.acl_json
+               and spec.input.acl_separator is None)
+    with tempfile.TemporaryDirectory(prefix="batchline-dry-run-") as scratch:
+        # Ids seen so far, on disk: a duplicate is refused as planning refuses it, in any size of input.
+        seen = sqlite3.connect(f"{scratch}/seen.db", isolation_level=None)
+        seen.execute("PRAGMA journal_mode = OFF")
+        seen.execute("CREATE TABLE seen (id TEXT PRIMARY KEY) WITHOUT ROWID")
+        occurrences = _Occurrences() if spec.input.ids == "content" else None
+        for source in snapshot.files:
+            pending: list[ScannedRecord] = []
+            for scanned in scan(source, spec.input):
+                pending.append(scanned)
+                if len(pending) == chunk_size:
+                    chunk = occurrences.number(pending) if occurrences is not None else pending
+                    _preview_chunk([c.record for c in chunk], spec, store, base, byte_bound, counts, seen,
+                                   source.location, unruled)
+                    pending = []
+            if pending:
+                chunk = occurrences.number(pending) if occurrences is not None else pending
+                _preview_chunk([c.record for c in chunk], spec, store, base, byte_bound, counts, seen,
+                               source.location, unruled)
+        seen.close()
+    if counts["records"] == 0:
+        raise InputError(f"no records in {spec.input.describe()} (empty input)")
+    removed = (store.record_total(base) - counts["matched"]) if store is not None and base is not None else 0
+    return PlanPreview(version, existing.state if existing is not None else None, base, counts["records"],
+                       counts["carried"], counts["acl_changed"], counts["new"], counts["changed"],
+                       counts["retried"], removed, counts["dead"])
+
+
+def _preview_chunk(chunk: list[Record], spec: JobSpec, store: ReaderStore | None, base: str | None,
+                   byte_bound: int | None, counts: dict[str, int], seen: Any, location: str, unruled: bool) -> None:
+    import sqlite3
+
+    for r in chunk if unruled else ():
+        refusal = unruled_acl_array(r, spec.input, location)
+        if refusal:
+            raise InputError(refusal)
+    try:
+        seen.execute("BEGIN")
+        seen.executemany("INSERT INTO seen (id) VALUES (?)", [(r.id,) for r in chunk])
+        seen.execute("COMMIT")
+    except sqlite3.IntegrityError:
+        seen.execute("ROLLBACK")
+        for r in chunk:
+            try:
+                seen.execute("INSERT INTO seen (id) VALUES (?)", (r.id,))
+            except sqlite3.IntegrityError:
+                raise InputError(f"{location}:{r.line}: duplicate id {r.id!r}") from None
+    based = store.base_hashes(base, [r.id for r in chunk]) if store is not None and base is not None else {}
+    counts["records"] += len(chunk)
+    counts["matched"] += len(based)
+    for r in chunk:
+        if r.missing is not None or surely_too_long(r, byte_bound):
+            counts["dead"] += 1
+            continue
+        found = based.get(r.id)
+        kind = record_kind(found, r.content_hash, text_hash(r, spec.input))
+        if kind == "new":
+            counts["new"] += 1
+        elif kind == "text":
+            counts["changed"] += 1
+        elif found is not None and not found.answered:
+            counts["retried"] += 1
+        else:
+            counts["carried"] += 1
+            counts["acl_changed"] += kind == "acl"
 
 
 def _digests(source: Source, chunk: list[ScannedRecord], spec: JobSpec, first_no: int,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchline.errors import BatchlineError, StoreError
+from batchline.publish.upstream import UpstreamLag, readers_behind
 from batchline.sources import versions_read
 from batchline.spec import stored_spec
 from batchline.store import PublisherStore, require_job
@@ -31,6 +32,10 @@ class PublishResult:
     previous: str | None
     removed: tuple[str, ...]
     shown: tuple[str, ...] = ()  # each target, as it now shows the version
+    restaged: tuple[str, ...] = ()  # published already: the targets whose data was missing, written back
+    # The published versions of other names that read this name at another version (input.job):
+    # their own tables and exports lag until they run again.
+    readers_behind: tuple[UpstreamLag, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -39,9 +44,17 @@ class PublishResult:
 
     def summary(self) -> str:
         if not self.changed:
+            if self.restaged:
+                return (f"{self.version} is published as {self.name} already; re-staged what was missing: "
+                        + "; ".join(self.restaged))
             return f"{self.version} is published as {self.name} already; nothing changed"
         lines = [f"published {self.version} as {self.name}" + (f" (was {self.previous})" if self.previous else "")]
-        return "\n".join(lines + [f"  {line}" for line in self.shown])
+        lines += [f"  {line}" for line in self.shown]
+        for lag in self.readers_behind:
+            info = lag.reader.split("@", 1)[0]
+            lines.append(f"  {info} ({lag.reader}) reads {lag.planned_on} of {self.name}: its searches follow the "
+                         f"ACLs published now; run it again so its own tables and exports do too")
+        return "\n".join(lines)
 
 
 def publish(store: PublisherStore, version: str, *, force: bool = False, reason: str | None = None,
@@ -71,10 +84,13 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
                                  "fix it, or publish with --force --reason")
     history = store.publications(info.name)
     if history and history[-1].version == version:
-        # Published already: nothing is staged or moved and history records nothing, once
-        # the store has confirmed, under the name's lock, that no publisher moved it since.
+        # Published already: nothing is moved and history records nothing, once the store has
+        # confirmed, under the name's lock, that no publisher moved it since. Each target is
+        # staged again, which writes nothing where the version is there (a table removed
+        # meanwhile is written back, so publishing again repairs it).
         store.publish(info.name, version, who(), None, None, expected=history[-1].id)
-        return PublishResult(info.name, version, version, ())
+        restaged = tuple(t.describe() for t in targets if t.stage(store, version))
+        return PublishResult(info.name, version, version, (), restaged=restaged)
     for target in targets:
         target.stage(store, version)
     # What the name's history is before any target moves: the store records this publish
@@ -96,7 +112,8 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
     if previous != version:  # the store says `version` itself when another publisher published it meanwhile
         removed = prune(store, info.name, stored_spec(info).retention.versions, log=log, targets=targets)
     return PublishResult(info.name, version, previous, removed,
-                         tuple(f"{t.describe()}: {_state_line(shown.get(t.key))}" for t in targets))
+                         tuple(f"{t.describe()}: {_state_line(shown.get(t.key))}" for t in targets),
+                         readers_behind=tuple(readers_behind(store, info.name, version)))
 
 
 def _state_line(state: dict[str, Any] | None) -> str:

@@ -24,9 +24,10 @@ from batchline.snapshot.reading import (
     scan_with_header,
     shared_columns,
     stored_input,
+    text_hash,
     unruled_acl_array,
 )
 
 __all__ = ["PIECES_PER_SHARD", "Piece", "Record", "ScannedRecord", "Slice", "StoredReader", "content_hash", "file_digest", "input_pins", "input_sources",
            "parquet_row_groups", "parquet_slice_digest", "pinned_snapshot", "pinned_sources", "read_bytes", "read_slice", "scan",
-           "scan_with_header", "shared_columns", "stored_input", "unruled_acl_array"]
+           "scan_with_header", "shared_columns", "stored_input", "text_hash", "unruled_acl_array"]

@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from batchline.acl import acl_entry_refusal
 from batchline.errors import InputError, SourceUnavailable
 from batchline.snapshot.openai_batch import messages_hash_text, parse_request
 from batchline.sources import (
@@ -155,6 +156,14 @@ def content_hash(text: str, acl: Any, data_class: str | None = None) -> str:
     if data_class is not None:
         h.update(b"\0class\0" + data_class.encode())
     return h.hexdigest()[:32]
+
+
+def text_hash(record: Record, spec: InputSpec) -> str | None:
+    """The hash of what the prompt reads of a record, its text and class without its ACL, where
+    that differs from its content hash (a record with an ACL and text); None otherwise."""
+    if record.acl is None or record.missing is not None or record.messages is not None:
+        return None
+    return content_hash(record.text, None, class_key(spec, record.data_class))
 
 
 def pinned_snapshot(spec: InputSpec, store_url: str | None = None) -> Snapshot:
@@ -397,10 +406,13 @@ def _acl(obj: dict[str, Any], spec: InputSpec, path: Path | str, line_no: int, r
                          "record needs one, or set input.acl_missing to say what a missing one means "
                          '(for example ["restricted"])')
     if isinstance(acl, str):
-        return [acl]
+        acl = [acl]
     if not isinstance(acl, list) or not all(isinstance(a, str) for a in acl):
         raise InputError(f"{path}:{line_no}: id {record_id!r}: ACL field {spec.acl_field!r} must be a list of "
                          f"strings (or one string), not {json.dumps(acl, default=str)[:80]}")
+    refusal = acl_entry_refusal(acl)
+    if refusal is not None:
+        raise InputError(f"{path}:{line_no}: id {record_id!r}: ACL field {spec.acl_field!r}: {refusal}")
     return acl
 
 
@@ -431,20 +443,27 @@ def _acl_cell(cell: str, spec: InputSpec, path: Path | str, line_no: int, record
 
 def unruled_acl_array(record: Record, spec: InputSpec, path: str) -> str | None:
     """At planning: why a CSV ACL cell read under no rule (one cell, one group, as CSV jobs planned
-    before the rules read it) holds a JSON array, which would become one group named like the
-    array: a silently wrong security label. None when it does not."""
+    before the rules read it) holds a JSON array or a comma, which would become one group named
+    like the array or the list: a silently wrong security label. None when it does not."""
     if spec.format != "csv" or spec.acl_json or spec.acl_separator is not None or not isinstance(record.acl, list):
         return None
-    if len(record.acl) != 1 or not record.acl[0].lstrip().startswith("["):
+    if len(record.acl) != 1:
+        return None
+    cell = record.acl[0]
+    rules = ("say how cells hold groups: input.acl_json: true (a JSON array in every cell) or "
+             "input.acl_separator (for example ',')")
+    if "," in cell and not cell.lstrip().startswith("["):
+        return (f"{path}:{record.line}: id {record.id!r}: ACL cell {cell[:80]!r} holds a comma, and would be read "
+                f"as one group named so; {rules}")
+    if not cell.lstrip().startswith("["):
         return None
     try:
-        if not isinstance(json.loads(record.acl[0]), list):
+        if not isinstance(json.loads(cell), list):
             return None
     except json.JSONDecodeError:
         return None
-    return (f"{path}:{record.line}: id {record.id!r}: ACL cell {record.acl[0][:80]!r} holds a JSON array, which "
-            "would be read as one group; say how cells hold groups: input.acl_json: true (a JSON array in "
-            "every cell) or input.acl_separator")
+    return (f"{path}:{record.line}: id {record.id!r}: ACL cell {cell[:80]!r} holds a JSON array, which "
+            f"would be read as one group; {rules}")
 
 
 def class_key(spec: InputSpec, data_class: Any) -> str | None:
@@ -615,8 +634,8 @@ def _scan_stored(source: Source, spec: InputSpec) -> Iterator[ScannedRecord]:
     for position, row in enumerate(rows.rows()):
         text = row.text if row.text is not None else ""
         digest = content_hash(text, row.acl) if row.missing is None else NO_CONTENT
-        yield ScannedRecord(Record(row.id, text, row.acl, digest, position + 1, missing=row.missing),
-                            position, position + 1)
+        yield ScannedRecord(Record(row.id, text, row.acl, digest, position + 1, missing=row.missing,
+                                   carried=row.carried), position, position + 1)
 
 
 def stored_input(scanned: ScannedRecord) -> InputRecord:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FileSet", "InputSource", "KeyedFamily", "LocationFamily", "ParseContext", "Pin", "Snapshot", "Source",
            "SourceContext", "SourceFamily", "StoredRow", "StoredRows", "families", "is_remote", "keyed_families", "location_family",
-           "open_source", "snapshot_digest", "versions_read"]
+           "open_source", "published_read", "snapshot_digest", "versions_read"]
 
 
 def families() -> list[SourceFamily]:
@@ -77,6 +77,12 @@ def open_source(location: str, storage: Mapping[str, Any] | None = None, pin: Pi
 def versions_read(section: Mapping[str, Any]) -> list[str]:
     """The job versions of the store a stored input section reads, as its families say."""
     return [v for f in families() for v in f.reads_versions(section)]
+
+
+def published_read(section: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """The published names a stored input section reads, each with the version pinned, as its
+    families say."""
+    return [p for f in families() for p in f.reads_published(section)]
 
 
 def upload(path: Path, location: str, storage: Mapping[str, Any] | None = None) -> None:

@@ -100,6 +100,7 @@ class StoredRow:
     text: str | None  # None: the record has none to read (`missing` says why)
     acl: Any
     missing: str | None = None
+    carried: Mapping[str, Any] | None = None  # output.carry's fields, as the source holds them
 
 
 class StoredRows(Protocol):
@@ -193,6 +194,12 @@ class SourceFamily:
         """The job versions of the store that the part of a stored input section this family
         owns reads (a job over a published job): retention keeps each while a version
         planned on it is not sealed."""
+        return []
+
+    def reads_published(self, section: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+        """The published names of the store that the part of a stored input section this family
+        owns reads (a job over a published job), each with the version it was pinned to: the
+        ACLs its records came with are the ones that name publishes now."""
         return []
 
 

@@ -99,10 +99,11 @@ def field_value(output: Any, field: str) -> tuple[str | None, str | None]:
 class UpstreamRecords:
     """The upstream version's results as rows of text: the one location of a job input."""
 
-    def __init__(self, store_url: str, version: str, field: str) -> None:
+    def __init__(self, store_url: str, version: str, field: str, carry: tuple[str, ...] = ()) -> None:
         self.store_url = store_url
         self.version = version
         self.field = field
+        self.carry = carry  # output.carry: fields of the upstream's carried input, each row's
         self.location = f"job:{version}"
 
     def rows(self) -> Iterator[StoredRow]:
@@ -113,8 +114,9 @@ class UpstreamRecords:
                 except ValueError:
                     output = None
                 text, why = field_value(output, self.field)
+                carried = {name: (result.carry or {}).get(name) for name in self.carry} if self.carry else None
                 yield StoredRow(result.record_id, text, result.acl,
-                                None if why is None else f"{self.field} {why} in {self.version}")
+                                None if why is None else f"{self.field} {why} in {self.version}", carried)
 
     # What a location of a file would be read through: a job's records are rows, never bytes.
     def _no_bytes(self) -> InputError:
@@ -174,7 +176,7 @@ class JobSource:
                 job = store.job(upstream.version)
             return job is not None and job.state == "sealed"
 
-        return Snapshot(pinned, [UpstreamRecords(url, upstream.version, self.field)], [pin], still)
+        return Snapshot(pinned, [UpstreamRecords(url, upstream.version, self.field, ctx.input.carry)], [pin], still)
 
     def upstream(self, store: ReaderStore, spec: InputSpec) -> JobInfo:
         """The version read (the one named, else the one published now), once it is known to
@@ -192,6 +194,7 @@ class JobSource:
             raise InputError(f"input.job_version: {version} is {job.state}; only a sealed version is read")
         _check_field(self.field, job)
         _check_acl(spec, job)
+        _check_carry(spec, job)
         return job
 
 
@@ -213,6 +216,17 @@ def _check_field(field: str, job: JobInfo) -> None:
     if isinstance(kinds, list) and "string" not in kinds:
         raise SpecError(f"input.field: {field} of {job.name} is {' or '.join(map(str, kinds))} in its output schema; "
                         "a job reads text")
+
+
+def _check_carry(spec: InputSpec, job: JobInfo) -> None:
+    """output.carry over a job reads the upstream's carried input fields (its own output.carry):
+    a field it does not carry would be null in every row, so it is refused, naming those it does."""
+    theirs = list(job.spec.get("output", {}).get("carry") or [])
+    missing = [name for name in spec.carry if name not in theirs]
+    if missing:
+        raise SpecError(f"output.carry: {', '.join(map(repr, missing))} is not carried by {job.version} (a job over "
+                        f"a job carries the fields its upstream carries: {', '.join(theirs) or 'none'}; add them to "
+                        f"{job.name}'s output.carry first)")
 
 
 def _check_acl(spec: InputSpec, job: JobInfo) -> None:
@@ -266,6 +280,12 @@ class JobInput(KeyedFamily):
     def reads_versions(self, section: Mapping[str, Any]) -> list[str]:
         version = section.get("job_version") if section.get("job") else None
         return [str(version)] if version else []
+
+    def reads_published(self, section: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+        if not section.get("job"):
+            return []
+        version = section.get("job_version")
+        return [(str(section["job"]), str(version) if version else None)]
 
 
 JOB = JobInput()

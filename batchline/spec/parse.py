@@ -20,6 +20,7 @@ from typing import Any, NoReturn, Protocol
 import jsonschema
 import yaml
 
+from batchline.acl import acl_entry_refusal
 from batchline.errors import EngineFatal, SpecError, one_line
 from batchline.lake import STORAGE_FIELDS, check_storage_options
 from batchline.prompts.examples import DEFAULT_EXAMPLE_CHARS, Example
@@ -397,6 +398,9 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         if acl_field is None:
             r.fail("input.acl_missing", "says what a missing ACL means; it needs input.acl_field")
         acl_missing = tuple(r.string_list(inp["acl_missing"], "input.acl_missing"))
+        refusal = acl_entry_refusal(acl_missing)
+        if refusal is not None:
+            r.fail("input.acl_missing", refusal)
     acl_json, acl_separator = _acl_rule(r, inp, fmt, acl_field)
     return InputSpec(
         source=source,

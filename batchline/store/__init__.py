@@ -22,6 +22,7 @@ from batchline.store.model import (
     LeaseLost,
     PlannedRecord,
     PlannedShard,
+    ResultChanges,
     ResultRow,
     RouteTotals,
     ShardRow,
@@ -44,7 +45,7 @@ __all__ = [
     "DEFAULT_URL", "ChargeResult", "DeadLetterBound", "DeadLetterRow", "DuplicateRecord", "Event", "Halt",
     "InputRecord", "JobInfo", "JobStatus", "Lease", "LeaseHolder", "LeaseLost", "PlanWriter", "PlannedRecord",
     "PlannedShard", "PlannerStore", "PublisherStore",
-    "ReaderStore", "ResultRow", "RouteTotals", "ShardRow", "Store", "StoredDeadLetter", "StoredResult",
+    "ReaderStore", "ResultChanges", "ResultRow", "RouteTotals", "ShardRow", "Store", "StoredDeadLetter", "StoredResult",
     "WorkerStore", "default_url", "job_or_published", "open_store", "require_job",
 ]
 

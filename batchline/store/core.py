@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from batchline.errors import NoSuchVersion, PublicationMoved, StoreError
+from batchline.store.changes import VersionChanges
 from batchline.store.model import (
     WRITE_BATCH_ROWS,
     ChargeResult,
@@ -218,7 +219,7 @@ def coverage_from(counts: Sequence[int],
     return Coverage(records, missing, unexpected, both, missing_sample, unexpected_sample)
 
 
-class StoreCore(ABC):
+class StoreCore(VersionChanges, ABC):
     """Every port's operation, over a backend's SQL (`q`) and transactions."""
 
     url: str
@@ -278,6 +279,11 @@ class StoreCore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def close_discarding(self) -> None:
+        """Closes the store after a failed plan, removing it where this opening made it and it
+        holds no job (only a SQLite file is ever made by opening)."""
+        self.close()
 
     @abstractmethod
     def where(self) -> str:
@@ -797,7 +803,11 @@ class StoreCore(ABC):
             taken, splits = (int(_scalar(tx, self.q.COUNT_EVENTS, {"v": version, "kind": k}))
                              for k in ("take_back", "split"))
             first_claim = _scalar(tx, self.q.FIRST_CLAIM, {"v": version})
-            recent = int(_scalar(tx, self.q.RECENT, {"v": version, "since": now - window_seconds}))
+            # A sealed version's rate is over its own run, first claim to seal: the clock
+            # running on after the seal does not lower it.
+            ended = job.sealed_at if job.state == "sealed" and first_claim is not None else None
+            since = float(first_claim) if ended is not None else now - window_seconds
+            recent = int(_scalar(tx, self.q.RECENT, {"v": version, "since": since}))
             stopped = None
             if job.state == "ready":
                 refused = tx.one(self.q.STOPPED_BY_INPUT, {"v": version})
@@ -809,7 +819,7 @@ class StoreCore(ABC):
                              leases_lost=lost, records_done_last_minutes=recent, window_seconds=window_seconds,
                              now=now, halt=job.halt, leases_taken_back=taken, splits=splits,
                              started_at=float(first_claim) if first_claim is not None else None,
-                             stopped=stopped)
+                             stopped=stopped, ended_at=ended)
 
         return self._read(body, snapshot=True)
 

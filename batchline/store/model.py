@@ -165,6 +165,28 @@ class PlannedRecord:
     # output.carry's fields of the record: its results and dead letters are read with them
     # (whichever version computed the result, the values are this version's input's).
     carry: Mapping[str, Any] | None = None
+    # The hash of what the prompt reads (text and class, not the ACL), where it differs from
+    # `content_hash` (a record with an ACL): an incremental plan carries a result whose
+    # record changed only its ACL, under the new ACL.
+    text_hash: str | None = None
+    # The record's ACL, kept where an incremental plan may carry a result under it.
+    acl: Any = None
+
+
+@dataclass(frozen=True)
+class ResultChanges:
+    """How one version's results differ from another's (see `VersionChanges.result_changes`)."""
+
+    added: int
+    changed: int
+    removed: int
+
+    @property
+    def total(self) -> int:
+        return self.added + self.changed + self.removed
+
+    def describe(self) -> str:
+        return f"{self.total:,} records ({self.changed:,} changed, {self.added:,} new, {self.removed:,} removed)"
 
 
 @dataclass(frozen=True)
@@ -267,18 +289,25 @@ class JobStatus:
     # Why no worker can finish the version as it is, in one line: a shard whose input
     # changed since planning (its last worker refused it, and none has claimed it since).
     stopped: str | None = None
+    # A sealed version: when it sealed. Its rate is then over its whole run (the outcomes it
+    # computed, from its first claim to its seal).
+    ended_at: float | None = None
 
     @property
     def rate_window(self) -> float:
         """The seconds the recent rate is over: the window, or the time since the work began
-        when that is shorter (a short run is not divided by a long window)."""
+        when that is shorter (a short run is not divided by a long window); a sealed
+        version's whole run."""
         if self.started_at is None:
             return self.window_seconds
+        if self.ended_at is not None:
+            return max(1.0, self.ended_at - self.started_at)
         return max(1.0, min(self.window_seconds, self.now - self.started_at))
 
     @property
     def records_per_second(self) -> float | None:
-        """Outcomes written within the rate window, per second; None before any claim."""
+        """Outcomes written within the rate window, per second (a sealed version: over its
+        run); None before any claim."""
         if self.started_at is None:
             return None
         return self.records_done_last_minutes / self.rate_window

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
+from batchline.store.changes import BaseRecord
 from batchline.store.model import (
     ChargeResult,
     Coverage,
@@ -32,6 +33,7 @@ from batchline.store.model import (
     PlannedRecord,
     PlannedShard,
     Publication,
+    ResultChanges,
     ResultRow,
     RouteTotals,
     ShardRow,
@@ -190,8 +192,9 @@ class PlanWriter(Protocol):
     def add_dead_letters(self, shard_no: int, rows: Sequence[DeadLetterRow]) -> None: ...
 
     def carry_from(self, base: str) -> int:
-        """Carries the base version's results for records whose id and content hash
-        are unchanged, by reference (no payload is copied); returns how many."""
+        """Carries the base version's results for records whose id and content hash are
+        unchanged, or whose text alone is (an ACL-only change: the result takes the record's
+        new ACL), by reference (no payload is copied); returns how many."""
         ...
 
     def commit(self, record_count: int, shard_count: int) -> None: ...
@@ -203,6 +206,11 @@ class PlannerStore(StoreHandle, Protocol):
     # Made by this opening (a SQLite file that was not there): said once, so a mistyped
     # path is seen at once rather than as an empty store later.
     created: bool
+
+    def close_discarding(self) -> None:
+        """Closes the store after a failed plan, removing it where this opening made it and it
+        holds no job: a plan that failed on its input leaves no new empty store behind."""
+        ...
 
     def begin_plan(self, version: str, name: str, spec: dict[str, Any]) -> PlanWriter:
         """Starts planning a version; discards what an earlier planner left half-written."""
@@ -227,7 +235,33 @@ class PlannerStore(StoreHandle, Protocol):
         ...
 
 
-class ReaderStore(StoreHandle, Protocol):
+class ChangeReader(Protocol):
+    """What differs between two versions, read by keys (batchline.store.changes)."""
+
+    def result_acls(self, version: str, record_ids: Sequence[str]) -> dict[str, Any]:
+        """Each result's ACL, by record id, for those of `record_ids` the version has a result for."""
+        ...
+
+    def result_changes(self, old: str, new: str) -> ResultChanges:
+        """How the results of `new` differ from those of `old`."""
+        ...
+
+    def record_changes(self, version: str, base: str, page_size: int = 20_000) -> Iterator[tuple[str, str]]:
+        """Each planned record of `version`, in id order, with its kind against `base`."""
+        ...
+
+    def removed_records(self, version: str, base: str, page_size: int = 20_000) -> Iterator[str]:
+        """The records of `base` that `version` does not plan."""
+        ...
+
+    def base_hashes(self, base: str, record_ids: Sequence[str]) -> dict[str, BaseRecord]:
+        """The base's planned records among `record_ids`, as a plan against it compares them."""
+        ...
+
+    def record_total(self, version: str) -> int: ...
+
+
+class ReaderStore(StoreHandle, ChangeReader, Protocol):
     """Progress, outcomes and history, for status, reports and exports."""
 
     def jobs(self) -> list[JobInfo]: ...

@@ -317,11 +317,12 @@ class PostgresStore(StoreCore):
                 with tx.cur.copy(q.COPY_RECORDS_WITH_INPUT) as copy:
                     for r in rows:
                         copy.write_row((version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry),
-                                        *input_columns(r)))
+                                        r.text_hash, *input_columns(r)))
             else:
                 with tx.cur.copy(q.COPY_RECORDS) as copy:
                     for r in rows:
-                        copy.write_row((version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry)))
+                        copy.write_row((version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry),
+                                        r.text_hash, acl_json(r.acl)))
         except errors.UniqueViolation:
             raise DuplicateKey() from None
 

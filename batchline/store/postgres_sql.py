@@ -288,6 +288,12 @@ CREATE INDEX dead_letters_written ON dead_letters (version, created_at) WHERE wo
     (13, "carried input fields of planned records", """
 ALTER TABLE records ADD COLUMN carry text;
 """),
+    # What the prompt reads of a record (its text and class, not its ACL), hashed apart from
+    # its content hash: an incremental plan carries the result of a record whose ACL alone
+    # changed, under its new ACL, without inference.
+    (14, "the hash of a planned record's text apart from its ACL", """
+ALTER TABLE records ADD COLUMN text_hash text;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -394,9 +400,9 @@ PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = %(v)s AND state = 'pla
 PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = %(v)s FOR UPDATE"
 INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece) "
                 "VALUES (%(v)s, %(s)s, %(slice)s, %(n)s, 'ready', %(route)s, %(first)s, %(end)s)")
-COPY_RECORDS = "COPY records (version, record_id, shard_no, content_hash, carry) FROM STDIN"
-COPY_RECORDS_WITH_INPUT = ("COPY records (version, record_id, shard_no, content_hash, carry, text, acl, position) "
-                           "FROM STDIN")
+COPY_RECORDS = "COPY records (version, record_id, shard_no, content_hash, carry, text_hash, acl) FROM STDIN"
+COPY_RECORDS_WITH_INPUT = ("COPY records (version, record_id, shard_no, content_hash, carry, text_hash, text, acl, "
+                           "position) FROM STDIN")
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = %(v)s AND record_id = %(r)s"
 PLAN_DEAD_LETTER = """
 INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, created_at)
@@ -418,17 +424,21 @@ RETURNING version""", updates("jobs", "state", "sealed_at"), *reads("jobs", "sha
 LOCK_JOB = WorkerStatement("SELECT 1 FROM jobs WHERE version = %(v)s FOR NO KEY UPDATE",
                            updates("jobs", "state", "sealed_at"), *reads("jobs"))
 
-# An incremental plan refers to the base version's results for records whose id
-# and content hash are unchanged; the payload stays in the row that computed it.
+# An incremental plan refers to the base version's results for records whose id and
+# content hash are unchanged, or whose text alone is (their ACL changed: the result takes
+# the new ACL); the payload stays in the row that computed it. A record's text hash is its
+# content hash where it has no ACL.
 CARRY = """
 INSERT INTO results (version, record_id, shard_no, output, origin, label, acl, worker, epoch, attempt,
                      input_tokens, output_tokens, created_at, model)
-SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label, b.acl,
+SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label,
+       CASE WHEN p.content_hash = n.content_hash THEN b.acl ELSE n.acl END,
        'carried', 0, b.attempt, b.input_tokens, b.output_tokens, batchline_now(), b.model
 FROM records n
-JOIN records p ON p.version = %(base)s AND p.record_id = n.record_id AND p.content_hash = n.content_hash
+JOIN records p ON p.version = %(base)s AND p.record_id = n.record_id
 JOIN results b ON b.version = %(base)s AND b.record_id = n.record_id
-WHERE n.version = %(v)s"""
+WHERE n.version = %(v)s AND (p.content_hash = n.content_hash
+                             OR COALESCE(p.text_hash, p.content_hash) = COALESCE(n.text_hash, n.content_hash))"""
 # One pass over the carried rows, not one per shard.
 CARRY_COUNTS = """
 UPDATE shards s SET results_count = s.results_count + c.n, carried = s.carried + c.n
@@ -836,3 +846,33 @@ AND NOT EXISTS (SELECT 1 FROM results c WHERE c.origin = %(v)s AND c.record_id =
         "shards", "records", "attempts", "dead_letters", "validations", "engine_runtimes")),
     "UPDATE jobs SET state = 'removed' WHERE version = %(v)s",
 )
+
+# --- what changed between versions (batchline.store.changes) ------------------------------
+
+RESULT_ACLS = "SELECT record_id, acl FROM results WHERE version = %(v)s AND record_id = ANY(%(ids)s)"
+# A result is the same where the same version computed it (a carried one names its origin).
+RESULT_CHANGES = """
+SELECT count(*) FILTER (WHERE o.record_id IS NULL),
+       count(*) FILTER (WHERE o.record_id IS NOT NULL AND (o.acl IS DISTINCT FROM n.acl
+                              OR COALESCE(n.origin, n.version) <> COALESCE(o.origin, o.version)))
+FROM results n LEFT JOIN results o ON o.version = %(old)s AND o.record_id = n.record_id
+WHERE n.version = %(new)s"""
+RESULTS_REMOVED = """
+SELECT count(*) FROM results o WHERE o.version = %(old)s
+AND NOT EXISTS (SELECT 1 FROM results n WHERE n.version = %(new)s AND n.record_id = o.record_id)"""
+# The rule batchline.store.changes.record_kind states for a record not planned yet.
+RECORD_CHANGES_PAGE = """
+SELECT n.record_id, CASE WHEN p.record_id IS NULL THEN 'new'
+                         WHEN p.content_hash = n.content_hash THEN 'unchanged'
+                         WHEN COALESCE(p.text_hash, p.content_hash) = COALESCE(n.text_hash, n.content_hash)
+                         THEN 'acl' ELSE 'text' END
+FROM records n LEFT JOIN records p ON p.version = %(base)s AND p.record_id = n.record_id
+WHERE n.version = %(v)s AND n.record_id > %(after)s ORDER BY n.record_id LIMIT %(n)s"""
+RECORDS_REMOVED_PAGE = """
+SELECT p.record_id FROM records p WHERE p.version = %(base)s AND p.record_id > %(after)s
+AND NOT EXISTS (SELECT 1 FROM records n WHERE n.version = %(v)s AND n.record_id = p.record_id)
+ORDER BY p.record_id LIMIT %(n)s"""
+BASE_HASHES = """
+SELECT p.record_id, p.content_hash, p.text_hash,
+       EXISTS (SELECT 1 FROM results b WHERE b.version = %(v)s AND b.record_id = p.record_id)
+FROM records p WHERE p.version = %(v)s AND p.record_id = ANY(%(ids)s)"""

@@ -147,6 +147,16 @@ class SQLiteStore(StoreCore):
     def close(self) -> None:
         self.conn.close()
 
+    def close_discarding(self) -> None:
+        # A store this opening made, that no plan was ever written into (the plan failed on its
+        # input), is removed with its journal files: a failed first plan leaves nothing behind.
+        row = self._read(lambda tx: tx.one(q.NO_JOBS)) if self.created else None
+        empty = bool(row and row[0])
+        self.conn.close()
+        if empty:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+
     # --- what the SQL differs in ----------------------------------------------------------
 
     def _json(self, value: Any) -> Any:
@@ -203,11 +213,12 @@ class SQLiteStore(StoreCore):
         try:
             if any(r.input is not None for r in rows):
                 tx.cur.executemany(q.INSERT_RECORD_WITH_INPUT, [
-                    (version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry), *input_columns(r))
+                    (version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry), r.text_hash, *input_columns(r))
                     for r in rows])
             else:
                 tx.cur.executemany(q.INSERT_RECORD, [
-                    (version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry)) for r in rows])
+                    (version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry), r.text_hash,
+                     acl_json(r.acl)) for r in rows])
         except sqlite3.IntegrityError:
             raise DuplicateKey() from None
 

@@ -256,6 +256,12 @@ CREATE INDEX IF NOT EXISTS dead_letters_written ON dead_letters (version, create
     (11, "carried input fields of planned records", """
 ALTER TABLE records ADD COLUMN carry TEXT;
 """),
+    # What the prompt reads of a record (its text and class, not its ACL), hashed apart from
+    # its content hash: an incremental plan carries the result of a record whose ACL alone
+    # changed, under its new ACL, without inference.
+    (12, "the hash of a planned record's text apart from its ACL", """
+ALTER TABLE records ADD COLUMN text_hash TEXT;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -295,6 +301,7 @@ ALL_EVENTS = f"{_EVENT_COLUMNS} WHERE {_KINDS} ORDER BY id"
 _JOB_COLUMNS = ("version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count, "
                 "abort_rate, abort_min, halt")
 JOB = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE version = :v"
+NO_JOBS = "SELECT NOT EXISTS (SELECT 1 FROM jobs)"
 JOBS = (f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'halted', 'sealed', 'cancelled') "
         f"ORDER BY created_at")
 # Every write transaction is BEGIN IMMEDIATE: planners, publishers and completions
@@ -310,9 +317,10 @@ PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = :v AND state = 'planni
 PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = :v"
 INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece) "
                 "VALUES (:v, :s, :slice, :n, 'ready', :route, :first, :end)")
-INSERT_RECORD = "INSERT INTO records (version, record_id, shard_no, content_hash, carry) VALUES (?, ?, ?, ?, ?)"
-INSERT_RECORD_WITH_INPUT = ("INSERT INTO records (version, record_id, shard_no, content_hash, carry, text, acl, "
-                            "position) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+INSERT_RECORD = ("INSERT INTO records (version, record_id, shard_no, content_hash, carry, text_hash, acl) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?)")
+INSERT_RECORD_WITH_INPUT = ("INSERT INTO records (version, record_id, shard_no, content_hash, carry, text_hash, text, "
+                            "acl, position) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = :v AND record_id = :r"
 PLAN_DEAD_LETTER = (f"INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
                     f"created_at) VALUES (:v, :r, :s, :kind, :error, :acl, 0, {NOW_EXPR})")
@@ -324,17 +332,21 @@ COMMIT_PLAN = ("UPDATE jobs SET state = 'ready', record_count = :records, shard_
 SEAL = (f"UPDATE jobs SET state = 'sealed', sealed_at = {NOW_EXPR} WHERE version = :v AND state = 'ready' "
         f"AND NOT EXISTS (SELECT 1 FROM shards WHERE version = :v AND state IN {OPEN_STATES}) RETURNING version")
 
-# An incremental plan refers to the base version's results for records whose id
-# and content hash are unchanged; the payload stays in the row that computed it.
+# An incremental plan refers to the base version's results for records whose id and
+# content hash are unchanged, or whose text alone is (their ACL changed: the result takes
+# the new ACL); the payload stays in the row that computed it. A record's text hash is its
+# content hash where it has no ACL.
 CARRY = f"""
 INSERT INTO results (version, record_id, shard_no, output, origin, label, acl, worker, epoch, attempt,
                      input_tokens, output_tokens, created_at, model)
-SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label, b.acl,
+SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label,
+       CASE WHEN p.content_hash = n.content_hash THEN b.acl ELSE n.acl END,
        'carried', 0, b.attempt, b.input_tokens, b.output_tokens, {NOW_EXPR}, b.model
 FROM records n
-JOIN records p ON p.version = :base AND p.record_id = n.record_id AND p.content_hash = n.content_hash
+JOIN records p ON p.version = :base AND p.record_id = n.record_id
 JOIN results b ON b.version = :base AND b.record_id = n.record_id
-WHERE n.version = :v"""
+WHERE n.version = :v AND (p.content_hash = n.content_hash
+                          OR COALESCE(p.text_hash, p.content_hash) = COALESCE(n.text_hash, n.content_hash))"""
 SET_CARRIED = "UPDATE jobs SET carried_count = :n WHERE version = :v"
 CARRY_COUNTS = """
 UPDATE shards SET results_count = results_count + c.n, carried = carried + c.n
@@ -593,3 +605,33 @@ REMOVE_VERSION = (
         "shards", "records", "attempts", "dead_letters", "validations", "engine_runtimes")),
     "UPDATE jobs SET state = 'removed' WHERE version = :v",
 )
+
+# --- what changed between versions (batchline.store.changes) ------------------------------
+
+RESULT_ACLS = f"SELECT record_id, acl FROM results WHERE version = :v AND record_id IN {IDS}"
+# A result is the same where the same version computed it (a carried one names its origin).
+RESULT_CHANGES = """
+SELECT SUM(o.record_id IS NULL),
+       SUM(o.record_id IS NOT NULL AND (o.acl IS NOT n.acl
+                                        OR COALESCE(n.origin, n.version) <> COALESCE(o.origin, o.version)))
+FROM results n LEFT JOIN results o ON o.version = :old AND o.record_id = n.record_id
+WHERE n.version = :new"""
+RESULTS_REMOVED = """
+SELECT COUNT(*) FROM results o WHERE o.version = :old
+AND NOT EXISTS (SELECT 1 FROM results n WHERE n.version = :new AND n.record_id = o.record_id)"""
+# The rule batchline.store.changes.record_kind states for a record not planned yet.
+RECORD_CHANGES_PAGE = """
+SELECT n.record_id, CASE WHEN p.record_id IS NULL THEN 'new'
+                         WHEN p.content_hash = n.content_hash THEN 'unchanged'
+                         WHEN COALESCE(p.text_hash, p.content_hash) = COALESCE(n.text_hash, n.content_hash)
+                         THEN 'acl' ELSE 'text' END
+FROM records n LEFT JOIN records p ON p.version = :base AND p.record_id = n.record_id
+WHERE n.version = :v AND n.record_id > :after ORDER BY n.record_id LIMIT :n"""
+RECORDS_REMOVED_PAGE = """
+SELECT p.record_id FROM records p WHERE p.version = :base AND p.record_id > :after
+AND NOT EXISTS (SELECT 1 FROM records n WHERE n.version = :v AND n.record_id = p.record_id)
+ORDER BY p.record_id LIMIT :n"""
+BASE_HASHES = f"""
+SELECT p.record_id, p.content_hash, p.text_hash,
+       EXISTS (SELECT 1 FROM results b WHERE b.version = :v AND b.record_id = p.record_id)
+FROM records p WHERE p.version = :v AND p.record_id IN {IDS}"""

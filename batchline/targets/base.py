@@ -9,7 +9,9 @@ with each publication, what the target showed readers after it
 once it has been recorded):
 
 - `stage` writes a sealed version there, where readers do not see it yet
-  (idempotent: a version staged before is not written again);
+  (idempotent: a version staged before is not written again), and says whether
+  it wrote anything: a publish of the version published already stages it again,
+  so a target whose data was removed is written back;
 - `show` makes a staged version the one readers see, in one atomic step, only
   from the state the store recorded last (`recorded`; None before the first
   publication with this target); it refuses, with one line, a target that
@@ -55,7 +57,9 @@ class PublicationTarget(Protocol):
 
     def describe(self) -> str: ...
 
-    def stage(self, store: ReaderStore, version: str) -> None: ...
+    def stage(self, store: ReaderStore, version: str) -> bool:
+        """Writes the version where readers do not see it yet; False: it was there already."""
+        ...
 
     def show(self, name: str, version: str, recorded: dict[str, Any] | None) -> dict[str, Any]: ...
 

@@ -90,14 +90,14 @@ class IcebergTable:
 
     # --- stage ---------------------------------------------------------------------
 
-    def stage(self, store: ReaderStore, version: str) -> None:
+    def stage(self, store: ReaderStore, version: str) -> bool:
         info = require_job(store, version)
         spec = stored_spec(info)
         with open_catalog(self.ref, self.store_url, self.storage) as catalog:
             for attempt in range(COMMIT_TRIES):
                 table = load_table(catalog, self.ref)
                 if table is not None and version in table.metadata.refs:
-                    return  # staged before: a branch is written in one commit, so it is whole
+                    return False  # staged before: a branch is written in one commit, so it is whole
                 table = self._table_for(catalog, spec, table)
                 try:
                     if table.metadata.current_snapshot_id is None:
@@ -106,11 +106,12 @@ class IcebergTable:
                     reader = _reader(table, store, version, spec)
                     table.append(reader, snapshot_properties={VERSION_PROPERTY: version, "batchline.name": info.name},
                                  branch=version)
-                    return
+                    return True
                 except _commit_failed() as exc:
                     if attempt == COMMIT_TRIES - 1:
                         raise BatchlineError(f"{self.describe()}: writing {version} lost {COMMIT_TRIES} races to "
                                              f"other writers ({one_line(exc)}); publish again") from None
+        raise BatchlineError(f"{self.describe()}: {version} was not written in {COMMIT_TRIES} tries; publish again")
 
     def _table_for(self, catalog: Any, spec: JobSpec, table: Any | None) -> Any:
         """The table, made if missing, with any new output columns added. A column the
@@ -197,7 +198,10 @@ class IcebergTable:
         snapshot = table.metadata.snapshot_by_id(snapshot_id)
         version = snapshot.summary.additional_properties.get(VERSION_PROPERTY) if snapshot and snapshot.summary \
             else None
-        return {"table_uuid": str(table.metadata.table_uuid), "snapshot_id": snapshot_id, "version": version}
+        # The metadata file a reader without a catalog (DuckDB's iceberg_scan) opens to read
+        # main as this publish left it; a metadata file never changes once written.
+        return {"table_uuid": str(table.metadata.table_uuid), "snapshot_id": snapshot_id, "version": version,
+                "metadata_location": table.metadata_location}
 
     def _recorded_problem(self, table: Any, recorded: dict[str, Any] | None) -> str | None:
         """Why main is not what the store recorded last, or None when it is."""

@@ -22,12 +22,20 @@ ACL (a list of groups) and the job version.
 - `forget` drops a pruned version's table.
 
 A search (`search`) ranks only rows whose ACL shares a group with the caller's:
-`array_has_any(acl, [...])` as a prefilter, so k rows come back whenever k
+`array_has_any(acl, [...])` as a prefilter (exact string equality, the groups
+checked by `batchline.acl.caller_groups`), so k rows come back whenever k
 visible rows exist. With the approximate index, a selective filter can leave the
 probed partitions with fewer than k visible rows; then the search is run again
-exactly. The approximate candidates are re-ranked with the full vectors
-(`refine_factor`), so a record's own text ranks it first. A row whose ACL is
-null matches no group and is never returned.
+exactly (the `fallback` path). The approximate candidates are re-ranked with the
+full vectors (`refine_factor`), so a record's own text ranks it first. A row
+whose ACL is null matches no group and is never returned.
+
+Where the rows came from a published job (`input.job`), the search is also given
+`admit`: the check of each candidate against the ACL that job publishes now
+(`batchline.publish.upstream.CurrentAcls`). Candidates it withholds are replaced
+by further ones, fetched in rounds of four times as many, until k are admitted
+or no visible row is left, so a revocation upstream never costs a caller the
+rows they may still see.
 """
 
 from __future__ import annotations
@@ -35,10 +43,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
 
+from batchline.acl import caller_groups, check_k
 from batchline.errors import BatchlineError, SpecError, missing_extra, one_line
 from batchline.store import ReaderStore, StoredResult, require_job
 from batchline.targets.base import TargetFamily
@@ -71,6 +81,10 @@ class IndexMissing(BatchlineError):
     """The version's table is not in the index (pruned meanwhile, or never staged)."""
 
 
+# Of a batch of candidate record ids, those that may be served now.
+Admit = Callable[[list[str]], set[str]]
+
+
 @dataclass(frozen=True)
 class Hit:
     """One search result: the record, how near it is (cosine similarity, 1 is the same
@@ -91,18 +105,28 @@ def table_name(table: str, version: str) -> str:
 
 
 def group_filter(groups: Sequence[str]) -> str:
-    """The prefilter a caller of `groups` searches under (SQL string literals, quotes doubled)."""
-    quoted = ", ".join("'" + g.replace("'", "''") + "'" for g in groups)
+    """The prefilter a caller of `groups` searches under: SQL string literals, quotes doubled,
+    each group exactly as `caller_groups` took it (which refuses control characters, so
+    nothing but a quote needs escaping)."""
+    quoted = ", ".join("'" + g.replace("'", "''") + "'" for g in caller_groups(groups))
     return f"{ACL} IS NOT NULL AND array_has_any({ACL}, [{quoted}])"
 
 
-def check_groups(groups: Sequence[str]) -> list[str]:
-    """The caller's groups as a search takes them; none is refused, never read as "all"."""
-    found = [g.strip() for g in groups if g.strip()]
-    if not found:
-        raise BatchlineError("a search needs the caller's groups (--groups G1,G2): only rows whose ACL names one "
-                             "of them are searched, and no groups is not all of them")
-    return found
+# The ways a search ranks: the vector index, every visible row, or every visible row after
+# the vector index's probed partitions held too few.
+IVF_PQ, EXACT, FALLBACK = "ivf_pq", "exact", "fallback"
+# Withheld candidates are replaced by fetching this many times as many again.
+REFILL_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A search's hits (nearest first), the way it ranked (IVF_PQ, EXACT or FALLBACK), and
+    how many candidates its `admit` check withheld."""
+
+    hits: list[Hit]
+    path: str
+    withheld: int = 0
 
 
 # --- the index ------------------------------------------------------------------------------
@@ -137,6 +161,10 @@ class IndexOutput:
         return LanceIndex(self, storage)
 
     def check(self, spec: JobSpec, store_url: str | None) -> None:
+        try:
+            import lancedb  # noqa: F401  # refused before any record is inferred, not at publish
+        except ImportError:
+            raise SpecError(f"output.index: {missing_extra('Retrieval indexes', 'lancedb', 'index')}") from None
         upstream_props: dict[str, Any] = {}
         version = upstream_version(spec)
         if version is not None and store_url is not None:
@@ -227,17 +255,18 @@ class LanceIndex:
 
     # --- stage ---------------------------------------------------------------------
 
-    def stage(self, store: ReaderStore, version: str) -> None:
+    def stage(self, store: ReaderStore, version: str) -> bool:
         from batchline.spec import stored_spec
 
         info = require_job(store, version)
         spec = stored_spec(info)
         db = self.connect()
         name = table_name(self.output.table_for(info.name), version)
-        if not _has_table(db, name):
+        wrote = not _has_table(db, name)
+        if wrote:
             schema, batches = self.rows(spec, version, store.iter_results(version), _upstream_reader(store, spec))
             write_table(db, name, schema, batches)
-        build_indexes(db.open_table(name), self.output)
+        return build_indexes(db.open_table(name), self.output) or wrote
 
     def rows(self, spec: JobSpec, version: str, results: Iterator[StoredResult],
              upstream: Upstream | None = None) -> tuple[Any, Iterator[Any]]:
@@ -339,27 +368,37 @@ class LanceIndex:
     # --- search ----------------------------------------------------------------------
 
     def search(self, name: str, version: str, vector: Sequence[float], groups: Sequence[str],
-               k: int, *, exact: bool = False) -> list[Hit]:
+               k: int, *, exact: bool = False, admit: Admit | None = None) -> Answer:
         """The k rows of `version` nearest `vector` among those the groups may see; `exact`:
-        compared with every visible row even where the approximate index is."""
-        where = group_filter(check_groups(groups))
+        compared with every visible row even where the approximate index is; `admit`: of a
+        batch of candidate ids, those that may be served now (others are withheld and
+        replaced by further candidates)."""
+        where = group_filter(groups)
+        k = check_k(k)
         tname = table_name(self.output.table_for(name), version)
+        missing = IndexMissing(f"{self.describe()} has no table {tname!r} for {version}: publish it again "
+                               f"(batchline publish {version} re-stages a missing table)")
+        from batchline.sources import is_remote
+
+        if not is_remote(self.output.uri) and not Path(self.output.uri).is_dir():
+            raise missing  # connecting would make the folder
         try:
             table = self.connect().open_table(tname)
         except Exception as exc:
             if _missing_table(exc):
-                raise IndexMissing(f"{self.describe()} has no table {tname!r} for {version}: it is staged when "
-                                   "the version is published; publish it again") from None
+                raise missing from None
             raise
         approximate = not exact and any(ix.columns == [VECTOR] for ix in table.list_indices())
         rows_in_version = table.count_rows() if approximate else 0
-        if approximate and table.count_rows(where) <= EXACT_BELOW_SHARE * rows_in_version:
+        visible = table.count_rows(where) if approximate else None
+        if approximate and visible is not None and visible <= EXACT_BELOW_SHARE * rows_in_version:
             approximate = False  # a selective ACL leaves few rows: ranking them all is as fast, and exact
         nprobes = self.output.nprobes or ivf_partitions(rows_in_version)
+        path = IVF_PQ if approximate else EXACT
 
-        def query(exact: bool) -> list[dict[str, Any]]:
+        def query(exact: bool, limit: int) -> list[dict[str, Any]]:
             q = table.search(list(vector), vector_column_name=VECTOR).distance_type(METRIC) \
-                .where(where, prefilter=True).select([ID, VERSION, *self.output.fields, DISTANCE]).limit(k)
+                .where(where, prefilter=True).select([ID, VERSION, *self.output.fields, DISTANCE]).limit(limit)
             if exact:
                 q = q.bypass_vector_index()
             else:
@@ -367,13 +406,36 @@ class LanceIndex:
             rows: list[dict[str, Any]] = q.to_arrow().to_pylist()
             return rows
 
-        rows = query(exact=not approximate)
-        if approximate and len(rows) < k:
-            rows = query(exact=True)  # the probed partitions held too few visible rows
+        def ranked(limit: int) -> list[dict[str, Any]]:
+            nonlocal path
+            rows = query(not approximate, limit)
+            if approximate and visible is not None and len(rows) < min(limit, visible):
+                path = FALLBACK  # the probed partitions held too few visible rows
+                rows = query(True, limit)
+            return rows
+
+        verdict: dict[str, bool] = {}
+        withheld = 0
+        limit = k
+        while True:
+            rows = ranked(limit)
+            if admit is None:
+                kept = rows
+                break
+            fresh = [str(r[ID]) for r in rows if str(r[ID]) not in verdict]
+            if fresh:
+                allowed = admit(fresh)
+                verdict.update((rid, rid in allowed) for rid in fresh)
+                withheld += len(fresh) - len(allowed & set(fresh))
+            kept = [r for r in rows if verdict[str(r[ID])]]
+            if len(kept) >= k or len(rows) < limit or (visible is not None and limit >= visible):
+                break
+            limit *= REFILL_FACTOR
         json_fields = {f.name for f in table.schema if f.metadata and f.metadata.get(JSON_FIELD)}
-        return [Hit(str(row[ID]), 1.0 - float(row[DISTANCE]),
+        hits = [Hit(str(row[ID]), 1.0 - float(row[DISTANCE]),
                     {f: (json.loads(row[f]) if f in json_fields and row[f] is not None else row[f])
-                     for f in self.output.fields}, str(row[VERSION])) for row in rows]
+                     for f in self.output.fields}, str(row[VERSION])) for row in kept[:k]]
+        return Answer(hits, path, withheld)
 
 
 @dataclass(frozen=True)
@@ -454,21 +516,25 @@ def write_table(db: Any, name: str, schema: Any, batches: Iterator[Any]) -> None
         raise
 
 
-def build_indexes(table: Any, output: IndexOutput) -> None:
+def build_indexes(table: Any, output: IndexOutput) -> bool:
     """The ACL's LABEL_LIST index, and from `approximate_min_rows` rows the IVF_PQ index,
-    each made unless it is there already."""
+    each made unless it is there already; whether it made one."""
     have = {tuple(ix.columns) for ix in table.list_indices()}
     rows = table.count_rows()
     if rows == 0:
-        return
+        return False
     from lancedb.index import IvfPq, LabelList
 
+    made = False
     if (ACL,) not in have:
         table.create_index(ACL, config=LabelList())
+        made = True
     if rows >= output.approximate_min_rows and (VECTOR,) not in have:
         dims = table.schema.field(VECTOR).type.list_size
         table.create_index(VECTOR, config=IvfPq(
             distance_type=METRIC, num_partitions=ivf_partitions(rows), num_sub_vectors=pq_sub_vectors(dims)))
+        made = True
+    return made
 
 
 def ivf_partitions(rows: int) -> int:
@@ -498,11 +564,10 @@ def _schema_dims(schema: Any) -> int:
 
 
 def _acl(acl: Any) -> list[str] | None:
+    """A result's ACL as the `acl` column holds it: its groups exactly as stored."""
     if acl is None:
         return None
-    if isinstance(acl, str):
-        return [acl]
-    return [str(a) for a in acl]
+    return [acl] if isinstance(acl, str) else list(acl)
 
 
 # --- the family ------------------------------------------------------------------------------
@@ -581,8 +646,6 @@ class LanceDBOutput(TargetFamily):
             return f"output.index.uri: {index.get('uri')} is a folder on this machine; give an s3:// or gs:// prefix"
         return None
 
-    check_groups = staticmethod(check_groups)
-
     @staticmethod
     def index_of(spec: JobSpec) -> IndexOutput:
         found = [t for t in spec.targets if isinstance(t, IndexOutput)]
@@ -599,9 +662,10 @@ class LanceDBOutput(TargetFamily):
         return [float(v) for v in vector]
 
     def search(self, name: str, version: str, vector: Sequence[float], groups: Sequence[str], *,
-               k: int, spec: JobSpec) -> list[Hit]:
+               k: int, spec: JobSpec, admit: Admit | None = None) -> Answer:
         """The published version's nearest rows the groups may see (see the module's doc)."""
-        return LanceIndex(self.index_of(spec), spec.input.storage).search(name, version, vector, groups, k)
+        return LanceIndex(self.index_of(spec), spec.input.storage).search(name, version, vector, groups, k,
+                                                                          admit=admit)
 
 
 LANCEDB = LanceDBOutput()

@@ -92,14 +92,14 @@ class ParquetDataset(_Dataset):
     def folder(self, name: str, version: str) -> Path:
         return self.root / name / version_folder(version)
 
-    def stage(self, store: ReaderStore, version: str) -> None:
+    def stage(self, store: ReaderStore, version: str) -> bool:
         from batchline.targets.files import as_umask_allows, export_parquet
 
         info = store.job(version)
         assert info is not None
         folder = self.folder(info.name, version)
         if folder.exists():
-            return
+            return False
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         try:
@@ -109,6 +109,7 @@ class ParquetDataset(_Dataset):
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        return True
 
     def _current_path(self, name: str) -> str:
         return str(self.root / name / "CURRENT")
@@ -142,7 +143,7 @@ class ObjectDataset(_Dataset):
     def folder(self, name: str, version: str) -> str:
         return f"{self.root}/{name}/{version_folder(version)}"
 
-    def stage(self, store: ReaderStore, version: str) -> None:
+    def stage(self, store: ReaderStore, version: str) -> bool:
         from batchline.sources.objects import object_exists, upload
         from batchline.targets.files import export_parquet
 
@@ -151,11 +152,12 @@ class ObjectDataset(_Dataset):
         part = f"{self.folder(info.name, version)}/{PART}"
         # Its one object is written whole or not at all, so a version already there is complete.
         if object_exists(part, self.settings):
-            return
+            return False
         with tempfile.TemporaryDirectory(prefix="batchline-export-") as scratch:
             local = Path(scratch) / PART
             export_parquet(store, version, local)
             upload(local, part, self.settings)
+        return True
 
     def _current_path(self, name: str) -> str:
         return f"{self.root}/{name}/CURRENT"

@@ -221,3 +221,35 @@ def test_a_missing_version_exits_66_and_its_message_showed_the_store_password(
         assert f"'{missing}' in {store.where()}" in said, (args, said)
         assert PASSWORD not in done.stdout + done.stderr, args
     assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "report.html").exists()
+
+
+def test_the_rate_of_a_sealed_version_is_over_its_own_run_not_the_time_since(
+        job_factory: Any, store_url: str, store: Store) -> None:
+    # Regression: status divided a sealed version's outcomes by a window that kept moving on after
+    # the seal, so records_per_second fell the longer one waited to look.
+    _spec, version = planned(job_factory(n=60), store)
+    run_to_seal(store, version)
+
+    def rate() -> tuple[float, float]:
+        status = json.loads(cli("status", version, "--store", store_url, "--json").stdout)
+        return status["records_per_second"], status["rate_window_seconds"]
+
+    before = rate()
+    assert before[0] > 0
+    store.shift_clock(3600)
+    assert rate() == before
+
+
+def test_a_published_name_exported_to_a_parquet_file_writes_that_file(
+        job_factory: Any, store_url: str, store: Store, tmp_path: Path) -> None:
+    from batchline.check.validate import validate
+    from batchline.publish.pointer import publish
+
+    _spec, version = planned(job_factory(n=8, name="tickets"), store)
+    run_to_seal(store, version)
+    assert validate(store, version).passed
+    publish(store, version)
+    done = cli("export", "tickets", "--format", "parquet", "--out", str(tmp_path / "x.parquet"), "--store", store_url)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "x.parquet").is_file() and f"of {version} to {tmp_path / 'x.parquet'}" in done.stderr
+    assert sorted(r["id"] for r in pq.read_table(tmp_path / "x.parquet").to_pylist()) == [f"r{i:06d}" for i in range(8)]

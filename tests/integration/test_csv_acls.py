@@ -100,3 +100,24 @@ def test_a_csv_job_planned_before_the_acl_rules_keeps_its_reading(job_factory: A
     # Planned again now, it is the version there is, not a refusal.
     again = plan(load_spec(spec), store)
     assert (again.version, again.created) == (version, False)
+
+
+def test_a_csv_acl_cell_holding_a_comma_under_no_rule_is_refused_with_both_rules(
+        job_factory: Any, store: Store, tmp_path: Path) -> None:
+    with pytest.raises(InputError) as refused:
+        planned(csv_job(job_factory, tmp_path, ["support", "support,billing"]), store)
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path / 'in-0.csv'}:3: id 'c1': ACL cell 'support,billing' holds a comma")
+    assert "input.acl_json: true" in message and "input.acl_separator" in message and "\n" not in message
+    assert store.jobs() == []
+    # Under the separator rule it is two groups.
+    _, version = planned(csv_job(job_factory, tmp_path, ["support", "support,billing"], acl_separator=","), store)
+    run_to_seal(store, version)
+    assert result_acls(store, version) == {"c0": ["support"], "c1": ["support", "billing"]}
+
+
+def test_a_json_array_cell_with_a_padded_group_is_refused_at_planning(
+        job_factory: Any, store: Store, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"id 'c1': ACL field 'acl': entry ' billing' has whitespace at its start"):
+        planned(csv_job(job_factory, tmp_path, ['["support"]', '["support", " billing"]'], acl_json=True), store)
+    assert store.jobs() == []

@@ -323,9 +323,10 @@ def test_two_publishers_at_once_leave_the_store_and_the_table_agreeing(
         assert store.resolve_name("test-job") == v2 and main_versions(store_url) == {v2: 25}
         history = store.publications("test-job")
         assert [(p.version, p.previous) for p in history] == [(v1, None), (v2, v1)]
+        table = pyiceberg_table(store_url, TABLE)
         assert history[-1].targets == {"iceberg:store/lake.results": {
-            "table_uuid": str(pyiceberg_table(store_url, TABLE).metadata.table_uuid),
-            "snapshot_id": pyiceberg_table(store_url, TABLE).metadata.current_snapshot_id, "version": v2}}
+            "table_uuid": str(table.metadata.table_uuid), "snapshot_id": table.metadata.current_snapshot_id,
+            "version": v2, "metadata_location": table.metadata_location}}
         # So the next rollback and publish are not refused.
         assert rollback(store, "test-job") == (v2, v1)
         assert main_versions(store_url) == {v1: 20}

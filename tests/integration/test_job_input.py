@@ -94,7 +94,7 @@ def test_the_version_moves_with_the_upstream_version_and_with_the_field(job_fact
         path).inference_identity()
 
 
-def test_an_incremental_run_after_a_new_upstream_version_carries_the_records_whose_text_and_acl_are_unchanged(
+def test_an_incremental_run_after_a_new_upstream_version_carries_the_records_whose_text_is_unchanged_under_their_acls(
         job_factory: Any, store: Store) -> None:
     records = make_records(N)
     publish_upstream(job_factory, store, records)
@@ -112,10 +112,11 @@ def test_an_incremental_run_after_a_new_upstream_version_carries_the_records_who
     second = plan(load_spec(path), store)
     assert second.version != first.version
     job = store.job(second.version)
-    assert job is not None and job.carried == N - 4
+    # An upstream ACL change re-runs nothing downstream: the record is carried under its new ACL.
+    assert job is not None and job.carried == N - 3
     run_to_seal(store, second.version)
     computed = {r.record_id for r in store.iter_results(second.version, computed_only=True)}
-    assert computed == {r["id"] for r in changed[:4]}
+    assert computed == {r["id"] for r in changed[:3]}
     assert {r.record_id: r.acl for r in store.iter_results(second.version)} == {
         r.record_id: r.acl for r in store.iter_results(upstream2)}
 
@@ -268,3 +269,37 @@ def test_a_named_upstream_version_is_read_instead_of_the_published_one(job_facto
     path.write_text(yaml.safe_dump(spec))
     with pytest.raises(InputError, match=r"input.job_version: tickets@0000000000000000 is no such version"):
         plan(load_spec(path), store)
+
+
+def test_output_carry_over_a_published_job_writes_the_upstream_s_carried_fields_not_nulls(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    records = make_records(12)
+    for i, r in enumerate(records):
+        r["region"], r["customer_id"] = f"eu-{i % 2}", 1000 + i
+    publish_upstream(job_factory, store, records, output={"schema": "schema.json", "carry": ["region", "customer_id"]})
+    path = downstream_job(job_factory, output={"schema": "schema.json", "carry": ["region", "customer_id"]})
+    version = plan(load_spec(path), store).version
+    run_to_seal(store, version)
+    want = {r["id"]: {"region": r["region"], "customer_id": r["customer_id"]} for r in records}
+    assert {r.record_id: r.carry for r in store.iter_results(version)} == want
+    Jobs(store_url).export(version, format="jsonl", out=tmp_path / "out.jsonl")
+    assert {json.loads(line)["id"]: json.loads(line)["carry"] for line in (tmp_path / "out.jsonl").open()} == want
+    import pyarrow.parquet as pq
+
+    Jobs(store_url).export(version, format="parquet", out=tmp_path / "out.parquet")
+    assert {r["id"]: r["carry"] for r in pq.read_table(tmp_path / "out.parquet").to_pylist()} == {
+        rid: {"region": c["region"], "customer_id": str(c["customer_id"])} for rid, c in want.items()}
+
+
+def test_output_carry_over_a_job_that_does_not_carry_the_field_is_refused_at_planning_naming_what_it_carries(
+        job_factory: Any, store: Store) -> None:
+    records = make_records(6)
+    for r in records:
+        r["region"] = "eu"
+    publish_upstream(job_factory, store, records, output={"schema": "schema.json", "carry": ["region"]})
+    path = downstream_job(job_factory, output={"schema": "schema.json", "carry": ["region", "customer_id"]})
+    jobs = len(store.jobs())
+    with pytest.raises(SpecError, match=r"output\.carry: 'customer_id' is not carried by tickets@\w+ \(a job over a "
+                                        r"job carries the fields its upstream carries: region;") as refused:
+        plan(load_spec(path), store)
+    assert "\n" not in str(refused.value) and len(store.jobs()) == jobs

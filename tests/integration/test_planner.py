@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchline.errors import InputError
+from batchline.errors import InputError, SpecError
 from batchline.plan.planner import plan
 from batchline.snapshot import Slice, read_slice
 from batchline.sources import open_source
@@ -309,6 +309,43 @@ def test_a_record_without_a_proper_acl_is_refused_at_planning(job_factory: Any, 
         plan(load_spec(job_factory(input_path=path, input_extra={"acl_field": "acl"})), store)
     assert str(info.value).startswith(f"{path}:4: id 'r000003': {refused}")
     assert store.jobs() == []
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize(("acl", "refused"), [
+    (["group-0", " group-1"], "entry ' group-1' has whitespace at its start or end"),
+    (["group-0 "], "entry 'group-0 ' has whitespace at its start or end"),
+    (["\u3000hr"], "has whitespace at its start or end"),
+    (["g\x1f1"], "holds the character U+001F"),
+    (["hr\u200b"], "holds the character U+200B"),
+    (["", "hr"], "entry '' is empty"),
+    (" hr", "entry ' hr' has whitespace"),
+])
+def test_a_padded_or_control_character_acl_entry_is_refused_at_planning_with_the_record_id(
+        job_factory: Any, store: Store, tmp_path: Path, fmt: str, acl: Any, refused: str) -> None:
+    # Regression: a padded entry (as a JSON array or a Parquet list can hold it) was stored as
+    # written, so no caller could ever match it, and a caller's padded group was stripped to match others.
+    records = make_records(5)
+    records[3]["acl"] = acl
+    if fmt == "jsonl":
+        path = write_jsonl(tmp_path / "in.jsonl", records)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = tmp_path / "in.parquet"
+        pq.write_table(pa.Table.from_pylist([{**r, "acl": r["acl"] if isinstance(r["acl"], list) else [r["acl"]]}
+                                             for r in records]), path)
+    with pytest.raises(InputError) as info:
+        plan(load_spec(job_factory(input_path=path, input_extra={"acl_field": "acl"})), store)
+    message = str(info.value)
+    assert ":4: id 'r000003': ACL field 'acl': entry " in message and refused in message and "\n" not in message
+    assert store.jobs() == []
+
+
+def test_a_padded_group_in_acl_missing_is_refused_in_the_spec(job_factory: Any) -> None:
+    with pytest.raises(SpecError, match=r"input\.acl_missing: entry 'restricted ' has whitespace"):
+        load_spec(job_factory(make_records(3), input_extra={"acl_field": "acl", "acl_missing": ["restricted "]}))
 
 
 def test_a_single_string_acl_is_a_list_of_one_and_acl_missing_says_what_none_means(

@@ -362,13 +362,15 @@ def test_an_incremental_run_infers_only_new_and_changed_records(job_factory: Any
     _spec2, v2 = planned(path2, store)
     assert v2 != v1
     run_to_seal(store, v2)
-    assert set(call_counts(calls)) == {"r000011", "r000021", "new-1"}
+    # An ACL-only change is carried under its new ACL: the engine never sees r000021 again.
+    assert set(call_counts(calls)) == {"r000011", "new-1"}
     results = {r.record_id: r for r in store.iter_results(v2)}
     assert len(results) == 200 and "r000005" not in results
     assert results["r000000"].origin == v1 and results["r000000"].output == next(
         r.output for r in store.iter_results(v1) if r.record_id == "r000000")
     assert results["r000011"].origin is None
-    assert [e.detail["records"] for e in store.events(v2, ["carry"])] == [197]
+    assert (results["r000021"].origin, results["r000021"].acl) == (v1, ["new-group"])
+    assert [e.detail["records"] for e in store.events(v2, ["carry"])] == [198]
     report = validate(store, v2)
     assert report.passed, report.table()
 
