@@ -51,8 +51,8 @@ class PublishResult:
         lines = [f"published {self.version} as {self.name}" + (f" (was {self.previous})" if self.previous else "")]
         lines += [f"  {line}" for line in self.shown]
         for lag in self.readers_behind:
-            info = lag.reader.split("@", 1)[0]
-            lines.append(f"  {info} ({lag.reader}) reads {lag.planned_on} of {self.name}: its searches follow the "
+            reader_name = lag.reader.split("@", 1)[0]
+            lines.append(f"  {reader_name} ({lag.reader}) reads {lag.planned_on} of {self.name}: its searches follow the "
                          f"ACLs published now; run it again so its own tables and exports do too")
         return "\n".join(lines)
 
@@ -64,7 +64,8 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
     (by default those the version's spec names) first gets the version staged, then
     shown, and the store records what each shows as it moves the pointer. A store
     that refuses puts the targets back. The version published already is left as it
-    is, and nothing is recorded (the result's `changed` is False)."""
+    is, and nothing is recorded (the result's `changed` is False): each target is staged
+    again, which writes back what was removed from under it (`restaged`)."""
     info = require_job(store, version)
     if info.state == "cancelled":
         raise BatchlineError(f"{version} was cancelled: a cancelled version is never published")

@@ -9,7 +9,9 @@ The input is pinned at planning to the version the name is published at then
 (`job_version` is written into the stored spec; a spec may also name a sealed
 version of the job itself). The upstream version and the field are the
 snapshot's pin, so the version hash moves when either does, and an incremental
-run (`base: published`) carries every record whose text and ACL are unchanged.
+run (`base: published`) carries every record whose text is unchanged (under its
+new ACL where the upstream changed only that). `output.carry` carries the fields
+the upstream carries, from each upstream result.
 
 Each record is one of the upstream's results: its id, the text of the chosen
 output field, and its ACL. Upstream dead letters are not records. A result whose

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
 
-from batchline.acl import caller_groups, check_k
+from batchline.acl import MAX_K, caller_groups, check_k
 from batchline.errors import BatchlineError, SpecError, missing_extra, one_line
 from batchline.store import ReaderStore, StoredResult, require_job
 from batchline.targets.base import TargetFamily
@@ -117,6 +117,8 @@ def group_filter(groups: Sequence[str]) -> str:
 IVF_PQ, EXACT, FALLBACK = "ivf_pq", "exact", "fallback"
 # Withheld candidates are replaced by fetching this many times as many again.
 REFILL_FACTOR = 4
+# A search whose candidates are checked (`admit`) asks for this many times k at first.
+CHECKED_MARGIN = 2
 
 
 @dataclass(frozen=True)
@@ -416,7 +418,9 @@ class LanceIndex:
 
         verdict: dict[str, bool] = {}
         withheld = 0
-        limit = k
+        # Checked candidates come with a margin: asking a search for twice as many costs little
+        # (it scans the same partitions), while a round for the withheld ones costs a search.
+        limit = k if admit is None else min(CHECKED_MARGIN * k, MAX_K)
         while True:
             rows = ranked(limit)
             if admit is None:

@@ -35,7 +35,14 @@ def test_the_index_demo_keeps_a_desk_only_ticket_from_hr_and_finds_it_first_for_
     desk = jobs.search("ticket-summaries", query=query, groups=["it-service-desk"], k=5).hits
     assert desk[0].record_id == desk_only["id"]
 
-    # Run again, the demo finds both versions done and published, and checks the same.
+    # Run again, the demo finds both versions done and published, plans and publishes nothing
+    # new, and checks the same.
+    versions = [(v.version, v.state, v.published) for v in jobs.versions()]
+    assert len(versions) == 2 and all(published for _v, _s, published in versions)
     again = subprocess.run([sys.executable, "-m", "examples.index_demo", "--out", str(out)], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
+    assert [(v.version, v.state, v.published) for v in jobs.versions()] == versions
+    assert again.stderr.count("already; nothing changed") == 2, again.stderr[-2000:]
+    assert "nothing was left to answer" in again.stderr
+    assert [line for line in again.stdout.splitlines() if line.startswith("checked: ")] == [checked]

@@ -237,12 +237,18 @@ def test_an_engine_core_dying_mid_batch_was_reported_fatal_instead_of_a_crash_to
     assert not isinstance(info.value, EngineFatal)
 
 
-def test_require_gpus_refused_vllms_cpu_platform() -> None:
+def test_require_gpus_refused_vllms_cpu_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     _require_devices(4, on_cpu=True)
     torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        with pytest.raises(EngineFatal, match="needs 1 CUDA GPU"):
-            _require_devices(1, on_cpu=False)
+    # What the machine has is set here, so the check is the same on a GPU machine as on a CPU one.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    _require_devices(2, on_cpu=False)
+    with pytest.raises(EngineFatal, match=r"needs 3 CUDA GPU\(s\) \(tensor_parallel_size\), 2 visible"):
+        _require_devices(3, on_cpu=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(EngineFatal, match=r"needs 1 CUDA GPU\(s\) \(tensor_parallel_size\), 0 visible"):
+        _require_devices(1, on_cpu=False)
 
 
 def test_structured_outputs_config_and_the_executor_backend_reach_vllm() -> None:
