@@ -14,7 +14,9 @@ from typing import Any, TextIO
 
 from batchline.errors import BatchlineError
 from batchline.sizing import capacity as cap
+from batchline.sizing import paced
 from batchline.sizing import simulate as sim
+from batchline.sizing.pacing import Policy
 
 _SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 _COUNT = re.compile(r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
@@ -79,6 +81,19 @@ def strategy_list(text: str) -> list[sim.Strategy]:
     if not names:
         raise argparse.ArgumentTypeError("give at least one strategy")
     return [sim.Strategy(name) for name in names]
+
+
+def policy_list(text: str) -> list[Policy]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    known = [str(p) for p in Policy]
+    if names == ["all"]:
+        return list(Policy)
+    for name in names:
+        if name not in known:
+            raise argparse.ArgumentTypeError(f"{name!r} is not one of {', '.join(known)} (or all)")
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one policy")
+    return [Policy(name) for name in names]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -384,6 +399,18 @@ def _register_simulate(subparsers: argparse._SubParsersAction) -> None:  # type:
     s.add_argument("--batchline", action="store_true", help="--notice, --take-back and --tail-split (default off)")
     s.add_argument("--compare", action="store_true",
                    help="every row twice: as the seed design ran it, and as batchline runs it (default off)")
+    d = p.add_argument_group("holding a deadline with paid workers (with --policy, instead of the sweep)")
+    option(d, "--policy", None, "buy paid workers by these policies, compared over the seeds: none, always, "
+           "greedy, uniform (comma-separated), or all", unset="no paid workers, the sweep", type=policy_list)
+    option(d, "--fallback-workers", 0, "the most paid workers at once", type=int)
+    option(d, "--fallback-cost", 3.0, "price of a paid worker-hour, in spot worker-hours", type=non_negative)
+    option(d, "--spot-trace", None, "spot workers available over time: lines of SECONDS WORKERS",
+           unset="every worker throughout, less --waves", metavar="FILE")
+    option(d, "--waves", 0, "reclaim waves within the window, each at a seeded random time", type=int)
+    option(d, "--wave-seconds", 3600.0, "how long each of --waves keeps --wave-share of the spot workers away",
+           type=positive)
+    option(d, "--tick-seconds", 60.0, "how often the pacer decides", type=positive)
+    option(d, "--shard-size", 5000, "the shard size of --policy runs", type=whole_count)
     p.add_argument("--recommend-shard-size", action="store_true",
                    help="also pick the shard size with the least expected makespan for keyed-per-record "
                         "(default off)")
@@ -423,6 +450,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise BatchlineError(f"simulate: {exc}") from None
+    if args.policy is not None:
+        return run_policies(args, base, started)
     scenarios = ([replace(base, notice=False, tail_split=False, take_back=False), sim.with_batchline(base)]
                  if args.compare else [base])
     seeds = list(range(args.seeds))
@@ -446,6 +475,80 @@ def run_simulate(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot: {args.plot}")
     return 0
+
+
+def run_policies(args: argparse.Namespace, base: sim.Scenario, started: float) -> int:
+    """`simulate --policy`: each policy over the same seeds (the same spot side for all),
+    with batchline's worker and store (notices, take-backs, tail splits)."""
+    from pathlib import Path
+
+    if args.deadline_hours is None:
+        raise BatchlineError("simulate --policy needs --deadline-hours: the policies hold a deadline")
+    if args.fallback_workers < 0 or args.waves < 0:
+        raise BatchlineError("--fallback-workers and --waves cannot be negative")
+    if args.fallback_workers == 0 and set(args.policy) - {Policy.NONE}:
+        raise BatchlineError("simulate --policy buys paid workers: give --fallback-workers N (at least 1)")
+    if args.spot_trace is not None and args.waves:
+        raise BatchlineError("--spot-trace and --waves are two ways to say the spot capacity: give one")
+    trace = None
+    if args.spot_trace is not None:
+        try:
+            trace = paced.Trace.read(Path(args.spot_trace))
+        except FileNotFoundError:
+            raise BatchlineError(f"--spot-trace {args.spot_trace}: no such file") from None
+        except ValueError as exc:
+            raise BatchlineError(f"--spot-trace {exc}") from None
+    scenario = sim.with_batchline(base)
+    deadline = args.deadline_hours * 3600.0
+    seeds = list(range(args.seeds))
+    policies = list(dict.fromkeys([Policy.NONE, *args.policy]))  # the bound is the spot side's alone
+    rows = paced.compare_policies(scenario, deadline, args.fallback_workers, seeds, policies=policies,
+                                  shard_size=args.shard_size, paid_price=args.fallback_cost,
+                                  tick_seconds=args.tick_seconds, trace=trace, waves=args.waves,
+                                  wave_share=args.wave_share, wave_seconds=args.wave_seconds)
+    bound = next(r for r in rows if r.policy is Policy.NONE)
+    shown = [r for r in rows if r.policy in args.policy]
+    elapsed = time.perf_counter() - started
+    if args.json:
+        json.dump({"scenario": asdict(scenario), "deadline_hours": args.deadline_hours, "seeds": seeds,
+                   "fallback_workers": args.fallback_workers, "fallback_cost": args.fallback_cost,
+                   "hindsight_bound_hours": bound.bound_hours_mean,
+                   "policies": [{**asdict(r), "policy": str(r.policy)} for r in shown]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print_policies(scenario, args, shown, bound, elapsed, sys.stdout)
+    return 0
+
+
+def print_policies(sc: sim.Scenario, args: argparse.Namespace, rows: Sequence[paced.PolicyRow],
+                   bound: paced.PolicyRow, elapsed: float, out: TextIO) -> None:
+    spot = (f"spot capacity from {args.spot_trace}" if args.spot_trace else
+            f"{args.waves} reclaim waves in the window, each taking {args.wave_share:.0%} of the spot workers for "
+            f"{args.wave_seconds / 3600:g} h" if args.waves else "every spot worker throughout")
+    lines = [
+        f"scenario  {sc.items:,} items on {sc.workers} spot workers at {sc.records_per_second:g} items/s; "
+        f"{_per_hour(sc.interruptions_per_hour, 'interruption')} per worker-hour, {sc.stall_share:.0%} of them "
+        f"stalls; {spot}",
+        f"          model load (the restart overhead d) {sc.model_load_seconds:g} s, lease {sc.lease_seconds:g} s, "
+        f"shards of {args.shard_size:,}; ideal {sc.ideal_seconds / 3600:.2f} h; deadline {args.deadline_hours:g} h",
+        f"paid      up to {args.fallback_workers} workers at {args.fallback_cost:g}x the spot price; "
+        f"{bound.seeds} seeds, a decision every {args.tick_seconds:g} s",
+        f"bound     the hindsight lower bound: {bound.bound_hours_mean:.2f} paid worker-hours on average (the work "
+        "the spot workers could not do by the deadline, each start's load taken out)",
+        "",
+        f"{'policy':<10}{'deadlines met':>15}{'paid worker-h':>15}{'paid cost':>11}{'over bound':>12}"
+        f"{'makespan h':>12}",
+    ]
+    for r in rows:
+        lines.append(f"{r.policy!s:<10}{f'{r.met} of {r.seeds}':>15}{r.paid_hours_mean:>15.2f}"
+                     f"{r.paid_cost_mean:>11.2f}{_over(r):>12}{r.makespan_hours_mean:>12.2f}")
+    lines += ["", "paid cost: in spot worker-hours' prices; over bound: paid worker-hours over the seed's own "
+              "hindsight bound, averaged", f"simulated in {elapsed:.1f} s"]
+    out.write("\n".join(lines) + "\n")
+
+
+def _over(row: paced.PolicyRow) -> str:
+    return f"{row.over_bound_mean:.2f}x" if row.bound_hours_mean > 0 and row.policy is not Policy.NONE else "-"
 
 
 def simulate_json(results: Sequence[tuple[sim.Scenario, list[sim.SweepRow]]],

@@ -562,12 +562,20 @@ class _Sim:
             if self.finished_at is not None:
                 return
 
-    def run(self, max_seconds: float) -> None:
+    def start(self) -> None:
+        """Every slot loads its model at time 0 and has its interruptions drawn."""
         for w in self.workers:
             w.load_end = self.sc.model_load_seconds
             self.push(w.load_end, _LOAD_DONE, w.idx, w.gen)
             self.next_interrupt(w.idx, 0.0)
         self.next_wave(0.0)
+
+    def on_other(self, kind: int, t: float, a: int, b: int, extra: Any) -> None:
+        """An event of a kind a variant of the simulation adds (batchline.sizing.paced)."""
+        raise AssertionError(f"no handler for event kind {kind}")
+
+    def run(self, max_seconds: float) -> None:
+        self.start()
         while self.finished_at is None:
             if not self.events:
                 raise AssertionError("simulation stalled with work left and nothing scheduled")
@@ -607,8 +615,10 @@ class _Sim:
             elif kind == _INTERRUPT:
                 is_stall, seconds = extra
                 self.on_interrupt(self.workers[a], t, is_stall, seconds)
-            else:
+            elif kind == _WAVE:
                 self.on_wave(t)
+            else:
+                self.on_other(kind, t, a, b, extra)
         end = self.finished_at
         for w in self.workers:
             self.book(w, end)

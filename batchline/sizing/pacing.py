@@ -1,0 +1,214 @@
+"""Holding the deadline: how many paid workers a job needs now (I7), by one rule.
+
+Every launcher's pacer (local, Ray, Kubernetes) and the simulator ask `decide`;
+no other module states the rule. It keeps no state of its own: everything it
+reads (committed progress, the workers the store has seen, the paid workers
+running now, the spend so far) comes from the store and the launcher each time,
+so a pacer that restarts, or two that run at once, decide the same.
+
+The rule is Uniform Progress (Wu et al., "Can't Be Late: Optimizing Spot
+Instance Savings under Deadlines", NSDI 2024), for a job of many workers:
+
+- **Expected progress** grows linearly from what was done when the version's
+  first shard was claimed (carried results and the planner's dead letters count
+  as done at the start) to every record at the deadline: `ep(t)`. Committed
+  progress `cp(t)` is the results and dead letters the version holds.
+- **Behind** (`cp(t) < ep(t)`): paid workers are bought, as many as bring the
+  job back onto the line within the catch-up horizon (paid workers that start
+  now produce only after the restart overhead `d`, their launch to their first
+  claim), at least one and at most `fallback.workers`.
+- **Hysteresis.** Paid workers that run are kept until `cp(t) >= ep(t + 2d)`:
+  the job is then two restart overheads ahead, and they are reduced to the
+  number that holds the line's pace beside the spot workers (none once spot
+  capacity alone keeps it), never stopped and restarted tick after tick.
+- **Safety net.** When the time left is less than the remaining work at every
+  worker's rate (the spot workers seen now and every paid worker) plus `2d`,
+  every paid worker is held to the end: the last moment at which the deadline
+  can still be met.
+- **The budget** (`fallback.max_cost`) is never exceeded: no more paid workers
+  run than the spend left pays for until the next decision and their stop
+  (`stop_seconds`); with the budget spent the job is "at risk".
+
+The spot side is never bought or stopped here: spot workers come and go as the
+cluster gives them. Paid workers are ordinary workers of the same version, so
+I1-I5 hold whatever is decided.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+# The restart overhead until this run has measured one: a worker's launch to its first
+# claim, which includes loading the model (the simulator's default model load).
+DEFAULT_RESTART_OVERHEAD_SECONDS = 180.0
+# The catch-up horizon: paid workers started now are to bring the job back onto the line
+# within this many restart overheads (they work for all but the first), and at least this
+# share of the window, so a short overhead does not make a burst of the whole fleet.
+CATCH_UP_OVERHEADS = 8
+CATCH_UP_WINDOW_SHARE = 0.05
+
+
+class Policy(StrEnum):
+    """How paid workers are bought: batchline's rule (`uniform`), and the baselines the
+    simulator compares it with."""
+
+    NONE = "none"  # never
+    ALWAYS = "always"  # every paid worker from the start to the end
+    GREEDY = "greedy"  # every paid worker while behind, none otherwise, re-decided at each tick
+    UNIFORM = "uniform"  # Uniform Progress: the rule above
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a pacer knows at one moment, all of it read anew each time."""
+
+    now: float
+    started_at: float  # the version's first claim
+    deadline: float
+    records: int  # the version's records
+    done_at_start: int  # carried results and planner dead letters: done before any worker
+    committed: int  # results plus dead letters now
+    spot_workers: int  # spot workers the store has seen claim or heartbeat recently
+    paid_workers: int  # paid workers the store has seen (launched ones not seen yet do not count)
+    paid_running: int  # paid slots that exist now (seen or not): hysteresis holds these
+    max_paid: int  # fallback.workers
+    worker_rate: float  # records per second of one worker
+    restart_overhead: float = DEFAULT_RESTART_OVERHEAD_SECONDS
+    # Paid worker-seconds the budget still pays for (None: no max_cost), and what a
+    # decision must leave for: the time to the next one plus a worker's stop.
+    budget_seconds: float | None = None
+    stop_seconds: float = 0.0
+    # How long the last records can take beyond the line: a stalled owner's lease runs out
+    # before its records in flight are done again (the job's shards.lease_seconds).
+    tail_seconds: float = 0.0
+
+
+class Mode(StrEnum):
+    DONE = "done"
+    ON_TIME = "on time"
+    BEHIND = "behind"
+    HOLDING = "holding"  # ahead of the line, paid workers kept to keep its pace
+    SAFETY_NET = "safety net"
+    AT_RISK = "at risk"
+
+
+@dataclass(frozen=True)
+class Decision:
+    paid: int  # paid workers to run now
+    mode: Mode
+    expected: float  # ep(now), records
+    reason: str  # one line, as status and run show it
+
+    def to_json(self) -> dict[str, object]:
+        return {"paid": self.paid, "mode": str(self.mode), "expected": self.expected, "reason": self.reason}
+
+
+def line_end(obs: Observation) -> float:
+    """When the line reaches every record: before the deadline by the tail (a stalled
+    owner's lease running out on the last records) and two restart overheads (the safety
+    net's margin)."""
+    return max(obs.started_at, obs.deadline - obs.tail_seconds - 2 * obs.restart_overhead)
+
+
+def expected_progress(obs: Observation, at: float) -> float:
+    """ep(at): records done by `at` on the line from the first claim to `line_end`."""
+    window = line_end(obs) - obs.started_at
+    share = 1.0 if window <= 0 else min(1.0, max(0.0, (at - obs.started_at) / window))
+    return obs.done_at_start + (obs.records - obs.done_at_start) * share
+
+
+def catch_up_horizon(obs: Observation) -> float:
+    return max(CATCH_UP_OVERHEADS * obs.restart_overhead,
+               CATCH_UP_WINDOW_SHARE * max(0.0, obs.deadline - obs.started_at), 1.0)
+
+
+def line_rate(obs: Observation) -> float:
+    """Records per second the line rises by."""
+    window = max(1.0, line_end(obs) - obs.started_at)
+    return (obs.records - obs.done_at_start) / window
+
+
+def safety_net(obs: Observation) -> bool:
+    """Whether even every worker there can be (the spot workers seen and every paid worker)
+    has no more than `2d` of slack left: the last moment to hold all of them."""
+    remaining = obs.records - obs.committed
+    capacity = (obs.spot_workers + obs.max_paid) * obs.worker_rate
+    if remaining <= 0:
+        return False
+    needed = math.inf if capacity <= 0 else remaining / capacity
+    return obs.deadline - obs.now < needed + 2 * obs.restart_overhead
+
+
+def decide(obs: Observation, policy: Policy | str = Policy.UNIFORM) -> Decision:
+    """The paid workers to run now, under `policy` (see the module's doc)."""
+    policy = Policy(policy)
+    expected = expected_progress(obs, obs.now)
+    if obs.committed >= obs.records:
+        return Decision(0, Mode.DONE, expected, "done")
+    behind = obs.committed < expected
+    if policy is Policy.NONE or obs.max_paid <= 0:
+        wanted, mode = 0, Mode.BEHIND if behind else Mode.ON_TIME
+    elif policy is Policy.ALWAYS:
+        wanted, mode = obs.max_paid, Mode.BEHIND if behind else Mode.ON_TIME
+    elif policy is Policy.GREEDY:
+        wanted, mode = (obs.max_paid, Mode.BEHIND) if behind else (0, Mode.ON_TIME)
+    else:
+        wanted, mode = _uniform(obs, expected)
+    return _within_budget(obs, wanted, mode, expected)
+
+
+def _uniform(obs: Observation, expected: float) -> tuple[int, Mode]:
+    rate = max(obs.worker_rate, 1e-9)
+    spot = obs.spot_workers * obs.worker_rate
+    if safety_net(obs):
+        return obs.max_paid, Mode.SAFETY_NET
+    held = max(obs.paid_running, obs.paid_workers)
+    if obs.committed < expected:
+        # Back onto the line by t + h: spot works all of h, a paid worker started now h - d.
+        h = catch_up_horizon(obs)
+        gap = expected_progress(obs, obs.now + h) - obs.committed - spot * h
+        catch_up = math.ceil(gap / (rate * max(h - obs.restart_overhead, 1.0))) if gap > 0 else 1
+        return min(obs.max_paid, max(held, catch_up, 1)), Mode.BEHIND
+    if held:
+        # Not behind: as many of those running as keep the job two restart overheads ahead of
+        # the line by the end of the horizon beside the spot workers there are now (so none
+        # once spot capacity alone does), never more than run now: a paid worker is started
+        # only when the job is behind, so none is stopped and started again tick after tick.
+        h = catch_up_horizon(obs)
+        gap = expected_progress(obs, obs.now + h + 2 * obs.restart_overhead) - obs.committed - spot * h
+        keep = max(0, math.ceil(gap / (rate * h) - 1e-9))
+        if keep:
+            return min(obs.max_paid, held, keep), Mode.HOLDING
+    return 0, Mode.ON_TIME
+
+
+def _within_budget(obs: Observation, wanted: int, mode: Mode, expected: float) -> Decision:
+    affordable = wanted
+    if obs.budget_seconds is not None:
+        per_worker = max(obs.stop_seconds, 1e-9)
+        affordable = min(wanted, max(0, math.floor(obs.budget_seconds / per_worker)))
+    if affordable < wanted:
+        return Decision(affordable, Mode.AT_RISK, expected,
+                        f"at risk: paid budget spent ({affordable} of the {wanted} paid workers wanted)")
+    if mode is Mode.DONE:
+        reason = "done"
+    elif mode is Mode.ON_TIME:
+        reason = "on time"
+    elif mode is Mode.BEHIND:
+        reason = f"behind: buying {wanted} paid worker{'s' if wanted != 1 else ''}" if wanted else \
+            "behind, and no paid capacity (fallback.workers)"
+    elif mode is Mode.HOLDING:
+        reason = f"on time: holding {wanted} paid worker{'s' if wanted != 1 else ''} to keep the pace"
+    else:
+        reason = f"safety net: every paid worker ({wanted}) to the end"
+    return Decision(affordable, mode, expected, reason)
+
+
+def hindsight_paid_seconds(work_seconds: float, spot_seconds: float) -> float:
+    """The least paid worker-time that finishes by the deadline with the spot side known in
+    hindsight: the work left once the spot workers did all they could (`spot_seconds`:
+    their productive worker-seconds by the deadline, each restart's overhead taken out),
+    in worker-seconds of one worker's rate."""
+    return max(0.0, work_seconds - spot_seconds)
