@@ -36,10 +36,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, NoReturn
 
-from batchline.errors import BatchlineError, EngineFatal, VersionEnded, VersionHalted
+from batchline.errors import BatchlineError, EngineFatal, SpecError, VersionEnded, VersionHalted
 
 if TYPE_CHECKING:
     from batchline.check.validate import ValidationReport
+    from batchline.ops.pacer import PaceReport
     from batchline.ops.report.data import ReportData
     from batchline.plan.planner import PlanPreview, PlanResult
     from batchline.publish.pointer import PublishResult
@@ -70,6 +71,8 @@ class RunResult:
     log_dir: Path  # the workers' logs
     exit_code: int  # 0: sealed; 75: stopped early with work left (run again to go on)
     answered: int = 0  # records this run gave an outcome (not those carried or answered before it)
+    pace: PaceReport | None = None  # what the run's pacer saw last (with a fallback section)
+    reclaims: int = 0  # spot workers a --spot-trace drill killed
     validation: ValidationReport | None = None  # with publish=True
     publication: PublishResult | None = None
 
@@ -199,7 +202,8 @@ class Jobs:
 
     def run(self, spec: str | Path, *, workers: int = 1, log_dir: str | Path | None = None, publish: bool = False,
             plan_key: str | None = None, progress: IO[str] | None = sys.stderr,
-            log: Callable[[str], None] = _stderr) -> RunResult:
+            log: Callable[[str], None] = _stderr, deadline: str | None = None,
+            spot_trace: str | Path | None = None) -> RunResult:
         """Plans the job if it is new and keeps `workers` local worker processes running until
         every shard is done; `publish`: then validates the version and publishes it if it
         passes (`BatchlineError` if it does not), unless its name shows it already.
@@ -211,12 +215,30 @@ class Jobs:
         from the main thread), it returns with `exit_code` 75 and the work left in the
         store for the next run."""
         from batchline.ops.runner import LocalRunner, default_log_dir
+        from batchline.sizing.paced import Trace
         from batchline.spec import load_spec
+        from batchline.spec.deadline import parse_deadline
 
         if workers < 1:
             raise BatchlineError(f"workers must be at least 1, not {workers}")
         job = load_spec(spec)
+
+        def refuse(where: str, why: str) -> NoReturn:
+            raise SpecError(f"{where}: {why}")
+
+        held = parse_deadline(deadline, "--deadline", refuse) if deadline is not None else job.deadline
+        trace = None
+        if spot_trace is not None:
+            try:
+                trace = Trace.read(Path(spot_trace))
+            except FileNotFoundError:
+                raise BatchlineError(f"--spot-trace {spot_trace}: no such file") from None
+            except ValueError as exc:
+                raise BatchlineError(f"--spot-trace {exc}") from None
         with self._opened(create=True) as s, contextlib.ExitStack() as closing:
+            refusal = held.refusal(s.now()) if held is not None else None
+            if refusal is not None:
+                raise SpecError(refusal)  # before anything is planned or started
             _say_created(s, log)
             version, created = _plan_once(s, job, plan_key, log)
             log(f"version {version}")
@@ -228,12 +250,12 @@ class Jobs:
             out = progress if progress is not None else closing.enter_context(open(os.devnull, "w"))
             runner = LocalRunner(s, version, workers, out=out,
                                  log_dir=Path(log_dir) if log_dir is not None else default_log_dir(s.url, version),
-                                 deadline=job.deadline.timestamp() if job.deadline else None)
+                                 deadline=held, spot_trace=trace)
             summary = runner.run()
             _refuse_cancelled(s, version)
             result = RunResult(version, created, summary.status, summary.seconds, workers,
                                summary.worker_starts, summary.restarts, summary.log_dir, summary.exit_code,
-                               summary.answered)
+                               summary.answered, pace=summary.pace, reclaims=summary.reclaims)
             if publish and summary.exit_code == 0:
                 validation, publication = self.validate_and_publish(version, log=log)
                 result = replace(result, validation=validation, publication=publication)

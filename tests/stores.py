@@ -19,6 +19,7 @@ import pytest
 from batchline.store import Store, open_store
 from batchline.store.ports import (
     OutcomeWriter,
+    PaidHeartbeat,
     ProviderParking,
     RuntimePins,
     ShardInput,
@@ -35,7 +36,8 @@ CONTRACT_STORES = [*STORES, pytest.param(WORKER_ROLE, marks=pytest.mark.postgres
 
 # What a worker may call, from the port itself rather than a list kept by hand.
 WORKER_METHODS = frozenset(
-    name for port in (ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins) for name in vars(port)
+    name for port in (ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, PaidHeartbeat)
+    for name in vars(port)
     if not name.startswith("_"))
 
 

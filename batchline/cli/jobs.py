@@ -33,6 +33,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--plan-key", default=None, metavar="KEY",
                    help="a scheduled run's key (its scheduled minute): the first run with KEY plans the version, "
                         "every later one runs that version, whatever the input has become")
+    p.add_argument("--deadline", default=None, metavar="TIME|WINDOW",
+                   help="the deadline instead of the spec's: an ISO 8601 time, or a window such as 6h from the "
+                        "version's first claim; with the spec's fallback section, paid workers hold it")
+    p.add_argument("--spot-trace", default=None, metavar="FILE",
+                   help="a drill: at most as many of the --workers as this trace (lines of SECONDS WORKERS, from "
+                        "the run's start) allows at each moment; the extra ones are killed outright, as a reclaim "
+                        "would")
     p.set_defaults(func=cmd_run)
 
     p = command("plan", "plan the job and print its version")
@@ -70,6 +77,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the address the metrics endpoint listens on (default: all)")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="json: one JSON object a line, for a log pipeline")
+    p.add_argument("--paid-slot", default=None, metavar="paid-N/GENERATION",
+                   help="run as the paid worker of this slot's start, as a pacer starts one (with --job): it "
+                        "tells the store it is up and when it stops, and exits at once if that start was ended")
     p.add_argument("--routes", default=None, metavar="ROUTE,...",
                    help="take only shards of these routes: 'local' for the job's own engine, or the names of "
                         "routing.providers (default: every route; a worker without a GPU can poll hosted "
@@ -200,7 +210,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise BatchlineError("--workers must be at least 1")
-    summary = Jobs(args.store).run(args.spec, workers=args.workers, log_dir=args.log_dir, plan_key=args.plan_key)
+    summary = Jobs(args.store).run(args.spec, workers=args.workers, log_dir=args.log_dir, plan_key=args.plan_key,
+                                   deadline=args.deadline, spot_trace=args.spot_trace)
     store = _store(args)
     st = summary.status
     info = store.job(st.version)
@@ -236,6 +247,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         lines.append("  routes       " + "; ".join(
             f"{route} {t.results:,}/{t.records:,} answered, {t.input_tokens:,} in, {t.output_tokens:,} out"
             for route, t in sorted(routes.items())))
+    paid = store.paid_slots(st.version)
+    if paid or spec.fallback is not None:
+        spent = store.paid_spend_seconds(st.version)
+        cost = spec.fallback.cost_per_worker_hour if spec.fallback is not None else 0.0
+        lines.append(f"  paid         {len(paid)} paid worker starts, {spent / 3600:,.2f} paid worker-hours"
+                     + (f", cost {spent / 3600 * cost:,.2f}" if cost else "")
+                     + (f"; {summary.pace.decision.reason}" if summary.pace is not None else ""))
+    if summary.reclaims:
+        lines.append(f"  spot trace   {summary.reclaims} spot workers reclaimed")
     lines.append(f"  worker logs  {summary.log_dir}")
     print("\n".join(lines), file=sys.stderr)
     if args.publish and summary.exit_code == 0:
@@ -284,11 +304,32 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from batchline.worker.notices import start_watcher
 
     watcher = start_watcher(args.preemption_notice, stop, base_url=args.metadata_url, log=log.info)
+    from batchline.worker.paid import PaidSlotKeeper, PaidSlotRef
+
+    paid = PaidSlotRef.parse(args.paid_slot) if args.paid_slot else None
+    if paid is not None and args.job is None:
+        raise BatchlineError("--paid-slot needs --job VERSION: a paid worker works the version its pacer bought it for")
     store = open_store(args.store, create=False, wait_seconds=args.store_wait, log=log.info)
+    keeper = None
+    if paid is not None:
+        from batchline.worker.liveness import process_identity
+
+        assert args.job is not None
+        keeper = PaidSlotKeeper(store, args.job, paid, worker_id, process_identity(), log=log.info,
+                                on_lost=stop.set)
+        if not keeper.start():
+            log.info("paid slot %s is not running in the store (stopped, or started again elsewhere): exit 0", paid)
+            return 0
+        log.info("paid worker of slot %s", paid)
     worker = Worker(store, version=args.job, worker_id=worker_id, stop=stop,
                     poll_seconds=args.poll_seconds, log=log.info, telemetry=telemetry,
-                    routes=[r.strip() for r in args.routes.split(",") if r.strip()] if args.routes else None)
-    code = worker.run()
+                    routes=[r.strip() for r in args.routes.split(",") if r.strip()] if args.routes else None,
+                    on_claim=keeper.on_claim if keeper is not None else lambda _v: None)
+    try:
+        code = worker.run()
+    finally:
+        if keeper is not None:
+            keeper.stop("its worker exited")
     if watcher is not None:
         watcher.close()
     log.info("exit %d", code)

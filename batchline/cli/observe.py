@@ -122,7 +122,6 @@ def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[s
     stream = out or sys.stdout
     info = require_job(store, version)
     spec = stored_spec(info)
-    deadline = spec.deadline.timestamp() if spec.deadline else None
     samples: collections.deque[tuple[float, int]] = collections.deque()
     started = time.monotonic()
     updates = 0
@@ -130,6 +129,7 @@ def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[s
     try:
         while True:
             st = store.status(version, window_seconds=RATE_WINDOW_SECONDS)
+            deadline = spec.deadline.resolve(st.started_at, st.now) if spec.deadline else None
             now = time.monotonic()
             done = st.results + st.dead_letters
             samples.append((now, done))

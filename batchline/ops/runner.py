@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -23,9 +24,17 @@ from typing import IO
 
 from batchline.errors import ERROR_PREFIX, BatchlineError
 from batchline.launch import FATAL_EXITS
-from batchline.store import JobStatus, Store
-from batchline.worker.liveness import take_back_dead
+from batchline.ops.pacer import Pacer, PaceReport
+from batchline.sizing.paced import Trace
+from batchline.spec import stored_spec
+from batchline.spec.deadline import Deadline
+from batchline.store import JobStatus, Store, require_job
+from batchline.store.paid import PaidSlot
+from batchline.worker.liveness import death_proof, signal_same_host, take_back_dead
 from batchline.worker.supervisor import EXIT_DONE, EXIT_PREEMPTED
+
+# How often a local run's pacer decides.
+PACE_TICK_SECONDS = 2.0
 
 # Worker exits that mean the job itself is wrong (input changed, engine or
 # weights broken, bad usage): restarting would only repeat them.
@@ -49,6 +58,8 @@ class _Slot:
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
     starts: int = 0
+    name: str | None = None  # a paid slot's (paid-0, ...); None for a spot worker
+    reclaimed: bool = False  # a drill's spot trace has taken it away for now
 
 
 @dataclass
@@ -61,6 +72,9 @@ class RunSummary:
     exit_code: int = 0
     samples: list[tuple[float, int]] = field(default_factory=list)
     answered_before: int = 0  # records with an outcome when this run began (carried, or a run before)
+    paid_starts: int = 0  # paid workers its pacer started
+    pace: PaceReport | None = None  # what its pacer saw last
+    reclaims: int = 0  # spot workers a drill's spot trace killed
 
     @property
     def answered(self) -> int:
@@ -68,10 +82,42 @@ class RunSummary:
         return self.status.results + self.status.dead_letters - self.answered_before
 
 
+class LocalPaid:
+    """Paid workers as local processes (`batchline run` with a `fallback` section): the
+    `PaidLauncher` of batchline.ops.pacer. A slot's worker this runner did not start (one a
+    runner before it started, still running) is stopped through its process identity."""
+
+    def __init__(self, runner: LocalRunner, stop_seconds: float) -> None:
+        self.runner = runner
+        self.stop_seconds = stop_seconds
+        self.slots: dict[str, _Slot] = {}
+
+    def start(self, version: str, slot: str, generation: int) -> None:
+        own = self.slots.setdefault(slot, _Slot(len(self.slots), name=slot))
+        self.runner._spawn(own, ["--paid-slot", f"{slot}/{generation}"])
+
+    def stop(self, version: str, start: PaidSlot) -> None:
+        own = self.slots.get(start.slot)
+        if own is not None and own.proc is not None and own.proc.poll() is None:
+            own.proc.send_signal(signal.SIGTERM)
+        elif start.process:
+            signal_same_host(start.process, signal.SIGTERM)
+
+    def gone(self, version: str, start: PaidSlot) -> bool:
+        own = self.slots.get(start.slot)
+        if own is not None and own.proc is not None:
+            return own.proc.poll() is not None
+        return start.process is not None and death_proof(start.process) is not None
+
+    def alive(self) -> int:
+        return sum(1 for s in self.slots.values() if s.proc is not None and s.proc.poll() is None)
+
+
 class LocalRunner:
     def __init__(self, store: Store, version: str, workers: int, *, log_dir: Path | None = None,
                  out: IO[str] = sys.stderr, refresh_seconds: float | None = None, max_restarts: int | None = None,
-                 deadline: float | None = None) -> None:
+                 deadline: Deadline | None = None, pace: bool = True, spot_trace: Trace | None = None,
+                 tick_seconds: float = PACE_TICK_SECONDS) -> None:
         self.store = store
         self.version = version
         self.workers = workers
@@ -81,21 +127,55 @@ class LocalRunner:
         self.refresh_seconds = refresh_seconds or (1.0 if out.isatty() else 10.0)
         self.max_restarts = max_restarts if max_restarts is not None else 5 * workers + 5
         self.deadline = deadline
+        self.spot_trace = spot_trace
+        self.tick_seconds = tick_seconds
         self._stop_requested = False
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        spec = stored_spec(require_job(store, version))
+        self.deadline = deadline or spec.deadline
+        self.paid: LocalPaid | None = None
+        self.pacer: Pacer | None = None
+        self.last_pace: PaceReport | None = None
+        self.reclaims = 0
+        if pace and spec.fallback is not None:
+            self.paid = LocalPaid(self, spec.shards.grace_seconds)
+            self.pacer = Pacer(store, version, self.paid, tick_seconds=tick_seconds, by=RUNNER, spec=spec,
+                               deadline_override=deadline, log=self._say)
 
-    def _spawn(self, slot: _Slot) -> None:
+    def _say(self, line: str) -> None:
+        self.out.write(("\n" if self.out.isatty() else "") + f"pacer: {line}\n")
+        self.out.flush()
+
+    def _spawn(self, slot: _Slot, extra: Sequence[str] = ()) -> None:
         slot.starts += 1
-        slot.log = self.log_dir / f"worker-{slot.index}.log"
+        slot.log = self.log_dir / f"worker-{slot.name or slot.index}.log"
         log = slot.log.open("ab")
         # The URL goes in the environment, not on the command line, where any user of
         # the machine could read a PostgreSQL password in the process list.
         slot.proc = subprocess.Popen(
-            [sys.executable, "-m", "batchline", "worker", "--job", self.version],
+            [sys.executable, "-m", "batchline", "worker", "--job", self.version, *extra],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL,
             env={**os.environ, "BATCHLINE_STORE": self.store.url},
         )
         log.close()
+
+    def _follow_trace(self, slots: list[_Slot], elapsed: float) -> None:
+        """A drill's spot capacity: at most as many spot workers as the trace allows now; the
+        extra ones are killed outright, as a reclaim would, and started again when it allows."""
+        assert self.spot_trace is not None
+        allowed = min(len(slots), self.spot_trace.at(elapsed))
+        up = [s for s in slots if s.proc is not None and s.proc.poll() is None]
+        for slot in up[allowed:]:
+            assert slot.proc is not None
+            slot.proc.kill()
+            slot.proc.wait()
+            slot.reclaimed = True
+            self.reclaims += 1
+        if up[allowed:]:
+            take_back_dead(self.store, self.version, RUNNER)
+        for slot in [s for s in slots if s.reclaimed][:max(0, allowed - len(up))]:
+            slot.reclaimed = False
+            self._spawn(slot)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._stop_requested = True
@@ -112,18 +192,30 @@ class LocalRunner:
         restarts = 0
         exit_code = 0
         try:
-            for slot in slots:
+            for slot in slots[:self.spot_trace.at(0.0) if self.spot_trace is not None else len(slots)]:
                 self._spawn(slot)
-            last_draw = 0.0
+            for slot in slots[self.spot_trace.at(0.0):] if self.spot_trace is not None else ():
+                slot.reclaimed = True
+            last_draw = last_pace = 0.0
             while True:
                 if self._stop_requested:
                     exit_code = self._stop_all(slots)
                     break
-                alive = 0
-                for slot in slots:
+                elapsed = time.monotonic() - started
+                if self.spot_trace is not None:
+                    self._follow_trace(slots, elapsed)
+                if self.pacer is not None and time.monotonic() - last_pace >= self.tick_seconds:
+                    last_pace = time.monotonic()
+                    self._pace()
+                alive = self.paid.alive() if self.paid is not None else 0
+                for slot in [*slots, *(self.paid.slots.values() if self.paid is not None else ())]:
+                    if slot.reclaimed:
+                        alive += 1  # taken away for now: it comes back when the trace allows
+                        continue
                     code = slot.proc.poll() if slot.proc else EXIT_DONE
                     if code is None:
-                        alive += 1
+                        if slot.name is None:
+                            alive += 1
                         continue
                     if slot.proc is None or code == EXIT_DONE:
                         slot.proc = None
@@ -132,7 +224,13 @@ class LocalRunner:
                     take_back_dead(self.store, self.version, RUNNER)
                     if code in FATAL_EXITS:
                         self._stop_all(slots)
-                        raise WorkerFailed(code, f"worker {slot.index}: {self._last_line(slot)} (log: {slot.log})")
+                        raise WorkerFailed(code, f"worker {slot.name or slot.index}: {self._last_line(slot)} "
+                                                 f"(log: {slot.log})")
+                    if slot.name is not None:
+                        # A paid worker that stopped or died is its pacer's to start again, while the
+                        # job is still behind (its start in the store says which slot it was).
+                        slot.proc = None
+                        continue
                     restarts += 1
                     if restarts > self.max_restarts:
                         self._stop_all(slots)
@@ -143,9 +241,9 @@ class LocalRunner:
                 status = self.store.status(self.version)
                 now = time.monotonic()
                 if now - last_draw >= self.refresh_seconds or alive == 0:
-                    self._draw(status, alive, now - started)
+                    self._draw(status, self._running(slots), now - started)
                     last_draw = now
-                if alive == 0:
+                if alive == 0 or (status.state == "sealed" and not self._any_alive(slots)):
                     break
                 time.sleep(0.2)
         finally:
@@ -156,10 +254,29 @@ class LocalRunner:
         status = self.store.status(self.version)
         if exit_code == 0 and status.state != "sealed":
             exit_code = EXIT_PREEMPTED
+        paid = self.paid.slots.values() if self.paid is not None else ()
         return RunSummary(status, time.monotonic() - started, sum(s.starts for s in slots), restarts,
-                          self.log_dir, exit_code, list(self._samples), before.results + before.dead_letters)
+                          self.log_dir, exit_code, list(self._samples), before.results + before.dead_letters,
+                          paid_starts=sum(s.starts for s in paid), pace=self.last_pace, reclaims=self.reclaims)
+
+    def _running(self, slots: list[_Slot]) -> int:
+        """Worker processes running now, spot and paid."""
+        every = [*slots, *(self.paid.slots.values() if self.paid is not None else ())]
+        return sum(1 for s in every if s.proc is not None and s.proc.poll() is None)
+
+    def _any_alive(self, slots: list[_Slot]) -> bool:
+        return self._running(slots) > 0
+
+    def _pace(self) -> None:
+        assert self.pacer is not None
+        try:
+            self.last_pace = self.pacer.tick()
+        except BatchlineError as exc:
+            # The store cannot be read now: nothing new is started, and the workers go on.
+            self._say(f"cannot pace now ({exc}); starting nothing new, the workers go on")
 
     def _stop_all(self, slots: list[_Slot]) -> int:
+        slots = [*slots, *(self.paid.slots.values() if self.paid is not None else ())]
         procs = [s.proc for s in slots if s.proc and s.proc.poll() is None]
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -191,8 +308,11 @@ class LocalRunner:
     def _draw(self, st: JobStatus, alive: int, elapsed: float) -> None:
         done = st.results + st.dead_letters
         rate = self.rate(time.monotonic(), done)
-        self.out.write(("\r" if self.out.isatty() else "") + progress_line(st, rate, alive, elapsed, self.deadline)
-                       + ("" if self.out.isatty() else "\n"))
+        deadline = self.deadline.resolve(st.started_at, st.now) if self.deadline is not None else None
+        line = progress_line(st, rate, alive, elapsed, deadline)
+        if self.last_pace is not None:
+            line += " | " + self.last_pace.line()
+        self.out.write(("\r" if self.out.isatty() else "") + line + ("" if self.out.isatty() else "\n"))
         self.out.flush()
 
 

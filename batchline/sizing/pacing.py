@@ -40,9 +40,8 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-# The restart overhead until this run has measured one: a worker's launch to its first
-# claim, which includes loading the model (the simulator's default model load).
-DEFAULT_RESTART_OVERHEAD_SECONDS = 180.0
+from batchline.spec.deadline import DEFAULT_RESTART_OVERHEAD_SECONDS
+
 # The catch-up horizon: paid workers started now are to bring the job back onto the line
 # within this many restart overheads (they work for all but the first), and at least this
 # share of the window, so a short overhead does not make a burst of the whole fleet.

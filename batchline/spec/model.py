@@ -14,7 +14,6 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,7 @@ from batchline.store import DeadLetterBound
 
 if TYPE_CHECKING:
     from batchline.sources.base import InputSource
+    from batchline.spec.deadline import Deadline, FallbackSpec
     from batchline.targets.base import TargetSpec
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -307,7 +307,7 @@ class JobSpec:
     output_schema: Mapping[str, Any]
     schema_path: Path | None
     shards: ShardSpec
-    deadline: datetime | None
+    deadline: Deadline | None
     validate: ValidateSpec
     source: Path | None = None
     label_field: str | None = None
@@ -319,6 +319,8 @@ class JobSpec:
     # index), in the order the output section names them; not part of the version, since
     # it cannot change a result.
     targets: tuple[TargetSpec, ...] = ()
+    # Paid workers a pacer may buy while the job is behind its deadline: not part of the version.
+    fallback: FallbackSpec | None = None
 
     def inference_identity(self) -> str:
         """What decides a record's result given its content: a base version's result
@@ -439,7 +441,9 @@ class JobSpec:
         if self.model.digest:
             out["model"]["digest"] = self.model.digest
         if self.deadline:
-            out["deadline"] = self.deadline.isoformat()
+            out["deadline"] = self.deadline.to_json()
+        if self.fallback:
+            out["fallback"] = self.fallback.to_dict()
         if self.routing:
             out["routing"] = {"class_field": self.routing.class_field,
                               "providers": {p.route: _provider_dict(p) for p in self.routing.providers}}

@@ -13,7 +13,6 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
-from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn, Protocol
 
@@ -27,6 +26,7 @@ from batchline.prompts.examples import DEFAULT_EXAMPLE_CHARS, Example
 from batchline.registry import ENGINES, PROVIDERS, unhonoured_knob
 from batchline.sources import ParseContext, expand_paths, is_remote
 from batchline.sources import keyed_families as source_keys
+from batchline.spec.deadline import FALLBACK_FIELDS, parse_deadline, parse_fallback
 from batchline.spec.model import (
     COMPRESSED_SUFFIXES,
     DEFAULT_ABORT_MIN_OUTCOMES,
@@ -85,7 +85,10 @@ TOP_FIELDS: Fields = {
     "decoding": _doc(_MAP, "How the output is sampled"),
     "output": _doc(_MAP, "The output's JSON Schema, and where a published version is shown"),
     "shards": _doc(_MAP, "How the input is cut and leased (scheduling: not part of the version)"),
-    "deadline": _doc(_STR, "ISO 8601; ETA and reports measure against it"),
+    "deadline": _doc(_STR, "An ISO 8601 time, or a window (6h, 90m, 1h30m) from the version's first claim: the "
+                           "pacer holds it, ETA and reports measure against it (not part of the version)"),
+    "fallback": _doc(_MAP, "Paid workers of the same version a pacer may buy while the job is behind its deadline "
+                           "(not part of the version)"),
     "validate": _doc(_MAP, "The gate a sealed version must pass before it is published"),
     "base": _doc(_STR, "published, or a version: carry unchanged records from it"),
     "retention": _doc(_MAP, "How many versions of the name are kept"),
@@ -265,6 +268,7 @@ SECTIONS: Mapping[str, tuple[Callable[[], Mapping[str, Mapping[str, Any]]], froz
     "validate.drift": (lambda: DRIFT_FIELDS, frozenset()),
     "validate.eval": (lambda: EVAL_FIELDS, frozenset({"labels"})),
     "retention": (lambda: RETENTION_FIELDS, frozenset()),
+    "fallback": (lambda: FALLBACK_FIELDS, frozenset({"workers"})),
     "routing": (lambda: ROUTING_FIELDS, frozenset({"class_field", "providers"})),
     "routing.providers.*": (lambda: PROVIDER_FIELDS, frozenset({"api", "model", "classes", "retention"})),
     "routing.providers.*.prices": (lambda: PRICES_FIELDS, frozenset()),
@@ -311,7 +315,10 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     # In the order the section names them: publish stages and shows them in that order.
     named = tuple(targets[key].parse(key, out, r, ctx) for key in out if key in targets and out[key] is not None)
     shards = _parse_shards(r, top.get("shards", {}) or {})
-    deadline = _parse_deadline(r, top.get("deadline"))
+    deadline = parse_deadline(top.get("deadline"), "deadline", r.fail)
+    fallback = parse_fallback(top.get("fallback"), r)
+    if fallback is not None and deadline is None:
+        r.fail("fallback", "buys paid workers to hold a deadline: give deadline too (a time, or a window such as 6h)")
     validate = _parse_validate(r, top.get("validate", {}) or {}, base_dir, label_field)
     check_abort_rate(shards.abort_dead_letter_rate, validate, lambda msg: r.fail("shards.abort_dead_letter_rate",
                                                                                 msg))
@@ -335,7 +342,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
                    decoding=decoding, output_schema=schema, schema_path=schema_path,
                    shards=shards, deadline=deadline, validate=validate, source=source,
                    label_field=label_field, base=base, retention=retention, routing=routing,
-                   targets=named)
+                   targets=named, fallback=fallback)
 
 
 def _parse_carry(r: SpecReader, value: Any, chat: bool) -> tuple[str, ...]:
@@ -644,17 +651,6 @@ def _parse_shards(r: SpecReader, raw: Any) -> ShardSpec:
         r.fail("shards.renew_seconds", "must be shorter than shards.lease_seconds")
 
     return shards
-
-
-def _parse_deadline(r: SpecReader, value: Any) -> datetime | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        r.fail("deadline", f"{value!r} is not an ISO 8601 time")
 
 
 def _parse_routing(r: SpecReader, raw: Any) -> RoutingSpec:

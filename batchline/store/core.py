@@ -58,6 +58,7 @@ from batchline.store.model import (
     rollback_target,
     within,
 )
+from batchline.store.paid import PaidSlots
 
 T = TypeVar("T")
 Row = Sequence[Any]
@@ -219,7 +220,7 @@ def coverage_from(counts: Sequence[int],
     return Coverage(records, missing, unexpected, both, missing_sample, unexpected_sample)
 
 
-class StoreCore(VersionChanges, ABC):
+class StoreCore(VersionChanges, PaidSlots, ABC):
     """Every port's operation, over a backend's SQL (`q`) and transactions."""
 
     url: str
@@ -346,7 +347,7 @@ class StoreCore(VersionChanges, ABC):
         return JobInfo(version=row[0], name=row[1], state=row[2], spec=self._unjson(row[3]),
                        record_count=int(row[4]), shard_count=int(row[5]), created_at=float(row[6]),
                        sealed_at=float(row[7]) if row[7] is not None else None, carried=int(row[8]),
-                       bound=_bound(row[9], row[10]), halt=self._halt(row[11]))
+                       bound=_bound(row[9], row[10]), halt=self._halt(row[11]), planned_dead=int(row[12] or 0))
 
     def _halt(self, value: Any) -> Halt | None:
         return Halt.from_json(self._unjson(value)) if value is not None else None
@@ -472,7 +473,9 @@ class StoreCore(VersionChanges, ABC):
 
     def split(self, version: str, worker: str) -> int | None:
         """Splits the unstarted tail of the leased local shard that has the most of it into a
-        new ready shard (see `split_point`); returns the new shard's number, or None."""
+        new ready shard (see `split_point`); returns the new shard's number, or None. A shard
+        holding carried results is never split: the store does not keep which pieces they are
+        in, so they would stay counted on the shard that keeps none of their records."""
         op = uuid.uuid4()
 
         def body(tx: Tx) -> int | None:

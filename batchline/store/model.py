@@ -139,6 +139,7 @@ class JobInfo:
     # the one given to `resume`); None: never halted on its dead letters.
     bound: DeadLetterBound | None = None
     halt: Halt | None = None  # while halted, why
+    planned_dead: int = 0  # dead letters the planner wrote (over the length cap, without text)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from batchline.store.model import (
     StoredResult,
     ValidationRecord,
 )
+from batchline.store.paid import PaidSlot
 
 
 class StoreHandle(Protocol):
@@ -176,7 +177,22 @@ class RuntimePins(Protocol):
         ...
 
 
-class WorkerStore(StoreHandle, ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, Protocol):
+class PaidHeartbeat(Protocol):
+    """A paid worker's own start: that it is up, and that it stopped."""
+
+    def paid_seen(self, version: str, slot: str, generation: int, worker: str,
+                  process: dict[str, Any] | None, *, claimed: bool = False) -> bool:
+        """The worker of a start says it is up (and, `claimed`, that it has claimed); False when
+        that start was stopped meanwhile or belongs to another worker: it is to exit."""
+        ...
+
+    def paid_stop(self, version: str, slot: str, generation: int, reason: str) -> bool:
+        """Ends a start (its worker exited, or its process is gone); False if it had ended."""
+        ...
+
+
+class WorkerStore(StoreHandle, ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, PaidHeartbeat,
+                  Protocol):
     """Everything a worker may call."""
 
 
@@ -317,6 +333,23 @@ class ReaderStore(StoreHandle, ChangeReader, Protocol):
     def publications(self, name: str) -> list[Publication]: ...
 
 
+class PaidCapacity(PaidHeartbeat, Protocol):
+    """What a pacer keeps of a version's paid workers (batchline.store.paid)."""
+
+    def paid_slots(self, version: str) -> list[PaidSlot]:
+        """Every start of every paid slot of the version, by slot and generation."""
+        ...
+
+    def paid_launch(self, version: str, slot: str, by: str, cost_per_hour: float, *,
+                    stale_seconds: float) -> int | None:
+        """A new start of `slot`, unless one runs ("already there": None)."""
+        ...
+
+    def paid_spend_seconds(self, version: str) -> float:
+        """Paid worker-seconds the version has used, from the store's own record of them."""
+        ...
+
+
 class PublisherStore(ReaderStore, Protocol):
     """Validation and the pointer readers follow (I3)."""
 
@@ -368,7 +401,7 @@ class PublisherStore(ReaderStore, Protocol):
         ...
 
 
-class Store(WorkerStore, PlannerStore, PublisherStore, Protocol):
+class Store(WorkerStore, PlannerStore, PublisherStore, PaidCapacity, Protocol):
     """A whole store: every port, and the test clock."""
 
     def shift_clock(self, seconds: float) -> None:

@@ -294,6 +294,29 @@ ALTER TABLE records ADD COLUMN carry text;
     (14, "the hash of a planned record's text apart from its ACL", """
 ALTER TABLE records ADD COLUMN text_hash text;
 """),
+    # Paid workers a pacer bought to hold a version's deadline, one row per start of a slot
+    # (paid-0, paid-1, ...): the slot's generation is what makes a second start of a slot that
+    # runs "already there", and the rows are the store's own record of the paid worker time.
+    # A worker's role sees and updates its version's rows only.
+    (15, "paid workers: slots, their starts and their worker time", """
+CREATE TABLE paid_workers (
+    version text NOT NULL,
+    slot text NOT NULL,
+    generation int NOT NULL,
+    launched_at float8 NOT NULL,
+    launched_by text NOT NULL,
+    cost_per_hour float8 NOT NULL,
+    worker text,
+    process jsonb,
+    started_at float8,
+    seen_at float8,
+    claimed_at float8,
+    stopped_at float8,
+    stop_reason text,
+    PRIMARY KEY (version, slot, generation)
+);
+ALTER TABLE paid_workers ENABLE ROW LEVEL SECURITY;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -386,7 +409,7 @@ ALL_EVENTS = f"{_EVENT_COLUMNS} WHERE {_KINDS} ORDER BY id"
 # --- jobs and planning ----------------------------------------------------------------
 
 _JOB_COLUMNS = ("version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count, "
-                "abort_rate, abort_min, halt")
+                "abort_rate, abort_min, halt, planned_dead")
 JOB = WorkerStatement(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE version = %(v)s", *reads("jobs"))
 JOBS = (f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'halted', 'sealed', 'cancelled') "
         f"ORDER BY created_at")
@@ -569,11 +592,12 @@ UPDATE shards SET state = CASE WHEN batch ->> 'batch_id' IS NOT NULL THEN 'submi
                   owner = NULL, epoch = epoch + 1, lease_expires = NULL, poll_at = batchline_now()
 WHERE {FENCE}""", updates("shards", "state", "owner", "epoch", "lease_expires", "poll_at"),
     *reads("shards", "clock"))
-# The leased local shard with the longest unstarted tail, whose owner's lease is current.
+# The leased local shard with the longest unstarted tail, whose owner's lease is current, holding no
+# carried results (see the SQLite module).
 SPLIT_CANDIDATE = WorkerStatement("""
 SELECT shard_no, owner, epoch, slice, first_piece, end_piece, started_piece FROM shards
 WHERE version = %(v)s AND state = 'leased' AND route = 'local' AND end_piece IS NOT NULL
-  AND lease_expires > batchline_now()
+  AND lease_expires > batchline_now() AND carried = 0
 ORDER BY end_piece - GREATEST(COALESCE(started_piece, first_piece), first_piece) DESC, shard_no
 LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED""", updates("shards", "state"), *reads("shards", "clock"))
 NEXT_SHARD_NO = WorkerStatement("SELECT COALESCE(max(shard_no), -1) + 1 FROM shards WHERE version = %(v)s",
@@ -876,3 +900,28 @@ BASE_HASHES = """
 SELECT p.record_id, p.content_hash, p.text_hash,
        EXISTS (SELECT 1 FROM results b WHERE b.version = %(v)s AND b.record_id = p.record_id)
 FROM records p WHERE p.version = %(v)s AND p.record_id = ANY(%(ids)s)"""
+
+# --- paid workers (batchline.store.paid) ---------------------------------------------------
+
+_PAID_COLUMNS = ("slot, generation, launched_at, launched_by, cost_per_hour, worker, process, started_at, seen_at, "
+                 "claimed_at, stopped_at, stop_reason")
+PAID_SLOTS = f"SELECT {_PAID_COLUMNS} FROM paid_workers WHERE version = %(v)s ORDER BY slot, generation"
+PAID_SLOT_LATEST = (f"SELECT {_PAID_COLUMNS} FROM paid_workers WHERE version = %(v)s AND slot = %(slot)s "
+                    f"ORDER BY generation DESC LIMIT 1")
+PAID_INSERT = ("INSERT INTO paid_workers (version, slot, generation, launched_at, launched_by, cost_per_hour) "
+               "VALUES (%(v)s, %(slot)s, %(g)s, batchline_now(), %(by)s, %(cost)s)")
+PAID_SEEN = WorkerStatement("""
+UPDATE paid_workers SET worker = %(w)s, process = %(process)s, started_at = COALESCE(started_at, batchline_now()),
+    seen_at = batchline_now(),
+    claimed_at = CASE WHEN %(claimed)s AND claimed_at IS NULL THEN batchline_now() ELSE claimed_at END
+WHERE version = %(v)s AND slot = %(slot)s AND generation = %(g)s AND stopped_at IS NULL
+  AND (worker IS NULL OR worker = %(w)s)""",
+    updates("paid_workers", "worker", "process", "started_at", "seen_at", "claimed_at"),
+    *reads("paid_workers", "clock"))
+PAID_STOP = WorkerStatement(
+    "UPDATE paid_workers SET stopped_at = batchline_now(), stop_reason = %(reason)s WHERE version = %(v)s "
+    "AND slot = %(slot)s AND generation = %(g)s AND stopped_at IS NULL",
+    updates("paid_workers", "stopped_at", "stop_reason"), *reads("paid_workers", "clock"))
+# Worker-seconds from each start (the worker's process up) to its stop, or to now while it runs.
+PAID_SPEND = ("SELECT COALESCE(SUM(COALESCE(stopped_at, batchline_now()) - started_at), 0) FROM paid_workers "
+              "WHERE version = %(v)s AND started_at IS NOT NULL")

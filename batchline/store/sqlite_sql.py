@@ -262,6 +262,27 @@ ALTER TABLE records ADD COLUMN carry TEXT;
     (12, "the hash of a planned record's text apart from its ACL", """
 ALTER TABLE records ADD COLUMN text_hash TEXT;
 """),
+    # Paid workers a pacer bought to hold a version's deadline, one row per start of a slot
+    # (paid-0, paid-1, ...): the slot's generation is what makes a second start of a slot that
+    # runs "already there", and the rows are the store's own record of the paid worker time.
+    (13, "paid workers: slots, their starts and their worker time", """
+CREATE TABLE IF NOT EXISTS paid_workers (
+    version TEXT NOT NULL,
+    slot TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    launched_at REAL NOT NULL,
+    launched_by TEXT NOT NULL,
+    cost_per_hour REAL NOT NULL,
+    worker TEXT,
+    process TEXT,
+    started_at REAL,
+    seen_at REAL,
+    claimed_at REAL,
+    stopped_at REAL,
+    stop_reason TEXT,
+    PRIMARY KEY (version, slot, generation)
+);
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -299,7 +320,7 @@ ALL_EVENTS = f"{_EVENT_COLUMNS} WHERE {_KINDS} ORDER BY id"
 # --- jobs and planning ------------------------------------------------------------------
 
 _JOB_COLUMNS = ("version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count, "
-                "abort_rate, abort_min, halt")
+                "abort_rate, abort_min, halt, planned_dead")
 JOB = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE version = :v"
 NO_JOBS = "SELECT NOT EXISTS (SELECT 1 FROM jobs)"
 JOBS = (f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'halted', 'sealed', 'cancelled') "
@@ -440,11 +461,13 @@ LEASE_HOLDERS = ("SELECT shard_no, owner, epoch, lease_expires, owner_process FR
 TAKE_BACK = (f"UPDATE shards SET state = CASE WHEN json_extract(batch, '$.batch_id') IS NOT NULL "
              f"THEN 'submitted' ELSE 'ready' END, owner = NULL, epoch = epoch + 1, lease_expires = NULL, "
              f"poll_at = {NOW_EXPR} WHERE {FENCE}")
-# The leased local shard with the longest unstarted tail, whose owner's lease is current.
+# The leased local shard with the longest unstarted tail, whose owner's lease is current. A
+# shard holding results carried from a base version is not split: which of its pieces the
+# carried results are in is not kept, so the tail's count of outcomes could not move with it.
 SPLIT_CANDIDATE = f"""
 SELECT shard_no, owner, epoch, slice, first_piece, end_piece, started_piece FROM shards
 WHERE version = :v AND state = 'leased' AND route = 'local' AND end_piece IS NOT NULL
-  AND lease_expires > {NOW_EXPR}
+  AND lease_expires > {NOW_EXPR} AND carried = 0
 ORDER BY end_piece - MAX(COALESCE(started_piece, first_piece), first_piece) DESC, shard_no LIMIT 1"""
 NEXT_SHARD_NO = "SELECT COALESCE(MAX(shard_no), -1) + 1 FROM shards WHERE version = :v"
 SHRINK_SHARD = ("UPDATE shards SET end_piece = :end, record_count = record_count - :records, "
@@ -635,3 +658,22 @@ BASE_HASHES = f"""
 SELECT p.record_id, p.content_hash, p.text_hash,
        EXISTS (SELECT 1 FROM results b WHERE b.version = :v AND b.record_id = p.record_id)
 FROM records p WHERE p.version = :v AND p.record_id IN {IDS}"""
+
+# --- paid workers (batchline.store.paid) ---------------------------------------------------
+
+_PAID_COLUMNS = ("slot, generation, launched_at, launched_by, cost_per_hour, worker, process, started_at, seen_at, "
+                 "claimed_at, stopped_at, stop_reason")
+PAID_SLOTS = f"SELECT {_PAID_COLUMNS} FROM paid_workers WHERE version = :v ORDER BY slot, generation"
+PAID_SLOT_LATEST = (f"SELECT {_PAID_COLUMNS} FROM paid_workers WHERE version = :v AND slot = :slot "
+                    f"ORDER BY generation DESC LIMIT 1")
+PAID_INSERT = (f"INSERT INTO paid_workers (version, slot, generation, launched_at, launched_by, cost_per_hour) "
+               f"VALUES (:v, :slot, :g, {NOW_EXPR}, :by, :cost)")
+PAID_SEEN = f"""
+UPDATE paid_workers SET worker = :w, process = :process, started_at = COALESCE(started_at, {NOW_EXPR}),
+    seen_at = {NOW_EXPR}, claimed_at = CASE WHEN :claimed AND claimed_at IS NULL THEN {NOW_EXPR} ELSE claimed_at END
+WHERE version = :v AND slot = :slot AND generation = :g AND stopped_at IS NULL AND (worker IS NULL OR worker = :w)"""
+PAID_STOP = (f"UPDATE paid_workers SET stopped_at = {NOW_EXPR}, stop_reason = :reason WHERE version = :v "
+             f"AND slot = :slot AND generation = :g AND stopped_at IS NULL")
+# Worker-seconds from each start (the worker's process up) to its stop, or to now while it runs.
+PAID_SPEND = (f"SELECT COALESCE(SUM(COALESCE(stopped_at, {NOW_EXPR}) - started_at), 0) FROM paid_workers "
+              f"WHERE version = :v AND started_at IS NOT NULL")

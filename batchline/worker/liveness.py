@@ -89,6 +89,24 @@ def same_host_death(owner: dict[str, Any], here: dict[str, Any] | None = None) -
     return None
 
 
+def signal_same_host(owner: dict[str, Any], signum: int) -> bool:
+    """Sends `signum` to the process `owner` describes, only if it runs on this host (boot and
+    pid namespace) and is the very process (its start time): False otherwise."""
+    here = process_identity()
+    if not owner.get("boot_id") or owner.get("boot_id") != here.get("boot_id") or \
+            owner.get("pid_ns") != here.get("pid_ns"):
+        return False
+    pid, start = owner.get("pid"), owner.get("start")
+    stat = _stat(pid) if isinstance(pid, int) else None
+    if stat is None or start is None or stat[1] != start:
+        return False
+    try:
+        os.kill(int(pid), signum)  # type: ignore[arg-type]
+    except ProcessLookupError:
+        return False
+    return True
+
+
 PodLookup = Callable[[str, str], str | None]  # (namespace, pod) -> the pod's uid, None if there is no such pod
 
 

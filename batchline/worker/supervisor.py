@@ -53,8 +53,10 @@ class Worker:
     def __init__(self, store: WorkerStore, *, version: str | None = None, worker_id: str | None = None,
                  stop: threading.Event | None = None, poll_seconds: float = 1.0,
                  log: Callable[[str], None] = lambda _m: None,
-                 telemetry: WorkerTelemetry | None = None, routes: Sequence[str] | None = None) -> None:
+                 telemetry: WorkerTelemetry | None = None, routes: Sequence[str] | None = None,
+                 on_claim: Callable[[str], None] = lambda _version: None) -> None:
         self.store = store
+        self.on_claim = on_claim  # a paid worker marks its first claim (batchline.worker.paid)
         self.routes = list(routes) if routes is not None else None  # None: every route of the job
         self.telemetry = telemetry or WorkerTelemetry()
         self.version = version
@@ -223,6 +225,7 @@ class Worker:
             lease = self.store.claim(self.worker_id, version, routes, process=self.identity)
             if lease is not None:
                 self.telemetry.claimed(version)
+                self.on_claim(version)
                 return lease
             if attempt == 0:
                 taken = take_back_dead(self.store, version, self.worker_id, lookup=self.pod_lookup)

@@ -107,7 +107,7 @@ def test_to_dict_round_trips_to_the_same_version(tmp_path: Path) -> None:
     (with_change("name", "Bad Name"), "name: 'Bad Name' must be lower-case"),
     (with_change("input.path", "in.jsonl.gz"), "compressed (.gz)"),
     (with_change("input.path", "in.txt"), "cannot tell the format"),
-    (with_change("deadline", "tomorrow"), "deadline: 'tomorrow' is not an ISO 8601 time"),
+    (with_change("deadline", "tomorrow"), "deadline: 'tomorrow' is neither an ISO 8601 time (2026-12-01T06:00:00Z) nor a window"),
     ({k: v for k, v in BASE.items() if k != "model"}, "model: is required"),
 ])
 def test_spec_errors_name_the_field(tmp_path: Path, spec: dict[str, Any], message: str) -> None:

@@ -41,6 +41,8 @@ def rich_specs(folder: Path) -> list[dict[str, Any]]:
         "validate": {"max_dead_letter_rate": 0.1, "drift": {"max_psi": 1},
                      "eval": {"labels": "in.jsonl", "label_field": "label"}},
         "retention": {"versions": 3},
+        "deadline": "6h",
+        "fallback": {"workers": 4, "cost_per_worker_hour": 3.0, "max_cost": 100},
         "routing": {"class_field": "label", "providers": {"oai": {
             "api": "openai", "model": "m", "classes": ["x"], "retention": "none",
             "prices": {"input_per_mtok": 1, "output_per_mtok": 2}}}},
@@ -99,7 +101,7 @@ def test_each_section_allows_the_keys_the_parser_allows_and_refuses_any_other(tm
     assert {p for p, _ in found} >= {(), ("input",), ("input", "storage"), ("input", "table"), ("model",),
                                      ("prompt",), ("prompt", "examples"), ("decoding",), ("output",),
                                      ("output", "table"), ("shards",), ("validate",), ("validate", "drift"),
-                                     ("validate", "eval"), ("retention",), ("routing",),
+                                     ("validate", "eval"), ("retention",), ("fallback",), ("routing",),
                                      ("routing", "providers", "*"), ("routing", "providers", "*", "prices")}
     for path, section in found:
         spec = next(copy.deepcopy(s) for s in specs if at(s, path) is not None)

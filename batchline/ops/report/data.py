@@ -204,7 +204,7 @@ def collect(store: ReaderStore, version: str, *, price: float = DEFAULT_GPU_HOUR
         label_field=spec.label_field, validation=store.latest_validation(version),
         tokens=store.token_totals(version), per_worker_rate=store.run_throughput(version),
         stale_by_op=stale_by_op, event_counts=dict(collections.Counter(e.kind for e in events)),
-        shifted_seconds=clock.total, deadline=spec.deadline.timestamp() if spec.deadline else None,
+        shifted_seconds=clock.total, deadline=spec.deadline.resolve(status.started_at, now) if spec.deadline else None,
         sealed_at=sealed_at, computed=outcomes.computed, carried=info.carried,
         lease_seconds_by_outcome=_gpu_seconds(store, version, leases), routes=store.route_totals(version),
         providers=spec.routing.providers if spec.routing else (),

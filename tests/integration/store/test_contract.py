@@ -634,3 +634,28 @@ def test_status_route_totals_and_tokens_read_no_result_row(store: Store, monkeyp
     # of when they were written), not every result.
     rate = " ".join(str(store.q.RECENT).split())  # type: ignore[attr-defined]
     assert seen and [s for s in seen if " results " in f" {s} "] == [rate], "a statement read the results table"
+
+
+def test_a_shard_holding_carried_results_is_not_split_so_it_was_never_completed(store: Store) -> None:
+    # Regression: a split moved a tail of pieces whose results were carried from the base, and
+    # left them counted on the shard that kept none of their records: neither shard could ever
+    # complete ("-1965 records without an outcome"), and `run` gave up after its restarts.
+    ids = plan_pieces(store, pieces=8, per_piece=2)
+    first = store.claim("w")
+    assert first is not None and store.put_results(first, rows_of(ids, range(8))) == 16
+    store.complete(first)
+    writer = store.begin_plan("job@2", "job", {"name": "job", "shards": {"lease_seconds": LEASE}})
+    slice_ = {"pieces": [{"start": p * 10, "end": p * 10 + 10, "first_line": p + 1, "digest": f"d{p}", "records": 2}
+                         for p in range(8)], "start": 0, "end": 80, "first_line": 1}
+    writer.add_shards([PlannedShard(0, slice_, 16, first_piece=0, end_piece=8)])
+    # The even pieces' records are unchanged (carried), the odd pieces' changed.
+    writer.add_records([PlannedRecord(rid, 0, "h" if p % 2 == 0 else "changed") for p, group in enumerate(ids)
+                        for rid in group])
+    assert writer.carry_from("job@1") == 8
+    writer.commit(16, 1)
+    owner = store.claim("slow", "job@2")
+    assert owner is not None
+    assert store.split("job@2", "idle") is None
+    assert store.put_results(owner, [ResultRow(rid, OUT, piece=p) for p in range(1, 8, 2) for rid in ids[p]]) == 8
+    store.complete(owner)
+    assert store.job("job@2").state == "sealed"  # type: ignore[union-attr]

@@ -1,0 +1,204 @@
+"""The pacer: holds a version's deadline by buying paid workers of its own pinned model (I7).
+
+Each `tick` reads everything anew (the version's progress, the workers the store
+has seen, the paid slots and their spend) and asks the one pacing rule
+(`batchline.sizing.pacing.decide`) how many paid workers to run, then makes the
+paid slots `paid-0` ... `paid-N-1` so:
+
+- a slot is started only after the store has made its start (`paid_launch`), so
+  two pacers at once, or one restarted, never start a slot twice: a start that
+  runs is "already there";
+- a slot above what is wanted is stopped as under I5 (its worker finishes what
+  is in flight, gives its lease back and exits), so stopping loses nothing;
+- a paid worker counts as capacity only once the store has seen it (its first
+  heartbeat): a slot launched and not seen (a Kueue workload not admitted) is
+  reported as "paid capacity not admitted";
+- a start whose process is gone (killed outright) is ended in the store and,
+  while the job is still behind, started again like any worker.
+
+What it needs of a launcher is `PaidLauncher`: start a slot's worker, stop it, and
+say whether it is still there. The local runner, `launch ray` and the Kubernetes
+pacer Deployment each bring one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from batchline.errors import BatchlineError
+from batchline.sizing.pacing import Decision, Mode, Observation, Policy, decide
+from batchline.spec import JobSpec, stored_spec
+from batchline.spec.deadline import Deadline, FallbackSpec
+from batchline.store import Store, require_job
+from batchline.store.paid import PaidSlot, restart_overhead, slot_name
+
+# A worker that has not been heard from for this long is taken for gone (it heartbeats every 5 s).
+STALE_SECONDS = 60.0
+
+
+class PaidLauncher(Protocol):
+    """What a pacer needs of the place paid workers run (local processes, Ray, Kubernetes)."""
+
+    # How long a stopped paid worker may take to finish what is in flight (it is paid meanwhile).
+    stop_seconds: float
+
+    def start(self, version: str, slot: str, generation: int) -> None:
+        """Starts the worker of this start of the slot (`batchline worker --job V --paid-slot
+        slot/generation`); one that is there already is left as it is."""
+
+    def stop(self, version: str, start: PaidSlot) -> None:
+        """Stops the slot's worker with a preemption notice (SIGTERM: finish in flight, give the
+        lease back)."""
+
+    def gone(self, version: str, start: PaidSlot) -> bool:
+        """Whether the start's worker is surely gone (its process, actor or Job is not there)."""
+
+
+@dataclass(frozen=True)
+class PaceReport:
+    """What one tick saw and did, as `run`, `status` and the metrics show it."""
+
+    decision: Decision
+    committed: int
+    records: int
+    deadline: float
+    spot_workers: int
+    paid_seen: int
+    paid_not_admitted: int
+    paid_spend_seconds: float
+    cost: float
+    restart_overhead: float
+    started: tuple[str, ...] = ()
+    stopped: tuple[str, ...] = ()
+    eta: float | None = None
+
+    def line(self) -> str:
+        from batchline.ops.runner import format_duration
+
+        paid = f"{self.paid_seen} paid" + (f" (+{self.paid_not_admitted} paid capacity not admitted)"
+                                           if self.paid_not_admitted else "")
+        reason = self.decision.reason
+        if self.decision.mode is Mode.AT_RISK and self.eta is not None and self.eta > self.deadline:
+            reason += f", ETA {format_duration(self.eta - self.deadline)} past the deadline"
+        return (f"{self.spot_workers} spot, {paid} | committed {self.committed:,} vs expected "
+                f"{self.decision.expected:,.0f} | {reason}")
+
+
+@dataclass
+class Pacer:
+    store: Store
+    version: str
+    launcher: PaidLauncher
+    policy: Policy = Policy.UNIFORM
+    tick_seconds: float = 10.0
+    by: str = "pacer"
+    log: Callable[[str], None] = lambda _m: None
+    spec: JobSpec | None = None
+    deadline_override: Deadline | None = None  # given on the command line instead of the spec's
+    _warned: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.spec is None:
+            self.spec = stored_spec(require_job(self.store, self.version))
+        if self.fallback is None:
+            raise BatchlineError(f"{self.version} has no fallback section: nothing to buy paid workers with")
+        if self.deadline is None:
+            raise BatchlineError(f"{self.version} has no deadline: a pacer holds one (spec deadline, or --deadline)")
+
+    @property
+    def fallback(self) -> FallbackSpec | None:
+        assert self.spec is not None
+        return self.spec.fallback
+
+    @property
+    def deadline(self) -> Deadline | None:
+        assert self.spec is not None
+        return self.deadline_override if self.deadline_override is not None else self.spec.deadline
+
+    def observe(self) -> tuple[Observation | None, list[PaidSlot], int, float]:
+        """The observation the rule decides on (None before the first claim), this version's
+        latest start of each slot, the spot workers seen, and the paid spend so far."""
+        assert self.spec is not None and self.fallback is not None
+        info = require_job(self.store, self.version)
+        st = self.store.status(self.version)
+        starts = self.store.paid_slots(self.version)
+        latest: dict[str, PaidSlot] = {}
+        for s in starts:
+            latest[s.slot] = s
+        slots = sorted(latest.values(), key=lambda s: s.index)
+        paid_workers = {s.worker for s in slots if s.running and s.worker}
+        spot = len({h.owner for h in self.store.leases(self.version)} - paid_workers)
+        spend = self.store.paid_spend_seconds(self.version)
+        if st.started_at is None:
+            return None, slots, spot, spend
+        deadline = self.deadline
+        assert deadline is not None
+        seen = [s for s in slots if s.seen_within(st.now, STALE_SECONDS)]
+        # Per worker: the rate over the recent window, shared by the workers seen (spot and paid).
+        workers = max(1, spot + len(seen))
+        rate = (st.records_per_second or 0.0) / workers
+        measured = self.store.run_throughput(self.version)
+        rate = measured or rate
+        fb = self.fallback
+        budget = None
+        if fb.max_cost is not None:
+            budget = max(0.0, (fb.max_cost - spend * fb.cost_per_worker_hour / 3600.0)) \
+                / max(fb.cost_per_worker_hour, 1e-9) * 3600.0
+        obs = Observation(
+            now=st.now, started_at=st.started_at, deadline=deadline.resolve(st.started_at, st.now),
+            records=st.records, done_at_start=info.carried + info.planned_dead,
+            committed=st.results + st.dead_letters, spot_workers=spot, paid_workers=len(seen),
+            paid_running=sum(1 for s in slots if s.running), max_paid=fb.workers, worker_rate=rate,
+            restart_overhead=restart_overhead(starts) or fb.restart_overhead_seconds,
+            budget_seconds=budget, stop_seconds=self.tick_seconds + self.launcher.stop_seconds,
+            tail_seconds=self.spec.shards.lease_seconds)
+        return obs, slots, spot, spend
+
+    def tick(self) -> PaceReport | None:
+        """One decision, and the slots made to follow it; None before the version's first claim
+        (the line starts there) or once it is no longer open."""
+        assert self.fallback is not None
+        info = require_job(self.store, self.version)
+        if info.state != "ready":
+            return None
+        obs, slots, spot, spend = self.observe()
+        if obs is None:
+            return None
+        # Starts whose worker is gone end in the store: as any worker, they are replaced if needed.
+        for s in slots:
+            if s.running and (self.launcher.gone(self.version, s) or (
+                    s.seen_at is not None and obs.now - s.seen_at > STALE_SECONDS)):
+                self.store.paid_stop(self.version, s.slot, s.generation, "its worker is gone")
+                self.log(f"paid slot {s.slot}: its worker is gone")
+        if obs.worker_rate <= 0:
+            decision = Decision(0, Mode.ON_TIME, 0.0, "measuring the rate: nothing committed yet")
+        else:
+            decision = decide(obs, self.policy)
+        running = {s.slot: s for s in self.store.paid_slots(self.version) if s.running}
+        started, stopped = [], []
+        for index in range(decision.paid):
+            slot = slot_name(index)
+            if slot in running:
+                continue
+            generation = self.store.paid_launch(self.version, slot, self.by, self.fallback.cost_per_worker_hour,
+                                                stale_seconds=STALE_SECONDS)
+            if generation is None:
+                continue  # another pacer started it meanwhile: already there
+            self.launcher.start(self.version, slot, generation)
+            started.append(slot)
+        for slot, s in sorted(running.items(), key=lambda kv: kv[1].index):
+            if s.index >= decision.paid:
+                self.launcher.stop(self.version, s)
+                stopped.append(slot)
+        if started or stopped:
+            self.log(f"{decision.reason}" + (f"; started {', '.join(started)}" if started else "")
+                     + (f"; stopping {', '.join(stopped)}" if stopped else ""))
+        seen = sum(1 for s in running.values() if s.seen_within(obs.now, STALE_SECONDS))
+        not_admitted = sum(1 for s in running.values() if s.seen_at is None)
+        total_rate = (spot + seen) * obs.worker_rate
+        eta = obs.now + (obs.records - obs.committed) / total_rate if total_rate > 0 else None
+        return PaceReport(decision, obs.committed, obs.records, obs.deadline, spot, seen, not_admitted, spend,
+                          spend * self.fallback.cost_per_worker_hour / 3600.0, obs.restart_overhead,
+                          tuple(started), tuple(stopped), eta)
