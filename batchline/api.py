@@ -40,7 +40,7 @@ from batchline.errors import BatchlineError, EngineFatal, SpecError, VersionEnde
 
 if TYPE_CHECKING:
     from batchline.check.validate import ValidationReport
-    from batchline.ops.pacer import PaceReport
+    from batchline.launch.pacer import PaceReport
     from batchline.ops.report.data import ReportData
     from batchline.plan.planner import PlanPreview, PlanResult
     from batchline.publish.pointer import PublishResult

@@ -8,11 +8,17 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, NoReturn
 
 from batchline.cli.common import add_store_option
 from batchline.errors import BatchlineError, NoSuchVersion
 from batchline.spec import stored_spec
 from batchline.store import default_url, open_store
+
+if TYPE_CHECKING:
+    from batchline.launch.k8s import PaidPool
+    from batchline.spec.deadline import Deadline, FallbackSpec
+    from batchline.store import Store
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,6 +38,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="default: 1 where the cluster has GPUs, else 0")
     p.add_argument("--cpus-per-worker", type=float, default=1.0, metavar="C")
     p.add_argument("--max-restarts", type=int, default=None, metavar="M")
+    p.add_argument("--spot-resource", default=None, metavar="NAME",
+                   help="place the workers on nodes offering this custom resource (such as spot)")
+    p.add_argument("--paid-resource", default=None, metavar="NAME",
+                   help="with the spec's fallback section: place the paid workers its pacer buys on nodes "
+                        "offering this custom resource (such as on_demand)")
+    p.add_argument("--deadline", default=None, metavar="TIME|WINDOW",
+                   help="the deadline instead of the spec's: an ISO 8601 time, or a window such as 6h from the "
+                        "version's first claim")
     p.set_defaults(func=cmd_launch_ray)
 
     p = targets.add_parser("k8s", help="print Kubernetes manifests for N workers queued through Kueue",
@@ -87,8 +101,35 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--service-account-annotation", action="append", default=[], metavar="KEY=VALUE",
                    help="an annotation of the workers' ServiceAccount, binding it to a cloud role (workload "
                         "identity: eks.amazonaws.com/role-arn=..., iam.gke.io/gcp-service-account=...)")
+    f = p.add_argument_group("paid workers held to the job's deadline (the spec's fallback section), with --job")
+    f.add_argument("--fallback-queue", default=None, metavar="LOCALQUEUE",
+                   help="render a pacer Deployment that buys paid worker Jobs into this LocalQueue while the job is "
+                        "behind its deadline")
+    f.add_argument("--fallback-node-selector", action="append", default=[], metavar="KEY=VALUE",
+                   help="a node label the paid workers' pods select (the on-demand nodes')")
+    f.add_argument("--fallback-toleration", action="append", default=[], metavar="KEY[=VALUE]:EFFECT",
+                   help="a taint the paid workers' pods tolerate (such as capacity=on-demand:NoSchedule)")
+    f.add_argument("--fallback-priority-class", default=None, metavar="NAME",
+                   help="the paid workers' PriorityClass (default: the workers' lowest one)")
+    f.add_argument("--fallback-workers", type=int, default=None, metavar="N",
+                   help="the paid pool's size for --kueue-sample's quota (default: the spec's fallback.workers, "
+                        "read with --store)")
     p.add_argument("--out", type=Path, default=None, metavar="PATH", help="write here instead of stdout")
     p.set_defaults(func=cmd_launch_k8s)
+
+    p = sub.add_parser("pace", help="hold a version's deadline with paid worker Jobs on Kubernetes (the pacer "
+                                    "Deployment launch k8s --fallback-queue renders runs it)",
+                       description="Every tick, read the version's progress from the store and keep its paid "
+                                   "worker Jobs at what the pacing rule wants, until the version is done.")
+    add_store_option(p)
+    p.add_argument("--job", required=True, metavar="VERSION")
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--template", type=Path, required=True, metavar="FILE",
+                   help="the paid worker Job template (JSON) launch k8s rendered into its ConfigMap")
+    p.add_argument("--tick-seconds", type=float, default=30.0, metavar="SECONDS", help="how often it decides")
+    p.add_argument("--kubeconfig", default=None, metavar="FILE",
+                   help="outside the cluster: a kubeconfig (default: the pod's own service account)")
+    p.set_defaults(func=cmd_pace)
 
     p = sub.add_parser("grants", help="a PostgreSQL role that can work one job version and nothing else",
                        description="Create (or print, with --dry-run) a worker role that can claim and renew "
@@ -109,15 +150,16 @@ def cmd_launch_ray(args: argparse.Namespace) -> int:
     url = args.store or default_url()
     store = open_store(url, create=False)
     try:
-        if store.job(args.job) is None:
-            raise NoSuchVersion(args.job, store.where())
+        _refuse_past_deadline(store, args.job)
     finally:
         store.close()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launch %(message)s", stream=sys.stderr)
     log = logging.getLogger("batchline.launch")
+    deadline = _deadline(args.deadline, store_url=url)
     launcher = RayLauncher(url, args.job, args.workers, address=args.address,
                            gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
-                           max_restarts=args.max_restarts, log=log.info)
+                           max_restarts=args.max_restarts, log=log.info, spot_resource=args.spot_resource,
+                           paid_resource=args.paid_resource, deadline=deadline)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s: stopping every worker", signal.Signals(signum).name)
@@ -150,6 +192,7 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
             raise BatchlineError(f"--service-account-annotation {item!r} must be KEY=VALUE")
         annotations[key] = value
     grace = 30.0
+    job_fallback = None
     schedule: Schedule | None = None
     if args.schedule is not None:
         schedule = replace(scheduled_spec(args.spec), cron=args.schedule, time_zone=args.time_zone,
@@ -163,7 +206,15 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
             store.close()
         if job is None:
             raise NoSuchVersion(args.job, store.where())
-        grace = stored_spec(job).shards.grace_seconds
+        stored = stored_spec(job)
+        grace = stored.shards.grace_seconds
+        _refuse_past_deadline(open_store(args.store, create=False), args.job, close=True)
+        job_fallback = stored.fallback
+        if job_fallback is not None and args.fallback_queue is None:
+            raise BatchlineError(f"{args.job} has a fallback section, and these manifests could not start its paid "
+                                 "workers: give --fallback-queue LOCALQUEUE (the on-demand queue the pacer "
+                                 "Deployment submits paid worker Jobs to)")
+    pool = _paid_pool(args, job_fallback)
     options = K8sOptions(
         version=args.job or (schedule.job_name if schedule else ""), workers=args.workers, image=args.image,
         queue=args.queue, store_secret=args.store_secret, store_secret_key=args.store_secret_key,
@@ -172,7 +223,7 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
         grace_seconds=grace, priority_class=args.priority_class,
         preemption_notice=args.preemption_notice, take_back=args.take_back, lake_secret=args.lake_secret,
         service_account_annotations=annotations, schedule=schedule, kueue_sample=args.kueue_sample,
-        kueue_api=args.kueue_api)
+        kueue_api=args.kueue_api, fallback=pool)
     text = header(options) + to_yaml(render(options))
     what = f"{args.workers} scheduled worker slots" if schedule else f"{args.workers} worker Jobs"
     if args.out:
@@ -187,6 +238,115 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _refuse_past_deadline(store: Store, version: str, *, close: bool = False) -> None:
+    """A version whose spec's deadline is an absolute time already past is refused before any
+    worker is placed (exit 2), as `run` refuses it."""
+    from batchline.errors import SpecError
+    from batchline.store import require_job
+
+    try:
+        spec = stored_spec(require_job(store, version))
+        refusal = spec.deadline.refusal(store.now()) if spec.deadline is not None else None
+    finally:
+        if close:
+            store.close()
+    if refusal is not None:
+        raise SpecError(f"{version}: {refusal}")
+
+
+def _deadline(text: str | None, *, store_url: str) -> Deadline | None:
+    """`--deadline` read as the spec's is; one already past is refused before anything starts."""
+    from batchline.errors import SpecError
+    from batchline.spec.deadline import parse_deadline
+
+    if text is None:
+        return None
+
+    def refuse(where: str, why: str) -> NoReturn:
+        raise SpecError(f"{where}: {why}")
+
+    deadline = parse_deadline(text, "--deadline", refuse)
+    assert deadline is not None
+    store = open_store(store_url, create=False)
+    try:
+        refusal = deadline.refusal(store.now())
+    finally:
+        store.close()
+    if refusal is not None:
+        raise SpecError(refusal)
+    return deadline
+
+
+def _paid_pool(args: argparse.Namespace, fallback: FallbackSpec | None) -> PaidPool | None:
+    from batchline.launch.k8s import PaidPool
+
+    flags = (args.fallback_node_selector or args.fallback_toleration or args.fallback_priority_class
+             or args.fallback_workers is not None)
+    if args.fallback_queue is None:
+        if flags:
+            raise BatchlineError("the --fallback-... options go with --fallback-queue LOCALQUEUE")
+        return None
+    if args.schedule is not None:
+        raise BatchlineError("--fallback-queue goes with --job: a scheduled run's pacer is not rendered yet")
+    selector = {}
+    for item in args.fallback_node_selector:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise BatchlineError(f"--fallback-node-selector {item!r} must be KEY=VALUE")
+        selector[key] = value
+    tolerations = []
+    for item in args.fallback_toleration:
+        head, colon, effect = item.rpartition(":")
+        key, eq, value = head.partition("=")
+        if not colon or not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise BatchlineError(f"--fallback-toleration {item!r} must be KEY[=VALUE]:EFFECT, EFFECT one of "
+                                 "NoSchedule, PreferNoSchedule, NoExecute")
+        tolerations.append({"key": key, "operator": "Equal" if eq else "Exists", **({"value": value} if eq else {}),
+                            "effect": effect})
+    workers = args.fallback_workers if args.fallback_workers is not None else (fallback.workers if fallback else 0)
+    if workers < 0:
+        raise BatchlineError(f"--fallback-workers cannot be negative, not {workers}")
+    return PaidPool(args.fallback_queue, workers, selector, tolerations, args.fallback_priority_class)
+
+
+def cmd_pace(args: argparse.Namespace) -> int:
+    import json
+    import threading
+
+    from batchline.launch.k8s_pacer import K8sPaid
+    from batchline.launch.pacer import Pacer, pace_until_done
+
+    try:
+        template = json.loads(args.template.read_text())
+    except (OSError, ValueError) as exc:
+        raise BatchlineError(f"--template {args.template}: cannot read the paid Job template: {exc}") from None
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise BatchlineError("batchline pace needs the kubernetes client: pip install 'batchline[fleet]'") from None
+    if args.kubeconfig:
+        config.load_kube_config(args.kubeconfig)  # type: ignore[no-untyped-call]
+    else:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s pace %(message)s", stream=sys.stderr)
+    log = logging.getLogger("batchline.pace")
+    store = open_store(args.store or default_url(), create=False, wait_seconds=300, log=log.info)
+    from batchline.store import require_job
+
+    spec = stored_spec(require_job(store, args.job))
+    launcher = K8sPaid(client.BatchV1Api(), args.namespace, template, stop_seconds=spec.shards.grace_seconds)
+    pacer = Pacer(store, args.job, launcher, tick_seconds=args.tick_seconds, by="k8s-pacer", spec=spec, log=log.info)
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s: stopping; the paid workers go on until the next pacer", signal.Signals(signum).name)
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return pace_until_done(pacer, stopping.wait, log.info)
 
 
 def cmd_grants(args: argparse.Namespace) -> int:

@@ -357,6 +357,7 @@ def routes_dict(store: Store, version: str) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from batchline.launch.pacer import Pacer
     from batchline.ops.runner import progress_line
     from batchline.publish.upstream import lag
 
@@ -385,10 +386,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     info = store.job(version)
     assert info is not None
     lags = lag(store, info, count=True)
+    watching = Pacer.watching(store, version) if st.state == "ready" else None
+    pace = watching.picture() if watching is not None else None
     if args.json:
         history = store.publications(st.name) if published else []
         print(json.dumps({**status_dict(st), "published": published, "routes": routes_dict(store, st.version),
                           "upstreams": [u.to_json() for u in lags],
+                          "pace": pace.to_json() if pace is not None else None,
                           # What each target showed after the publication readers see now (an
                           # Iceberg table's metadata_location, for a reader without a catalog).
                           "targets": (history[-1].targets or {}) if history else {}}, indent=2))
@@ -402,6 +406,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                   f"now; its own view, exports and tables keep the ACLs it was planned with until it runs again "
                   f"(an incremental run re-infers only what changed, and an ACL-only change nothing)")
     print("  shards: " + ", ".join(f"{k} {v}" for k, v in st.shards.items()))
+    if pace is not None:
+        print(f"  pace: {pace.line()}")
     routes = store.route_totals(st.version)
     if set(routes) - {"local"}:
         print("  routes: " + "; ".join(f"{route} {t.records:,} records, {t.results:,} results"

@@ -152,6 +152,22 @@ class K8sOptions:
     schedule: Schedule | None = None  # a CronJob per slot instead of a Job per worker
     kueue_sample: bool = False  # also a ResourceFlavor, ClusterQueue and LocalQueue that admit the fleet
     kueue_api: str = KUEUE_APIS[0]  # the sample's kueue.x-k8s.io version
+    # Where the pods are placed besides the queue (a paid worker's on-demand nodes).
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    # Paid workers a pacer Deployment buys while the job is behind (batchline.launch.k8s_pacer).
+    fallback: PaidPool | None = None
+
+
+@dataclass(frozen=True)
+class PaidPool:
+    """`launch k8s --fallback-...`: where the pacer's paid worker Jobs go."""
+
+    queue: str  # their LocalQueue (an on-demand ClusterQueue's)
+    workers: int = 0  # the most at once, for --kueue-sample's quota (the spec's fallback.workers)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    priority_class: str | None = None  # None: the workers' lowest one
 
 
 @dataclass(frozen=True)
@@ -326,6 +342,10 @@ def _job_spec(o: K8sOptions, index: int, command: list[str], args: list[str],
         "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": res.scratch}},
                     {"name": "weights-cache", "emptyDir": {"sizeLimit": res.weights_cache}}, *volumes],
     }
+    if o.node_selector:
+        pod_spec["nodeSelector"] = dict(o.node_selector)
+    if o.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in o.tolerations]
     return {
         # Created suspended: Kueue unsuspends it when it admits the workload.
         "suspend": True,
@@ -464,7 +484,10 @@ def render(o: K8sOptions) -> list[dict[str, Any]]:
     common = [*(kueue_sample(o) if o.kueue_sample else []), priority_class(o), service_account(o),
               *(pod_reader_role(o) if o.take_back else [])]
     if o.schedule is None:
-        return [*common, *(worker_job(o, i) for i in range(o.workers))]
+        from batchline.launch.k8s_pacer import pacer_objects
+
+        paid = pacer_objects(o) if o.fallback is not None else []
+        return [*common, *(worker_job(o, i) for i in range(o.workers)), *paid]
     check_cron(o.schedule.cron)
     return [*common, spec_config_map(o), *(scheduled_job(o, i) for i in range(o.workers))]
 

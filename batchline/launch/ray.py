@@ -29,11 +29,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchline.errors import BatchlineError
 from batchline.launch import FATAL_EXITS, slug
+from batchline.spec.deadline import Deadline
+from batchline.store.paid import PaidSlot
 from batchline.worker.liveness import RAY_ACTOR_ENV
+
+if TYPE_CHECKING:
+    from batchline.launch.pacer import Pacer
 
 EXIT_DONE = 0
 EXIT_PREEMPTED = 75
@@ -84,6 +89,55 @@ class _Slot:
     name: str = ""  # the current actor's, which its worker tells the store when it claims
 
 
+class RayPaid:
+    """The pacer's `PaidLauncher` on Ray: a paid worker is an actor placed by the custom
+    resource of the nodes that are not taken away (`--paid-resource`, such as on_demand),
+    named by version, slot and start (`get_if_exists`: a second start of one name is the
+    actor that is there)."""
+
+    def __init__(self, launcher: RayLauncher, ray: Any, cls: Any, gpus: float, resource: str,
+                 stop_seconds: float) -> None:
+        self.launcher, self.ray, self.cls, self.gpus, self.resource = launcher, ray, cls, gpus, resource
+        self.stop_seconds = stop_seconds
+        self.actors: dict[str, tuple[Any, Any]] = {}  # actor name -> (actor, its run's ref)
+
+    def _name(self, version: str, slot: str, generation: int) -> str:
+        return f"batchline-{slug(version)}-{slot}-g{generation}"
+
+    def start(self, version: str, slot: str, generation: int) -> None:
+        name = self._name(version, slot, generation)
+        actor = self.cls.options(num_gpus=self.gpus, num_cpus=self.launcher.cpus_per_worker, max_restarts=0,
+                                 name=name, get_if_exists=True, resources={self.resource: 1}).remote(
+            {"BATCHLINE_STORE": self.launcher.store_url, "PYTHONUNBUFFERED": "1", RAY_ACTOR_ENV: name})
+        if name not in self.actors:
+            ref = actor.run.remote([sys.executable, "-m", "batchline", "worker", "--job", version,
+                                    "--paid-slot", f"{slot}/{generation}"])
+            self.actors[name] = (actor, ref)
+
+    def stop(self, version: str, start: PaidSlot) -> None:
+        found = self.actors.get(self._name(version, start.slot, start.generation))
+        if found is not None:
+            found[0].stop.remote()
+
+    def gone(self, version: str, start: PaidSlot) -> bool:
+        found = self.actors.get(self._name(version, start.slot, start.generation))
+        if found is None:
+            return False  # not this driver's: its heartbeats say whether it is there
+        ready, _ = self.ray.wait([found[1]], timeout=0)
+        return bool(ready)
+
+    def reap(self) -> int:
+        """Frees the actors whose worker has exited; returns how many still run."""
+        for name, (actor, ref) in list(self.actors.items()):
+            ready, _ = self.ray.wait([ref], timeout=0)
+            if ready:
+                with contextlib.suppress(self.ray.exceptions.RayError):
+                    self.ray.get(ref)
+                self.ray.kill(actor)
+                del self.actors[name]
+        return len(self.actors)
+
+
 @dataclass
 class LaunchSummary:
     exit_code: int
@@ -97,7 +151,9 @@ class RayLauncher:
     def __init__(self, store_url: str, version: str, workers: int, *, address: str | None = None,
                  gpus_per_worker: float | None = None, cpus_per_worker: float = 1.0,
                  max_restarts: int | None = None, poll_seconds: float = 1.0,
-                 log: Callable[[str], None] = lambda _m: None) -> None:
+                 log: Callable[[str], None] = lambda _m: None, spot_resource: str | None = None,
+                 paid_resource: str | None = None, deadline: Deadline | None = None,
+                 pace_seconds: float = 10.0) -> None:
         if workers < 1:
             raise BatchlineError("--workers must be at least 1")
         self.store_url = store_url
@@ -112,6 +168,12 @@ class RayLauncher:
         self.slots: list[_Slot] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self.spot_resource = spot_resource
+        self.paid_resource = paid_resource
+        self.deadline = deadline
+        self.pace_seconds = pace_seconds
+        self.paid: RayPaid | None = None
+        self.pacer: Pacer | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -136,8 +198,8 @@ class RayLauncher:
     def _start(self, ray: Any, cls: Any, slot: _Slot, gpus: float) -> None:
         slot.starts += 1
         slot.name = f"batchline-{slug(self.version)}-{slot.index}-{slot.starts}"
-        slot.actor = cls.options(num_gpus=gpus, num_cpus=self.cpus_per_worker, max_restarts=0,
-                                 name=slot.name).remote(
+        slot.actor = cls.options(num_gpus=gpus, num_cpus=self.cpus_per_worker, max_restarts=0, name=slot.name,
+                                 resources={self.spot_resource: 1} if self.spot_resource else None).remote(
             {"BATCHLINE_STORE": self.store_url, "PYTHONUNBUFFERED": "1", RAY_ACTOR_ENV: slot.name})
         slot.ref = slot.actor.run.remote([sys.executable, "-m", "batchline", "worker", "--job", self.version])
 
@@ -156,11 +218,52 @@ class RayLauncher:
                 out[int(pid)] = actor
         return out
 
+    def _paid_pool(self, ray: Any, cls: Any, gpus: float) -> None:
+        """A pacer and its paid pool where the version has a fallback section; refused when this
+        launch could not place paid workers."""
+        from batchline.launch.pacer import Pacer
+        from batchline.spec import stored_spec
+        from batchline.store import open_store, require_job
+
+        store = open_store(self.store_url, create=False)
+        spec = stored_spec(require_job(store, self.version))
+        if spec.fallback is None:
+            store.close()
+            if self.paid_resource:
+                raise BatchlineError(f"--paid-resource: {self.version} has no fallback section, so no paid worker "
+                                     "is ever bought")
+            return
+        if not self.paid_resource:
+            store.close()
+            raise BatchlineError(f"{self.version} has a fallback section, and this launch could not place its paid "
+                                 "workers: give --paid-resource NAME (the custom resource of the nodes that are not "
+                                 "taken away, such as on_demand)")
+        if ray.cluster_resources().get(self.paid_resource, 0) < 1:
+            store.close()
+            raise BatchlineError(f"--paid-resource {self.paid_resource}: no node of the Ray cluster offers it "
+                                 "(start the on-demand nodes with --resources='{\"" + self.paid_resource + "\": N}')")
+        self.paid = RayPaid(self, ray, cls, gpus, self.paid_resource, spec.shards.grace_seconds)
+        self.pacer = Pacer(store, self.version, self.paid, tick_seconds=self.pace_seconds, by="ray-launcher",
+                           spec=spec, deadline_override=self.deadline, log=self.log)
+
+    def _pace(self) -> None:
+        assert self.pacer is not None
+        try:
+            report = self.pacer.tick()
+        except BatchlineError as exc:
+            self.log(f"the store cannot be read now ({exc}): starting nothing new; the workers go on")
+            return
+        if report is not None:
+            self.log(report.line())
+
     def run(self) -> LaunchSummary:
         ray = self._ray()
         cls = actor_class(ray)
         gpus = self._gpus(ray)
-        self.log(f"placing {self.workers} workers ({gpus:g} GPU, {self.cpus_per_worker:g} CPU each)")
+        self._paid_pool(ray, cls, gpus)
+        self.log(f"placing {self.workers} workers ({gpus:g} GPU, {self.cpus_per_worker:g} CPU each)"
+                 + (f" on nodes with {self.spot_resource}" if self.spot_resource else "")
+                 + (f"; paid workers on nodes with {self.paid_resource}" if self.pacer is not None else ""))
         with self._lock:
             self.slots = [_Slot(i) for i in range(self.workers)]
             for slot in self.slots:
@@ -168,15 +271,25 @@ class RayLauncher:
         restarts = deaths = 0
         exits: dict[int, int] = {}
         stopping = False
+        last_pace = 0.0
         while True:
+            if self.pacer is not None and not stopping and time.monotonic() - last_pace >= self.pace_seconds:
+                last_pace = time.monotonic()
+                self._pace()
+            paid_running = self.paid.reap() if self.paid is not None else 0
             with self._lock:
                 live = {s.ref: s for s in self.slots if not s.done and s.ref is not None}
             if not live:
+                if paid_running and not stopping:
+                    time.sleep(self.poll_seconds)  # the paid workers finish the job
+                    continue
                 break
             if self._stop.is_set() and not stopping:
                 stopping = True
                 for s in live.values():
                     s.actor.stop.remote()
+                for actor, _ref in (self.paid.actors.values() if self.paid is not None else ()):
+                    actor.stop.remote()
             ready, _ = ray.wait(list(live), num_returns=1, timeout=self.poll_seconds)
             for ref in ready:
                 slot = live[ref]

@@ -24,14 +24,17 @@ from typing import IO
 
 from batchline.errors import ERROR_PREFIX, BatchlineError
 from batchline.launch import FATAL_EXITS
-from batchline.ops.pacer import Pacer, PaceReport
+from batchline.launch.pacer import Pacer, PaceReport
 from batchline.sizing.paced import Trace
 from batchline.spec import stored_spec
-from batchline.spec.deadline import Deadline
+from batchline.spec.deadline import Deadline, format_duration
 from batchline.store import JobStatus, Store, require_job
 from batchline.store.paid import PaidSlot
 from batchline.worker.liveness import death_proof, signal_same_host, take_back_dead
 from batchline.worker.supervisor import EXIT_DONE, EXIT_PREEMPTED
+
+__all__ = ["PACE_TICK_SECONDS", "LocalRunner", "RunSummary", "WorkerFailed", "default_log_dir", "format_duration",
+           "progress_line", "store_key"]
 
 # How often a local run's pacer decides.
 PACE_TICK_SECONDS = 2.0
@@ -84,7 +87,7 @@ class RunSummary:
 
 class LocalPaid:
     """Paid workers as local processes (`batchline run` with a `fallback` section): the
-    `PaidLauncher` of batchline.ops.pacer. A slot's worker this runner did not start (one a
+    `PaidLauncher` of batchline.launch.pacer. A slot's worker this runner did not start (one a
     runner before it started, still running) is stopped through its process identity."""
 
     def __init__(self, runner: LocalRunner, stop_seconds: float) -> None:
@@ -343,13 +346,6 @@ def progress_line(st: JobStatus, rate: float | None, alive: int | None, elapsed:
     if elapsed is not None:
         parts.append(format_duration(elapsed))
     return " | ".join(parts)
-
-
-def format_duration(seconds: float) -> str:
-    total = round(seconds)
-    h, rem = divmod(total, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
 def store_key(store_url: str) -> str:

@@ -33,6 +33,14 @@ _WINDOW = re.compile(r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d
 _UNITS = (86_400.0, 3_600.0, 60.0, 1.0)
 
 
+def format_duration(seconds: float) -> str:
+    """A duration as progress lines and reports say it: 1h02m03s, 2m05s, 7s."""
+    total = round(seconds)
+    h, rem = divmod(total, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
 @dataclass(frozen=True)
 class Deadline:
     """When the job must be done: `at` (seconds since the epoch), or `window` seconds after

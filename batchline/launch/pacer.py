@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from batchline.errors import BatchlineError
+from batchline.errors import BatchlineError, NoSuchVersion
 from batchline.sizing.pacing import Decision, Mode, Observation, Policy, decide
 from batchline.spec import JobSpec, stored_spec
-from batchline.spec.deadline import Deadline, FallbackSpec
+from batchline.spec.deadline import Deadline, FallbackSpec, format_duration
 from batchline.store import Store, require_job
 from batchline.store.paid import PaidSlot, restart_overhead, slot_name
 
@@ -74,9 +74,13 @@ class PaceReport:
     stopped: tuple[str, ...] = ()
     eta: float | None = None
 
-    def line(self) -> str:
-        from batchline.ops.runner import format_duration
+    def to_json(self) -> dict[str, object]:
+        return {**self.decision.to_json(), "committed": self.committed, "records": self.records,
+                "deadline": self.deadline, "spot_workers": self.spot_workers, "paid_workers": self.paid_seen,
+                "paid_not_admitted": self.paid_not_admitted, "paid_worker_seconds": self.paid_spend_seconds,
+                "paid_cost": self.cost, "restart_overhead_seconds": self.restart_overhead, "eta": self.eta}
 
+    def line(self) -> str:
         paid = f"{self.paid_seen} paid" + (f" (+{self.paid_not_admitted} paid capacity not admitted)"
                                            if self.paid_not_admitted else "")
         reason = self.decision.reason
@@ -84,6 +88,21 @@ class PaceReport:
             reason += f", ETA {format_duration(self.eta - self.deadline)} past the deadline"
         return (f"{self.spot_workers} spot, {paid} | committed {self.committed:,} vs expected "
                 f"{self.decision.expected:,.0f} | {reason}")
+
+
+class _Watching:
+    """No launcher: a pacer that only says what it would decide (`status`, the report)."""
+
+    stop_seconds = 0.0
+
+    def start(self, version: str, slot: str, generation: int) -> None:
+        raise AssertionError("a watching pacer starts nothing")
+
+    def stop(self, version: str, start: PaidSlot) -> None:
+        raise AssertionError("a watching pacer stops nothing")
+
+    def gone(self, version: str, start: PaidSlot) -> bool:
+        return False
 
 
 @dataclass
@@ -106,6 +125,29 @@ class Pacer:
             raise BatchlineError(f"{self.version} has no fallback section: nothing to buy paid workers with")
         if self.deadline is None:
             raise BatchlineError(f"{self.version} has no deadline: a pacer holds one (spec deadline, or --deadline)")
+
+    @classmethod
+    def watching(cls, store: Store, version: str) -> Pacer | None:
+        """A pacer that decides and acts on nothing, for what `status` and the report say of a
+        version with a deadline (without a fallback section, as one with no paid workers to buy);
+        None for a version without a deadline."""
+        spec = stored_spec(require_job(store, version))
+        if spec.deadline is None:
+            return None
+        if spec.fallback is None:
+            from dataclasses import replace
+
+            spec = replace(spec, fallback=FallbackSpec(0))
+        return cls(store, version, _Watching(), spec=spec)
+
+    def picture(self) -> PaceReport | None:
+        """What a tick would decide now, starting and stopping nothing."""
+        obs, slots, spot, spend = self.observe()
+        if obs is None:
+            return None
+        decision = decide(obs, self.policy) if obs.worker_rate > 0 else \
+            Decision(0, Mode.ON_TIME, 0.0, "measuring the rate: nothing committed yet")
+        return self._report(obs, decision, slots, spot, spend, (), ())
 
     @property
     def fallback(self) -> FallbackSpec | None:
@@ -195,10 +237,45 @@ class Pacer:
         if started or stopped:
             self.log(f"{decision.reason}" + (f"; started {', '.join(started)}" if started else "")
                      + (f"; stopping {', '.join(stopped)}" if stopped else ""))
-        seen = sum(1 for s in running.values() if s.seen_within(obs.now, STALE_SECONDS))
-        not_admitted = sum(1 for s in running.values() if s.seen_at is None)
+        return self._report(obs, decision, list(running.values()), spot, spend, tuple(started), tuple(stopped))
+
+    def _report(self, obs: Observation, decision: Decision, slots: list[PaidSlot], spot: int, spend: float,
+                started: tuple[str, ...], stopped: tuple[str, ...]) -> PaceReport:
+        assert self.fallback is not None
+        running = [s for s in slots if s.running]
+        seen = sum(1 for s in running if s.seen_within(obs.now, STALE_SECONDS))
+        not_admitted = sum(1 for s in running if s.seen_at is None)
         total_rate = (spot + seen) * obs.worker_rate
         eta = obs.now + (obs.records - obs.committed) / total_rate if total_rate > 0 else None
         return PaceReport(decision, obs.committed, obs.records, obs.deadline, spot, seen, not_admitted, spend,
                           spend * self.fallback.cost_per_worker_hour / 3600.0, obs.restart_overhead,
-                          tuple(started), tuple(stopped), eta)
+                          started, stopped, eta)
+
+
+def pace_until_done(pacer: Pacer, stop: Callable[[float], bool], log: Callable[[str], None]) -> int:
+    """`tick` every `tick_seconds` until the version is no longer open (sealed, halted,
+    cancelled) or `stop(seconds)` (which waits that long) says to stop: 0. A store that cannot
+    be read is said, once each time it stops answering: nothing new is started meanwhile, and the
+    workers go on."""
+    unreachable = False
+    while True:
+        try:
+            info = require_job(pacer.store, pacer.version)
+            if info.state != "ready":
+                log(f"{pacer.version} is {info.state}: nothing more to pace")
+                return 0
+            report = pacer.tick()
+            if unreachable:
+                log("the store answers again: pacing")
+            unreachable = False
+            if report is not None:
+                log(report.line())
+        except BatchlineError as exc:
+            if isinstance(exc, NoSuchVersion):
+                raise
+            if not unreachable:
+                log(f"the store cannot be read now ({' '.join(str(exc).split())}): starting nothing new; "
+                    "the workers go on")
+            unreachable = True
+        if stop(pacer.tick_seconds):
+            return 0
