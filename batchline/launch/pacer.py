@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from batchline.errors import BatchlineError, NoSuchVersion
-from batchline.sizing.pacing import Decision, Mode, Observation, Policy, decide
+from batchline.sizing.pacing import Decision, Mode, Observation, Policy, decide, measuring
 from batchline.spec import JobSpec, stored_spec
 from batchline.spec.deadline import Deadline, FallbackSpec, format_duration
 from batchline.store import Store, require_job
@@ -145,8 +145,7 @@ class Pacer:
         obs, slots, spot, spend = self.observe()
         if obs is None:
             return None
-        decision = decide(obs, self.policy) if obs.worker_rate > 0 else \
-            Decision(0, Mode.ON_TIME, 0.0, "measuring the rate: nothing committed yet")
+        decision = decide(obs, self.policy) if obs.worker_rate > 0 else measuring(obs)
         return self._report(obs, decision, slots, spot, spend, (), ())
 
     @property
@@ -178,11 +177,12 @@ class Pacer:
         deadline = self.deadline
         assert deadline is not None
         seen = [s for s in slots if s.seen_within(st.now, STALE_SECONDS)]
-        # Per worker: the rate over the recent window, shared by the workers seen (spot and paid).
+        # Per worker: of completed shards (claim to completion); else the recent window's, shared
+        # by the workers seen; else the run's average since its first claim.
         workers = max(1, spot + len(seen))
-        rate = (st.records_per_second or 0.0) / workers
-        measured = self.store.run_throughput(self.version)
-        rate = measured or rate
+        computed = st.results + st.dead_letters - info.carried - info.planned_dead
+        rate = (self.store.run_throughput(self.version) or (st.records_per_second or 0.0) / workers
+                or max(0, computed) / max(1.0, st.now - st.started_at) / workers)
         fb = self.fallback
         budget = None
         if fb.max_cost is not None:
@@ -214,10 +214,7 @@ class Pacer:
                     s.seen_at is not None and obs.now - s.seen_at > STALE_SECONDS)):
                 self.store.paid_stop(self.version, s.slot, s.generation, "its worker is gone")
                 self.log(f"paid slot {s.slot}: its worker is gone")
-        if obs.worker_rate <= 0:
-            decision = Decision(0, Mode.ON_TIME, 0.0, "measuring the rate: nothing committed yet")
-        else:
-            decision = decide(obs, self.policy)
+        decision = decide(obs, self.policy) if obs.worker_rate > 0 else measuring(obs)
         running = {s.slot: s for s in self.store.paid_slots(self.version) if s.running}
         started, stopped = [], []
         for index in range(decision.paid):

@@ -151,6 +151,7 @@ class LocalRunner:
 
     def _spawn(self, slot: _Slot, extra: Sequence[str] = ()) -> None:
         slot.starts += 1
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         slot.log = self.log_dir / f"worker-{slot.name or slot.index}.log"
         log = slot.log.open("ab")
         # The URL goes in the environment, not on the command line, where any user of

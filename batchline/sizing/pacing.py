@@ -183,7 +183,15 @@ def _uniform(obs: Observation, expected: float) -> tuple[int, Mode]:
     return 0, Mode.ON_TIME
 
 
-def _within_budget(obs: Observation, wanted: int, mode: Mode, expected: float) -> Decision:
+def measuring(obs: Observation) -> Decision:
+    """Before the rate can be measured (nothing computed yet): the paid workers that run are
+    kept, within the budget, and none is bought."""
+    return _within_budget(obs, min(obs.max_paid, obs.paid_running), Mode.ON_TIME, expected_progress(obs, obs.now),
+                          "measuring the rate: nothing computed yet")
+
+
+def _within_budget(obs: Observation, wanted: int, mode: Mode, expected: float,
+                   reason: str | None = None) -> Decision:
     affordable = wanted
     if obs.budget_seconds is not None:
         per_worker = max(obs.stop_seconds, 1e-9)
@@ -191,7 +199,9 @@ def _within_budget(obs: Observation, wanted: int, mode: Mode, expected: float) -
     if affordable < wanted:
         return Decision(affordable, Mode.AT_RISK, expected,
                         f"at risk: paid budget spent ({affordable} of the {wanted} paid workers wanted)")
-    if mode is Mode.DONE:
+    if reason is not None:
+        pass
+    elif mode is Mode.DONE:
         reason = "done"
     elif mode is Mode.ON_TIME:
         reason = "on time"

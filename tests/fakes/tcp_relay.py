@@ -54,6 +54,10 @@ class TcpRelay:
 
     def close(self) -> None:
         if self._server is not None:
+            # Shut down before closing: a close alone leaves the thread blocked in accept()
+            # holding the listening socket, which goes on accepting connections.
+            with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)
             self._server.close()
         with self._lock:
             for s in self._open:
