@@ -15,7 +15,13 @@ import yaml
 
 from batchline.cli import main
 from batchline.launch.k8s import K8sOptions, PaidPool, render, to_yaml
-from batchline.launch.k8s_pacer import GENERATION_LABEL, SLOT_LABEL, K8sPaid, paid_job, paid_job_template
+from batchline.launch.k8s_pacer import (
+    GENERATION_LABEL,
+    SLOT_LABEL,
+    K8sPaid,
+    paid_job,
+    paid_job_template,
+)
 from batchline.launch.pacer import Pacer
 from batchline.sizing.pacing import Mode
 from batchline.store import Store
