@@ -332,21 +332,21 @@ class ReaderStore(StoreHandle, ChangeReader, Protocol):
 
     def publications(self, name: str) -> list[Publication]: ...
 
-
-class PaidCapacity(PaidHeartbeat, Protocol):
-    """What a pacer keeps of a version's paid workers (batchline.store.paid)."""
-
     def paid_slots(self, version: str) -> list[PaidSlot]:
         """Every start of every paid slot of the version, by slot and generation."""
         ...
 
+    def paid_spend_seconds(self, version: str) -> float:
+        """Paid worker-seconds the version has used, from the store's own record of them."""
+        ...
+
+
+class PaidCapacity(PaidHeartbeat, Protocol):
+    """What a pacer keeps of a version's paid workers (batchline.store.paid)."""
+
     def paid_launch(self, version: str, slot: str, by: str, cost_per_hour: float, *,
                     stale_seconds: float) -> int | None:
         """A new start of `slot`, unless one runs ("already there": None)."""
-        ...
-
-    def paid_spend_seconds(self, version: str) -> float:
-        """Paid worker-seconds the version has used, from the store's own record of them."""
         ...
 
 

@@ -245,3 +245,53 @@ def hbar_chart(rows: Sequence[tuple[str, Sequence[float], Sequence[str]]], serie
     return _svg(w, h, label, "".join(out))
 
 
+
+
+def pace_chart(d: ReportData) -> str:
+    """Committed progress against the expected line to the deadline, the paid workers that ran
+    shaded beneath (right axis), and the deadline marked."""
+    pace = d.pace
+    if pace is None or d.t_start is None or not d.bins:
+        return '<p class="empty">No deadline, or no record answered yet.</p>'
+    w, h, left, right, top, bottom = 1000, 260, 64, 56, 16, 34
+    pw, ph = w - left - right, h - top - bottom
+    t0 = d.t_start
+    span = max(len(d.bins) * d.bin_seconds, pace.deadline - t0, 1.0)
+    records = max(d.status.records, 1)
+
+    def x(t: float) -> float:
+        return left + pw * min(max(t - t0, 0.0), span) / span
+
+    def y(v: float) -> float:
+        return top + ph * (1 - v / records)
+
+    steps = 48
+    paid_counts = [sum(1 for a, b in pace.paid if a <= t0 + (i + 0.5) * span / steps < b) for i in range(steps)]
+    p_max = max(1, max(paid_counts))
+    out = []
+    for i in range(5):
+        v = records * i / 4
+        out.append(f'<line class="grid" x1="{left}" x2="{w - right}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>'
+                   f'<text class="tick" x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{_num(v)}</text>')
+    for t in _time_ticks(span):
+        out.append(f'<text class="tick" x="{x(t0 + t):.1f}" y="{h - 12}" text-anchor="middle">+{tick(t)}</text>')
+    for i, n in enumerate(paid_counts):
+        if n:
+            height = ph * n / p_max * 0.5
+            out.append(f'<rect class="paid" x="{x(t0 + i * span / steps):.1f}" y="{top + ph - height:.1f}" '
+                       f'width="{pw / steps:.2f}" height="{height:.1f}"><title>{n} paid workers</title></rect>')
+    done, points = pace.done_at_start, [f"M{x(t0):.1f},{y(pace.done_at_start):.1f}"]
+    for i, n in enumerate(d.bins):
+        done += n
+        points.append(f"L{x(t0 + (i + 1) * d.bin_seconds):.1f},{y(min(done, records)):.1f}")
+    out.append(f'<path class="committed" d="{" ".join(points)}"/>')
+    out.append(f'<path class="expected" d="M{x(t0):.1f},{y(pace.done_at_start):.1f} L{x(pace.line_end):.1f},'
+               f'{y(records):.1f} L{x(pace.deadline):.1f},{y(records):.1f}"/>')
+    out.append(f'<line class="deadline" x1="{x(pace.deadline):.1f}" x2="{x(pace.deadline):.1f}" y1="{top}" '
+               f'y2="{top + ph}"/><text class="tick deadline-tick" x="{x(pace.deadline) - 4:.1f}" y="{top + 12}" '
+               f'text-anchor="end">deadline {esc(utc(pace.deadline))}</text>')
+    out.append(f'<text class="axis" x="{left}" y="{top - 4}">records committed</text>'
+               f'<text class="axis paid-tick" x="{w - right}" y="{top - 4}" text-anchor="end">'
+               f'paid workers (up to {p_max})</text>')
+    return _svg(w, h, "committed progress against the expected progress to the deadline, and the paid workers",
+                "".join(out))

@@ -96,6 +96,7 @@ class ReportData:
     lease_seconds_by_outcome: dict[str, float] = field(default_factory=dict)
     routes: dict[str, RouteTotals] = field(default_factory=dict)
     providers: tuple[ProviderSpec, ...] = ()
+    pace: PacePicture | None = None  # a version with a deadline
 
     @property
     def gpu_hours(self) -> float:
@@ -108,6 +109,28 @@ class ReportData:
     @property
     def answered(self) -> int:
         return self.status.results + self.status.dead_letters
+
+
+@dataclass(frozen=True)
+class PacePicture:
+    """A version's deadline and its paid workers, as the report draws them."""
+
+    deadline: float  # when the job must be done
+    line_end: float  # when the expected progress reaches every record (before the deadline, by the tail)
+    done_at_start: int  # carried results and planner dead letters: where the line starts
+    paid: list[tuple[float, float]]  # each paid start's time, from its worker's first heartbeat to its stop
+    paid_seconds: float
+    spot_seconds: float  # lease time of the workers that were not paid
+    paid_price: float  # per worker-hour
+    spot_price: float | None
+
+    @property
+    def paid_cost(self) -> float:
+        return self.paid_seconds / 3600.0 * self.paid_price
+
+    @property
+    def spot_cost(self) -> float | None:
+        return None if self.spot_price is None else self.spot_seconds / 3600.0 * self.spot_price
 
 
 class _Clock:
@@ -208,7 +231,36 @@ def collect(store: ReaderStore, version: str, *, price: float = DEFAULT_GPU_HOUR
         sealed_at=sealed_at, computed=outcomes.computed, carried=info.carried,
         lease_seconds_by_outcome=_gpu_seconds(store, version, leases), routes=store.route_totals(version),
         providers=spec.routing.providers if spec.routing else (),
+        pace=_pace(store, info, status, clock, leases, now),
     )
+
+
+def _pace(store: ReaderStore, info: JobInfo, status: JobStatus, clock: _Clock, leases: Sequence[LeaseSpan],
+          now: float) -> PacePicture | None:
+    """The deadline's picture for a version with a deadline and a first claim, else None."""
+    from batchline.sizing.pacing import Observation, line_end
+    from batchline.spec.deadline import FallbackSpec
+    from batchline.store.paid import restart_overhead
+
+    spec = stored_spec(info)
+    if spec.deadline is None or status.started_at is None:
+        return None
+    fallback = spec.fallback or FallbackSpec(0)
+    starts = store.paid_slots(info.version)
+    deadline = spec.deadline.resolve(status.started_at, status.now)
+    obs = Observation(now=now, started_at=status.started_at, deadline=deadline, records=status.records,
+                      done_at_start=info.carried + info.planned_dead, committed=0, spot_workers=0, paid_workers=0,
+                      paid_running=0, max_paid=fallback.workers, worker_rate=1.0,
+                      restart_overhead=restart_overhead(starts) or fallback.restart_overhead_seconds,
+                      tail_seconds=spec.shards.lease_seconds)
+    paid = [(clock(s.started_at), clock(s.stopped_at if s.stopped_at is not None else now)) for s in starts
+            if s.started_at is not None]
+    paid_workers = {s.worker for s in starts if s.worker}
+    spot = sum((span.end if span.end is not None else clock(now)) - span.start for span in leases
+               if span.worker not in paid_workers)
+    return PacePicture(clock(deadline), clock(line_end(obs)), obs.done_at_start, paid,
+                       sum(b - a for a, b in paid), spot, fallback.cost_per_worker_hour,
+                       fallback.spot_cost_per_worker_hour)
 
 
 def _markers(events: list[Event], clock: _Clock) -> tuple[list[Marker], dict[str, int]]:

@@ -27,6 +27,7 @@ from batchline.ops.report.charts import (
     OUTCOME_WORDS,
     dur,
     hbar_chart,
+    pace_chart,
     legend,
     throughput_chart,
     tick,
@@ -114,6 +115,10 @@ svg .axis { fill: #475569; font-size: 11px; font-weight: 600; }
 svg .held-tick { fill: #7c3aed; }
 svg .area { fill: #99f6e4; opacity: .55; } svg .rate { fill: none; stroke: #0f766e; stroke-width: 2; }
 svg .held { fill: none; stroke: #7c3aed; stroke-width: 1.5; stroke-dasharray: 4 3; }
+svg .committed { fill: none; stroke: #0f766e; stroke-width: 2; }
+svg .expected { fill: none; stroke: #64748b; stroke-width: 1.5; stroke-dasharray: 6 4; }
+svg .deadline { stroke: #dc2626; stroke-width: 1.5; } svg .deadline-tick { fill: #dc2626; }
+svg .paid { fill: #f59e0b; opacity: .45; } svg .paid-tick { fill: #b45309; }
 svg .hover { fill: transparent; } svg .hover:hover { fill: rgba(15, 118, 110, .08); }
 svg .band { fill: #f8fafc; }
 svg .wlabel { fill: #334155; font-size: 11.5px; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; }
@@ -350,6 +355,30 @@ def confusion_table(details: dict[str, Any]) -> str:
             f"</tr></thead><tbody>{body}</tbody></table>")
 
 
+def _pace_section(d: ReportData) -> str:
+    pace = d.pace
+    if pace is None:
+        return ""
+    end = d.sealed_at
+    verdict = ("not sealed yet" if end is None else f"met with {dur(pace.deadline - end)} to spare"
+               if end <= pace.deadline else f"missed by {dur(end - pace.deadline)}")
+    answered = max(1, d.answered)
+    cost = pace.paid_cost + (pace.spot_cost or 0.0)
+    facts = [("deadline", f"{utc(pace.deadline)}: {verdict}"),
+             ("spot worker-hours", f"{pace.spot_seconds / 3600:,.3f}"
+              + (f" (cost {pace.spot_cost:,.2f})" if pace.spot_cost is not None else "")),
+             ("paid worker-hours", f"{pace.paid_seconds / 3600:,.3f} (cost {pace.paid_cost:,.2f}, "
+                                   f"{len(pace.paid)} paid starts)"),
+             ("cost per 1,000 records", f"{cost / answered * 1000:,.4f}")]
+    rows = "".join(f'<tr><td>{esc(k)}</td><td class="num">{esc(v)}</td></tr>' for k, v in facts)
+    return ('<section><h2>Meeting the deadline</h2><p class="what">Records committed (results and dead letters) '
+            'against the expected progress, which rises from the first claim to every record a lease and two '
+            'restart overheads before the deadline; paid workers of the same version, bought while the job was '
+            'behind, are shaded beneath.</p>' + pace_chart(d)
+            + legend([("#0f766e", "committed"), ("#64748b", "expected"), ("#f59e0b", "paid workers"),
+                      ("#dc2626", "deadline")]) + f"<table><tbody>{rows}</tbody></table></section>")
+
+
 def _cost_section(d: ReportData) -> str:
     total = sum(d.lease_seconds_by_outcome.values())
     rows = []
@@ -419,7 +448,7 @@ def _routes_section(d: ReportData) -> str:
 
 def render(d: ReportData) -> str:
     body = "".join([
-        _header(d), _cards(d), _throughput_section(d), _timeline_section(d),
+        _header(d), _cards(d), _throughput_section(d), _pace_section(d), _timeline_section(d),
         '<div class="pair">', _attempts_section(d), _labels_section(d), "</div>",
         _dead_letters_section(d), _validation_section(d), _routes_section(d), _cost_section(d),
         f'<footer>Generated {esc(utc(d.generated))} by batchline report; engine '

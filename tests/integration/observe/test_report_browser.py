@@ -7,6 +7,7 @@ skips with that reason where it is absent.
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 import subprocess
@@ -66,3 +67,31 @@ def test_the_report_loads_in_chromium_and_draws_its_charts(job_factory: Any, sto
     assert png_size(shot) == (WIDTH, HEIGHT)
     # A blank page compresses to a few kilobytes; charts, tables and text do not.
     assert shot.stat().st_size > 60_000
+
+
+def test_the_pacing_picture_of_a_run_held_to_its_deadline_is_drawn(
+        job_factory: Any, store: Store, tmp_path: Path) -> None:
+    from batchline.api import Jobs
+
+    spec = job_factory(n=800, options={"seconds_per_record": 0.01},
+                       shards={"size": 50, "lease_seconds": 5, "renew_seconds": 1, "batch_size": 8},
+                       deadline="16s", fallback={"workers": 3, "cost_per_worker_hour": 3.0,
+                                                 "restart_overhead_seconds": 2, "spot_cost_per_worker_hour": 1.0})
+    trace = tmp_path / "spot.trace"
+    trace.write_text("0 1\n2 0\n12 1\n")
+    run = Jobs(store).run(spec, workers=1, spot_trace=trace, progress=None, log=lambda _m: None)
+    assert run.sealed and store.paid_slots(run.version)
+    page_path = tmp_path / "report.html"
+    data = write_report(store, run.version, page_path)
+    assert data.pace is not None and data.pace.paid and data.pace.paid_seconds > 0
+    url = page_path.resolve().as_uri()
+    dom = browser(tmp_path, "--dump-dom", url)
+    root = parse(dom.stdout).root_attrs
+    assert root.get("data-report-ready") == "ok" and "data-js-errors" not in root
+    # Throughput, the pace, the lease timeline and attempts (the job names no label field), each laid out.
+    assert root.get("data-charts") == root.get("data-charts-drawn") == "4"
+    assert 'aria-label="committed progress against the expected progress' in dom.stdout
+    assert "Meeting the deadline" in dom.stdout and "paid worker-hours" in dom.stdout
+    shot = Path(os.environ.get("BATCHLINE_PACE_SCREENSHOT", tmp_path / "pace.png"))
+    done = browser(tmp_path, f"--screenshot={shot}", url)
+    assert done.returncode == 0 and shot.exists() and shot.stat().st_size > 60_000
