@@ -129,6 +129,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tick-seconds", type=float, default=30.0, metavar="SECONDS", help="how often it decides")
     p.add_argument("--kubeconfig", default=None, metavar="FILE",
                    help="outside the cluster: a kubeconfig (default: the pod's own service account)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve the pacer's gauges (committed and expected records, workers by kind, paid spend, "
+                        "mode) as Prometheus metrics on this port (needs the metrics extra)")
     p.set_defaults(func=cmd_pace)
 
     p = sub.add_parser("grants", help="a PostgreSQL role that can work one job version and nothing else",
@@ -346,7 +349,13 @@ def cmd_pace(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    return pace_until_done(pacer, stopping.wait, log.info)
+    if args.metrics_port is None:
+        return pace_until_done(pacer, stopping.wait, log.info)
+    from batchline.ops.metrics import PaceMetrics
+
+    metrics = PaceMetrics(args.job)
+    metrics.serve(args.metrics_port)
+    return pace_until_done(pacer, stopping.wait, log.info, metrics.observe)
 
 
 def cmd_grants(args: argparse.Namespace) -> int:

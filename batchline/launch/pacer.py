@@ -249,7 +249,8 @@ class Pacer:
                           started, stopped, eta)
 
 
-def pace_until_done(pacer: Pacer, stop: Callable[[float], bool], log: Callable[[str], None]) -> int:
+def pace_until_done(pacer: Pacer, stop: Callable[[float], bool], log: Callable[[str], None],
+                    observe: Callable[[PaceReport], None] = lambda _r: None) -> int:
     """`tick` every `tick_seconds` until the version is no longer open (sealed, halted,
     cancelled) or `stop(seconds)` (which waits that long) says to stop: 0. A store that cannot
     be read is said, once each time it stops answering: nothing new is started meanwhile, and the
@@ -267,6 +268,7 @@ def pace_until_done(pacer: Pacer, stop: Callable[[float], bool], log: Callable[[
             unreachable = False
             if report is not None:
                 log(report.line())
+                observe(report)
         except BatchlineError as exc:
             if isinstance(exc, NoSuchVersion):
                 raise

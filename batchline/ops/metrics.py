@@ -155,3 +155,54 @@ def serve_metrics(port: int, *, worker_id: str | None = None, addr: str = "0.0.0
     telemetry = PrometheusTelemetry(worker_id)
     telemetry.serve(port, addr)
     return telemetry
+
+
+class PaceMetrics:
+    """Gauges of a pacer (`batchline pace --metrics-port PORT`): what it saw and decided at its
+    last tick, as `status` says it."""
+
+    MODES = ("on time", "holding", "behind", "safety net", "at risk", "done")
+
+    def __init__(self, version: str) -> None:
+        _require_client()
+        r = self.registry = CollectorRegistry()
+        self.committed = Gauge("batchline_pace_committed_records", "Records committed (results and dead letters)",
+                               registry=r)
+        self.expected = Gauge("batchline_pace_expected_records", "Records the line to the deadline expects by now",
+                              registry=r)
+        self.records = Gauge("batchline_pace_records", "Records of the version", registry=r)
+        self.deadline = Gauge("batchline_pace_deadline_timestamp_seconds", "The deadline", registry=r)
+        self.workers = Gauge("batchline_pace_workers", "Workers the store has seen, by kind", ["kind"], registry=r)
+        self.wanted = Gauge("batchline_pace_paid_workers_wanted", "Paid workers the rule wants now", registry=r)
+        self.spend = Gauge("batchline_pace_paid_worker_seconds", "Paid worker-seconds used so far", registry=r)
+        self.cost = Gauge("batchline_pace_paid_cost", "Paid cost so far (fallback.cost_per_worker_hour)", registry=r)
+        self.mode = Gauge("batchline_pace_mode", "1 for the pacer's mode now", ["mode"], registry=r)
+        Info("batchline_pace", "The version paced", registry=r).info({"version": version})
+        for kind in ("spot", "paid", "paid_not_admitted"):
+            self.workers.labels(kind=kind)
+        for mode in self.MODES:
+            self.mode.labels(mode=mode)
+        self._server: Any = None
+
+    def observe(self, report: Any) -> None:
+        """Sets every gauge from a tick's report (batchline.launch.pacer.PaceReport)."""
+        self.committed.set(report.committed)
+        self.expected.set(report.decision.expected)
+        self.records.set(report.records)
+        self.deadline.set(report.deadline)
+        self.workers.labels(kind="spot").set(report.spot_workers)
+        self.workers.labels(kind="paid").set(report.paid_seen)
+        self.workers.labels(kind="paid_not_admitted").set(report.paid_not_admitted)
+        self.wanted.set(report.decision.paid)
+        self.spend.set(report.paid_spend_seconds)
+        self.cost.set(report.cost)
+        for mode in self.MODES:
+            self.mode.labels(mode=mode).set(1 if str(report.decision.mode) == mode else 0)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+        try:
+            self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise BatchlineError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from None
+        bound: int = self._server.server_address[1]
+        return bound
