@@ -147,6 +147,9 @@ def _register_capacity(subparsers: argparse._SubParsersAction) -> None:  # type:
     w.add_argument("--deadline-hours", type=positive, default=20.0)
     w.add_argument("--price", type=non_negative, default=3.50,
                    help="USD per GPU-hour (with --from-run, per worker-hour; default 3.50)")
+    w.add_argument("--fallback-price", type=non_negative, default=None,
+                   help="USD per paid (on-demand) worker-hour of the deadline's fallback (default: three times "
+                        "--price)")
     w.add_argument("--interruption-allowance", type=non_negative, default=0.2,
                    help="extra fleet time interruptions cost, as a share of the ideal run "
                         "(`batchline simulate` measures it; default 0.2)")
@@ -239,7 +242,7 @@ def build_capacity_report(args: argparse.Namespace) -> cap.CapacityReport:
         interruption_allowance=args.interruption_allowance,
     )
     try:
-        return cap.plan_capacity(model, gpu, eff, work, api=api, run=run)
+        return cap.plan_capacity(model, gpu, eff, work, api=api, run=run, paid_price=args.fallback_price)
     except ValueError as exc:
         raise BatchlineError(f"capacity: {exc}") from None
 
@@ -317,6 +320,16 @@ def print_capacity(r: cap.CapacityReport, out: TextIO) -> None:
     lines += ["", f"  {'':<{label_width}}" + "".join(f"{name:>18}" for name, _ in columns)]
     for label, fmt in rows:
         lines.append(f"  {label:<{label_width}}" + "".join(f"{fmt(est):>18}" for _, est in columns))
+    if r.fallback is not None:
+        f = r.fallback
+        lines += [
+            "",
+            f"paid    {f.spot_workers:,} spot {unit}s meet the deadline flat out; to hold it in the worst case the "
+            f"{w.interruption_allowance:.0%} allowance admits, a fallback of up to {f.paid_workers:,} paid {unit}s "
+            f"(fallback.workers)",
+            f"        of the same pinned model: {f.worst_case_paid_hours:,.0f} paid {unit}-hours at "
+            f"${f.price_per_paid_hour:,.2f}, ${f.cost:,.0f}, bought only while the job is behind",
+        ]
     if r.api is not None and r.api_cost is not None:
         lines += [
             "",
@@ -324,6 +337,10 @@ def print_capacity(r: cap.CapacityReport, out: TextIO) -> None:
             f"million input / output tokens: ${r.api_cost:,.0f}",
             f"        source: {r.api.source}",
         ]
+        if w.deadline_hours < cap.HOSTED_BATCH_WINDOW_HOURS:
+            lines.append(f"        not a fallback for this deadline: a hosted batch answers within "
+                         f"{cap.HOSTED_BATCH_WINDOW_HOURS:g} h at best, and the deadline is {w.deadline_hours:g} h "
+                         "(another model's answers would be another version, too)")
     out.write("\n".join(lines) + "\n")
 
 

@@ -193,6 +193,32 @@ class JobEstimate:
         return 1000.0 / self.records_per_second
 
 
+# A hosted batch API answers within this window at best (OpenAI's; batches have been
+# measured at 8, 19 and 24.5 hours): not a fallback for a shorter deadline.
+HOSTED_BATCH_WINDOW_HOURS = 24.0
+
+
+@dataclass(frozen=True)
+class PaidFallback:
+    """A spot fleet sized to the deadline without an allowance, and the paid workers of the
+    same pinned model that hold the deadline in the worst case the allowance admits (its
+    interruptions cost the whole allowance)."""
+
+    spot_workers: int  # the whole workers that just meet the deadline flat out
+    paid_workers: int  # the most paid workers at once: the allowance's share of the fleet
+    worst_case_paid_hours: float  # the work the interruptions took, done again on paid workers
+    price_per_paid_hour: float
+    cost: float  # of those paid hours
+
+
+def paid_fallback(estimate: JobEstimate, work: Workload, price_per_paid_hour: float) -> PaidFallback:
+    paid = max(0, estimate.gpus_with_allowance - estimate.gpus_whole)
+    if work.interruption_allowance > 0:
+        paid = max(paid, 1)
+    hours = estimate.gpu_hours * work.interruption_allowance
+    return PaidFallback(estimate.gpus_whole, paid, hours, price_per_paid_hour, hours * price_per_paid_hour)
+
+
 @dataclass(frozen=True)
 class RunMeasurement:
     """What a run of a job version measured: its throughput per worker, and its job."""
@@ -220,6 +246,7 @@ class CapacityReport:
     estimate_prefix_cached: JobEstimate | None
     api: HostedApiPrice | None
     api_cost: float | None
+    fallback: PaidFallback | None = None
 
     @property
     def unit(self) -> str:
@@ -318,6 +345,7 @@ def plan_capacity(
     *,
     api: HostedApiPrice | None = None,
     run: RunMeasurement | None = None,
+    paid_price: float | None = None,
 ) -> CapacityReport:
     """The whole sizing table; a run's measured throughput replaces the roofline."""
     if run is not None:
@@ -335,6 +363,7 @@ def plan_capacity(
         model=model, gpu=gpu, efficiency=eff, workload=work, roofline=roof,
         run=run, estimate=estimate, estimate_prefix_cached=cached,
         api=api, api_cost=hosted_api_cost(work, api) if api is not None else None,
+        fallback=paid_fallback(estimate, work, paid_price if paid_price is not None else 3 * work.price_per_gpu_hour),
     )
 
 

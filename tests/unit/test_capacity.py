@@ -136,3 +136,30 @@ def test_to_json_carries_the_figures(report: cap.CapacityReport) -> None:
     assert out["roofline"]["prefill_tokens_per_second"] == pytest.approx(30_906.25)
     assert out["estimate"]["milliseconds_per_record"] == pytest.approx(53.51, abs=0.01)
     assert out["model"]["kv_bytes_per_token"] == 131_072
+
+
+def test_the_paid_fallback_buys_back_what_the_allowance_admits_interruptions_to_take() -> None:
+    from batchline.sizing.capacity import Workload, job_estimate, paid_fallback
+
+    work = Workload(records=3_600_000, input_tokens=100, output_tokens=10, deadline_hours=10.0,
+                    price_per_gpu_hour=2.0, interruption_allowance=0.25)
+    estimate = job_estimate(10.0, work)  # 100 GPU-hours: 10 GPUs flat out, 13 with the allowance
+    fallback = paid_fallback(estimate, work, 6.0)
+    assert (fallback.spot_workers, fallback.paid_workers) == (10, 3)
+    assert fallback.worst_case_paid_hours == pytest.approx(25.0) and fallback.cost == pytest.approx(150.0)
+    exact = Workload(records=3_600_000, input_tokens=100, output_tokens=10, deadline_hours=10.0,
+                     interruption_allowance=0.0)
+    none = paid_fallback(job_estimate(10.0, exact), exact, 6.0)
+    assert (none.paid_workers, none.worst_case_paid_hours) == (0, 0.0)
+
+
+def test_capacity_says_a_hosted_batch_is_no_fallback_for_a_deadline_shorter_than_its_window(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from batchline.cli import main
+
+    assert main(["capacity", "--deadline-hours", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "a fallback of up to" in out and "paid GPU-hours at $10.50" in out
+    assert "not a fallback for this deadline: a hosted batch answers within 24 h at best" in out
+    assert main(["capacity", "--deadline-hours", "30"]) == 0
+    assert "not a fallback for this deadline" not in capsys.readouterr().out
