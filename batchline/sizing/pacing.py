@@ -165,11 +165,14 @@ def _uniform(obs: Observation, expected: float) -> tuple[int, Mode]:
         return obs.max_paid, Mode.SAFETY_NET
     held = max(obs.paid_running, obs.paid_workers)
     if obs.committed < expected:
-        # Back onto the line by t + h: spot works all of h, a paid worker started now h - d.
+        # Back onto the line by t + h: the spot and paid workers seen work all of h; the paid
+        # workers started and not seen yet, and any started now, h - d.
         h = catch_up_horizon(obs)
-        gap = expected_progress(obs, obs.now + h) - obs.committed - spot * h
-        catch_up = math.ceil(gap / (rate * max(h - obs.restart_overhead, 1.0))) if gap > 0 else 1
-        return min(obs.max_paid, max(held, catch_up, 1)), Mode.BEHIND
+        working = max(h - obs.restart_overhead, 1.0)
+        gap = (expected_progress(obs, obs.now + h) - obs.committed - spot * h
+               - rate * (obs.paid_workers * h + max(0, held - obs.paid_workers) * working))
+        extra = math.ceil(gap / (rate * working)) if gap > 0 else 0
+        return min(obs.max_paid, max(held + extra, 1)), Mode.BEHIND
     if held:
         # Not behind: as many of those running as keep the job two restart overheads ahead of
         # the line by the end of the horizon beside the spot workers there are now (so none
