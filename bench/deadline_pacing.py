@@ -135,19 +135,20 @@ def run_ray(folder: Path, args: argparse.Namespace, paid: bool) -> dict[str, Any
     ray.init(address=cluster.address, namespace="bench-pacing", log_to_driver=False)
     started = time.time()
 
-    def wave() -> None:
-        nonlocal spot_node
-        time.sleep(args.wave[0])
-        cluster.remove_node(spot_node)  # every spot worker dies with its node
-        time.sleep(args.wave[1] - args.wave[0])
-        spot_node = cluster.add_node(num_cpus=args.spot, resources={"spot": args.spot})
-
-    threading.Thread(target=wave, daemon=True).start()
+    launcher = RayLauncher(store_url, version, args.spot, cpus_per_worker=1, poll_seconds=0.2,
+                           spot_resource="spot", paid_resource="on_demand" if paid else None, pace_seconds=2.0,
+                           max_restarts=10_000)
+    # Ray adds and removes nodes only from the main thread, so the launcher runs beside it.
+    running = threading.Thread(target=launcher.run, daemon=True)
+    running.start()
     try:
-        launcher = RayLauncher(store_url, version, args.spot, cpus_per_worker=1, poll_seconds=0.2,
-                               spot_resource="spot", paid_resource="on_demand" if paid else None, pace_seconds=2.0,
-                               max_restarts=10_000)
-        launcher.run()
+        running.join(max(0.0, args.wave[0] - (time.time() - started)))
+        if running.is_alive():
+            cluster.remove_node(spot_node)  # every spot worker dies with its node
+            running.join(max(0.0, args.wave[1] - (time.time() - started)))
+            if running.is_alive():
+                cluster.add_node(num_cpus=args.spot, resources={"spot": args.spot})
+        running.join()
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
-from batchline.cli.common import add_store_option
+from batchline.cli.common import add_store_option, key_values, on_stop_signals
 from batchline.errors import BatchlineError, NoSuchVersion
 from batchline.spec import stored_spec
 from batchline.store import default_url, open_store
@@ -164,12 +162,11 @@ def cmd_launch_ray(args: argparse.Namespace) -> int:
                            max_restarts=args.max_restarts, log=log.info, spot_resource=args.spot_resource,
                            paid_resource=args.paid_resource, deadline=deadline)
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s: stopping every worker", signal.Signals(signum).name)
+    def on_signal(name: str) -> None:
+        log.info("received %s: stopping every worker", name)
         launcher.request_stop()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    on_stop_signals(on_signal)
     summary = launcher.run()
     log.info("done: exit %d, %d worker starts, %d restarts, %d actors lost", summary.exit_code, summary.starts,
              summary.restarts, summary.actor_deaths)
@@ -188,12 +185,7 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
         raise BatchlineError("--schedule and --spec go together")
     if args.schedule is None and (args.time_zone or args.publish):
         raise BatchlineError("--time-zone and --publish go with --schedule")
-    annotations = {}
-    for item in args.service_account_annotation:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise BatchlineError(f"--service-account-annotation {item!r} must be KEY=VALUE")
-        annotations[key] = value
+    annotations = key_values(args.service_account_annotation, "--service-account-annotation")
     grace = 30.0
     job_fallback = None
     schedule: Schedule | None = None
@@ -293,12 +285,7 @@ def _paid_pool(args: argparse.Namespace, fallback: FallbackSpec | None) -> PaidP
         return None
     if args.schedule is not None:
         raise BatchlineError("--fallback-queue goes with --job: a scheduled run's pacer is not rendered yet")
-    selector = {}
-    for item in args.fallback_node_selector:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise BatchlineError(f"--fallback-node-selector {item!r} must be KEY=VALUE")
-        selector[key] = value
+    selector = key_values(args.fallback_node_selector, "--fallback-node-selector")
     tolerations = []
     for item in args.fallback_toleration:
         head, colon, effect = item.rpartition(":")
@@ -343,12 +330,11 @@ def cmd_pace(args: argparse.Namespace) -> int:
     pacer = Pacer(store, args.job, launcher, tick_seconds=args.tick_seconds, by="k8s-pacer", spec=spec, log=log.info)
     stopping = threading.Event()
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s: stopping; the paid workers go on until the next pacer", signal.Signals(signum).name)
+    def on_signal(name: str) -> None:
+        log.info("received %s: stopping; the paid workers go on until the next pacer", name)
         stopping.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    on_stop_signals(on_signal)
     if args.metrics_port is None:
         return pace_until_done(pacer, stopping.wait, log.info)
     from batchline.ops.metrics import PaceMetrics

@@ -6,15 +6,13 @@ import argparse
 import datetime
 import json
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from batchline.api import Jobs
-from batchline.cli.common import store_command
+from batchline.cli.common import on_stop_signals, store_command
 from batchline.errors import BatchlineError
 from batchline.store import JobStatus, Store, open_store
 
@@ -295,12 +293,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         log.info("metrics on %s:%d/metrics", args.metrics_addr, args.metrics_port)
     stop = threading.Event()
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s: stopping", signal.Signals(signum).name)
+    def on_signal(name: str) -> None:
+        log.info("received %s: stopping", name)
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    on_stop_signals(on_signal)
     from batchline.worker.notices import start_watcher
 
     watcher = start_watcher(args.preemption_notice, stop, base_url=args.metadata_url, log=log.info)

@@ -6,7 +6,7 @@ import collections
 import datetime as dt
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from batchline.ops.report.data import LeaseSpan, ReportData, esc
 
@@ -86,6 +86,19 @@ def _time_ticks(span: float) -> list[float]:
     return [i * step for i in range(int(span // step) + 1)]
 
 
+def _axes(y_max: float, span: float, y: Callable[[float], float], x: Callable[[float], float],
+          left: float, right: float, h: int) -> list[str]:
+    """Five grid lines up to y_max with their values, and the time ticks along the bottom (x of seconds in)."""
+    out = []
+    for i in range(5):
+        v = y_max * i / 4
+        out.append(f'<line class="grid" x1="{left}" x2="{right}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>'
+                   f'<text class="tick" x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{_num(v)}</text>')
+    for t in _time_ticks(span):
+        out.append(f'<text class="tick" x="{x(t):.1f}" y="{h - 12}" text-anchor="middle">+{tick(t)}</text>')
+    return out
+
+
 def throughput_chart(d: ReportData) -> str:
     if d.t_start is None or not d.bins:
         return '<p class="empty">No records answered yet.</p>'
@@ -103,13 +116,7 @@ def throughput_chart(d: ReportData) -> str:
     def y(v: float) -> float:
         return top + ph * (1 - v / y_max)
 
-    out = []
-    for i in range(5):
-        v = y_max * i / 4
-        out.append(f'<line class="grid" x1="{left}" x2="{w - right}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>'
-                   f'<text class="tick" x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{_num(v)}</text>')
-    for t in _time_ticks(span):
-        out.append(f'<text class="tick" x="{x(t):.1f}" y="{h - 12}" text-anchor="middle">+{tick(t)}</text>')
+    out = _axes(y_max, span, y, x, left, w - right, h)
     step_line = " ".join(f"L{x(i * d.bin_seconds):.1f},{y(r):.1f} L{x((i + 1) * d.bin_seconds):.1f},{y(r):.1f}"
                          for i, r in enumerate(rates))
     out.append(f'<path class="area" d="M{left},{y(0):.1f} {step_line} L{x(span):.1f},{y(0):.1f} Z"/>')
@@ -268,13 +275,7 @@ def pace_chart(d: ReportData) -> str:
     steps = 48
     paid_counts = [sum(1 for a, b in pace.paid if a <= t0 + (i + 0.5) * span / steps < b) for i in range(steps)]
     p_max = max(1, max(paid_counts))
-    out = []
-    for i in range(5):
-        v = records * i / 4
-        out.append(f'<line class="grid" x1="{left}" x2="{w - right}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>'
-                   f'<text class="tick" x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{_num(v)}</text>')
-    for t in _time_ticks(span):
-        out.append(f'<text class="tick" x="{x(t0 + t):.1f}" y="{h - 12}" text-anchor="middle">+{tick(t)}</text>')
+    out = _axes(records, span, y, lambda t: x(t0 + t), left, w - right, h)
     for i, n in enumerate(paid_counts):
         if n:
             height = ph * n / p_max * 0.5
