@@ -239,10 +239,20 @@ def rescue_stalled_shard(store: Store, store_url: str, version: str, shard_no: i
                          timeout: float = 120) -> None:
     """With the shard's owner stalled: the store's clock past its lease, and a new worker
     (added to `procs`) that takes the shard over and finishes it."""
+    stalled_owner = store.shard_rows(version)[shard_no].owner
     store.shift_clock(lease_seconds + 1)
     procs.append(start_worker(store_url, version, log))
-    wait_for(lambda: store.shard_rows(version)[shard_no].state == "done", timeout=timeout,
-             what="the rescuer to finish the stalled worker's shard")
+
+    def done() -> bool:
+        row = store.shard_rows(version)[shard_no]
+        if row.state == "leased" and row.owner == stalled_owner and (row.lease_expires or 0) > store.now():
+            # A renewal the owner sent just before it was stopped, run by the server after the
+            # shift: its lease runs from the shifted clock. The owner is stopped now, so no
+            # other renewal can follow this one.
+            store.shift_clock(lease_seconds + 1)
+        return row.state == "done"
+
+    wait_for(done, timeout=timeout, what="the rescuer to finish the stalled worker's shard")
 
 
 def sealed_and_gone(store: Store, version: str, stalled: subprocess.Popen[bytes], timeout: float = 180) -> None:

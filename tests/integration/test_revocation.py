@@ -4,7 +4,7 @@ downstream has run again, and after a rollback to a version planned on the older
 an ACL-only change costs no inference, upstream or downstream. On both stores.
 
 The downstream here embeds with the synthetic engine (every vector the same: every visible row
-ties), which is all the ACL checks need; tests/acceptance/test_revocation.py runs the same with
+ties), which is all the ACL checks need; tests/acceptance/test_revoked_access.py runs the same with
 MiniLM, a trained IVF_PQ index and a worker killed mid-shard."""
 
 from __future__ import annotations
