@@ -47,12 +47,16 @@ if TYPE_CHECKING:
     from batchline.publish.upstream import UpstreamLag
     from batchline.spec import JobSpec
     from batchline.store import DeadLetterBound, JobStatus, Store, StoredDeadLetter
+    from batchline.store.lineage import OutboxRow
     from batchline.store.model import Publication
     from batchline.targets.lancedb_index import Hit
 
-__all__ = ["ExportFormat", "ExportResult", "JobListing", "Jobs", "RunResult", "SearchResult"]
+__all__ = ["ExportFormat", "ExportResult", "JobListing", "Jobs", "LineageOutbox", "RunResult", "SearchResult"]
 
 ExportFormat = Literal["jsonl", "parquet", "openai-batch"]
+# How long a command that changed a version's state waits, at most, for its lineage events to go
+# out before it returns (what is not sent by then stays in the store for the next process).
+LINEAGE_DRAIN_SECONDS = 5.0
 
 
 def _stderr(message: str) -> None:
@@ -104,6 +108,14 @@ class ExportResult:
 
 
 @dataclass(frozen=True)
+class LineageOutbox:
+    rows: list[OutboxRow]  # oldest first
+    sent: int = 0  # sent now (`send`)
+    failed: int = 0  # sends that failed now: the receiver is down, the rows wait for their next try
+    retried: int = 0  # rows given up on, due again (`retry`)
+
+
+@dataclass(frozen=True)
 class SearchResult:
     name: str
     version: str  # the published version every hit was answered from
@@ -120,19 +132,47 @@ class Jobs:
         self.store = store
 
     @contextlib.contextmanager
-    def _opened(self, *, create: bool = False) -> Iterator[Store]:
-        if self.store is not None and not isinstance(self.store, str):
-            yield self.store  # the caller's: it stays open
-            return
-        from batchline.store import open_store
+    def _opened(self, *, create: bool = False, lineage: bool = False) -> Iterator[Store]:
+        """The store; `lineage`: an operation that may change a version's state, after which
+        the lineage outbox is drained (for a bounded time) where lineage is on, and whose
+        lineage configuration, if malformed, is refused before it does anything."""
+        with self._lineage(lineage) as drain:
+            if self.store is not None and not isinstance(self.store, str):
+                try:
+                    yield self.store  # the caller's: it stays open
+                finally:
+                    drain(self.store.url)
+                return
+            from batchline.store import open_store
 
-        opened = open_store(self.store, create=create)
-        try:
-            yield opened
-        except BaseException:
-            opened.close_discarding()  # a failed first plan leaves no empty store behind
-            raise
-        opened.close()
+            opened = open_store(self.store, create=create)
+            try:
+                yield opened
+            except BaseException:
+                drain(opened.url)
+                opened.close_discarding()  # a failed first plan leaves no empty store behind
+                raise
+            drain(opened.url)
+            opened.close()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _lineage(wanted: bool) -> Iterator[Callable[[str], None]]:
+        from batchline.lineage import lineage_config
+
+        config = lineage_config() if wanted else None
+
+        def drain(url: str) -> None:
+            if config is None:
+                return
+            from batchline.lineage.drain import drain_beside
+            from batchline.store import open_store
+
+            drainer = drain_beside(lambda: open_store(url, create=False), config)
+            if drainer is not None:
+                drainer.close(LINEAGE_DRAIN_SECONDS)
+
+        yield drain
 
     @staticmethod
     def _resolve(s: Store, target: str) -> str:
@@ -235,7 +275,7 @@ class Jobs:
                 raise BatchlineError(f"--spot-trace {spot_trace}: no such file") from None
             except ValueError as exc:
                 raise BatchlineError(f"--spot-trace {exc}") from None
-        with self._opened(create=True) as s, contextlib.ExitStack() as closing:
+        with self._opened(create=True, lineage=True) as s, contextlib.ExitStack() as closing:
             refusal = held.refusal(s.now()) if held is not None else None
             if refusal is not None:
                 raise SpecError(refusal)  # before anything is planned or started
@@ -296,9 +336,10 @@ class Jobs:
         """Runs the gate on a sealed version and records its report; `passed` says whether
         it may be published."""
         from batchline.check.validate import validate
+        from batchline.worker.recompute import recompute
 
-        with self._opened() as s:
-            return validate(s, self._resolve(s, target))
+        with self._opened(lineage=True) as s:
+            return validate(s, self._resolve(s, target), recompute=recompute)
 
     def publish(self, version: str, *, force: bool = False, reason: str | None = None,
                 log: Callable[[str], None] = _stderr) -> PublishResult:
@@ -307,7 +348,7 @@ class Jobs:
         already is left as it is and history records nothing (`changed` is False)."""
         from batchline.publish.pointer import publish
 
-        with self._opened() as s:
+        with self._opened(lineage=True) as s:
             return publish(s, version, force=force, reason=reason, log=log)
 
     def validate_and_publish(self, version: str, *, log: Callable[[str], None] = _stderr
@@ -332,7 +373,7 @@ class Jobs:
         never the current one itself; refused when there is none."""
         from batchline.publish.pointer import rollback
 
-        with self._opened() as s:
+        with self._opened(lineage=True) as s:
             return rollback(s, name, reason)
 
     def cancel(self, version: str, *, reason: str | None = None) -> bool:
@@ -342,7 +383,7 @@ class Jobs:
         cancelled already."""
         from batchline.publish.pointer import who
 
-        with self._opened() as s:
+        with self._opened(lineage=True) as s:
             return s.cancel(version, who(), reason)
 
     def resume(self, version: str, *, abort_dead_letter_rate: float | None = None,
@@ -360,7 +401,7 @@ class Jobs:
             raise BatchlineError(f"--abort-dead-letter-rate {abort_dead_letter_rate:g} is not a share between 0 and 1")
         if abort_min_outcomes is not None and abort_min_outcomes < 1:
             raise BatchlineError(f"--abort-min-outcomes {abort_min_outcomes} must be at least 1")
-        with self._opened() as s:
+        with self._opened(lineage=True) as s:
             info = s.job(version)
             if info is not None and abort_dead_letter_rate is not None:
                 def refuse(message: str) -> NoReturn:
@@ -377,6 +418,27 @@ class Jobs:
 
         with self._opened() as s:
             return delete(s, version, who())
+
+    # --- lineage -----------------------------------------------------------------------------
+
+    def lineage(self, target: str | None = None, *, send: bool = False, retry: bool = False) -> LineageOutbox:
+        """The lineage outbox (of one version or name, or all of it): each state change's event,
+        sent, pending or given up. `retry`: rows given up on are due again; `send`: what is due
+        is sent now, through this process's OpenLineage configuration (refused where none is)."""
+        from batchline.lineage import lineage_config
+        from batchline.lineage.drain import DrainReport, Sender, client_installed, drain_now
+
+        config = lineage_config()
+        if send and config is None:
+            raise BatchlineError("lineage is off here: no openlineage.yml, OPENLINEAGE_URL or OPENLINEAGE__TRANSPORT "
+                                 "variables configure a transport to send to")
+        if send and not client_installed():
+            raise BatchlineError("lineage needs openlineage-python to send: pip install 'batchline[lineage]'")
+        with self._opened() as s:
+            version = self._resolve(s, target) if target is not None else None
+            retried = s.lineage_retry(version) if retry else 0
+            report = drain_now(s, Sender(config), version=version) if send and config is not None else DrainReport()
+            return LineageOutbox(s.lineage_rows(version), report.sent, report.failed, retried)
 
     # --- search ------------------------------------------------------------------------------
 

@@ -10,7 +10,8 @@
 # BATCHLINE_IMAGE says which worker:
 #   cpu (default)  llama.cpp on the CPU, built portably, with the packaged Gemma 3 270M (llamacpp);
 #                  PostgreSQL stores (postgres); inputs, exports and weights in S3/GCS (lake); Iceberg
-#                  inputs and tables (iceberg); the worker's Prometheus endpoint (metrics). No torch:
+#                  inputs and tables (iceberg); the worker's Prometheus endpoint (metrics); OpenLineage
+#                  events (lineage). No torch:
 #                  none of these needs it (transformers and embedding, which do, are left out).
 #   vllm-cuda      vLLM with its CUDA build of torch, from container/requirements-vllm-cuda.txt, and
 #                  the same extras but llamacpp. It cannot share the cpu environment: vLLM pins torch
@@ -40,10 +41,10 @@ SOURCE=${2:-$(cd "$(dirname "$0")/.." && pwd)}
 case "${BATCHLINE_IMAGE:-cpu}" in
   cpu)
     export CMAKE_ARGS="${CMAKE_ARGS:-$PORTABLE_CMAKE_ARGS}"
-    set -- "$SOURCE[llamacpp,postgres,lake,iceberg,metrics]" ;;
+    set -- "$SOURCE[llamacpp,postgres,lake,iceberg,metrics,lineage]" ;;
   vllm-cuda|vllm-cpu)
     VLLM_REQUIREMENTS="$SOURCE/container/requirements-$BATCHLINE_IMAGE.txt"
-    set -- "postgres,lake,iceberg,metrics${BATCHLINE_EXTRAS:+,$BATCHLINE_EXTRAS}" ;;
+    set -- "postgres,lake,iceberg,metrics,lineage${BATCHLINE_EXTRAS:+,$BATCHLINE_EXTRAS}" ;;
   *)
     echo "container/install.sh: BATCHLINE_IMAGE=$BATCHLINE_IMAGE is neither cpu, vllm-cuda nor vllm-cpu" >&2
     exit 2 ;;

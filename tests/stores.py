@@ -18,6 +18,7 @@ import pytest
 
 from batchline.store import Store, open_store
 from batchline.store.ports import (
+    LineageDrain,
     OutcomeWriter,
     PaidHeartbeat,
     ProviderParking,
@@ -36,7 +37,7 @@ CONTRACT_STORES = [*STORES, pytest.param(WORKER_ROLE, marks=pytest.mark.postgres
 
 # What a worker may call, from the port itself rather than a list kept by hand.
 WORKER_METHODS = frozenset(
-    name for port in (ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, PaidHeartbeat)
+    name for port in (ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, PaidHeartbeat, LineageDrain)
     for name in vars(port)
     if not name.startswith("_"))
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchline.check.outputs import OutputChecker
+from batchline.check.reproduce import Recompute, check_reproducible
 from batchline.errors import BatchlineError
 from batchline.spec import EvalSpec, JobSpec, stored_spec
 from batchline.store import Store, require_job
@@ -53,7 +54,10 @@ class ValidationReport:
         return "\n".join(lines)
 
 
-def validate(store: Store, version: str, *, record: bool = True) -> ValidationReport:
+def validate(store: Store, version: str, *, record: bool = True, recompute: Recompute | None = None) -> ValidationReport:
+    """The gate's checks of a sealed version, recorded in the store (`record`); `recompute`
+    runs the version's engine for the reproducibility check (`validate.reproduce`), which the
+    caller provides from the worker layer."""
     info = require_job(store, version)
     if info.state == "cancelled":
         raise BatchlineError(f"{version} was cancelled: a cancelled version is not validated")
@@ -67,6 +71,8 @@ def validate(store: Store, version: str, *, record: bool = True) -> ValidationRe
               check_dead_letters(store, version, spec), check_drift(store, version, spec)]
     if spec.validate.eval is not None:
         checks.append(check_eval(store, version, spec, spec.validate.eval))
+    if spec.validate.reproduce is not None:
+        checks.append(check_reproducible(store, version, spec, spec.validate.reproduce, recompute))
     report = ValidationReport(version, all(c.passed for c in checks), checks, time.perf_counter() - started)
     if record:
         store.record_validation(version, report.passed, report.to_json())

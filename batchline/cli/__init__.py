@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     from batchline.cli import observe
 
     observe.register(sub)
+    from batchline.cli import lineage
+
+    lineage.register(sub)
     try:
         from batchline.cli import sizing
     except ImportError:

@@ -277,10 +277,12 @@ def cmd_changes(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from batchline.lineage import lineage_config
     from batchline.ops.logs import configure_worker_logging
     from batchline.worker.supervisor import Worker, new_worker_id
     from batchline.worker.telemetry import WorkerTelemetry
 
+    lineage = lineage_config()  # a malformed configuration is refused before anything starts
     # Batch work yields: the lowest CPU priority, so interactive work on a shared node comes first.
     os.nice(19)
     worker_id = new_worker_id()
@@ -321,7 +323,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker = Worker(store, version=args.job, worker_id=worker_id, stop=stop,
                     poll_seconds=args.poll_seconds, log=log.info, telemetry=telemetry,
                     routes=[r.strip() for r in args.routes.split(",") if r.strip()] if args.routes else None,
-                    on_claim=keeper.on_claim if keeper is not None else lambda _v: None)
+                    on_claim=keeper.on_claim if keeper is not None else lambda _v: None, lineage=lineage)
     try:
         code = worker.run()
     finally:

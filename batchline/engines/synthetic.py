@@ -5,7 +5,8 @@ instance of the job's schema derived from the record's text, so a pipeline
 run over it exercises validation like a real model would. Its options are
 `OPTIONS` below: the time one record costs, its tokenizer, and fault injection
 by record id (the engine process dies as on a segfault or the OOM killer,
-fails the record, returns output that fails the schema, never returns, or cuts
+fails the record, returns output that fails the schema, never returns, answers it
+differently in each engine process (as an engine that is not batch-invariant), or cuts
 the output off as at ``decoding.max_tokens``, its first half with finish
 reason ``length``, as a model that repeats itself until the limit does). The
 environment variable ``BATCHLINE_SYNTHETIC_SLOWDOWN`` (a factor, default 1)
@@ -51,6 +52,8 @@ OPTIONS = EngineOptions(
     EngineOption("hang_on", "record ids", "Records whose call never returns", []),
     EngineOption("truncate_on", "record ids", "Records whose output is cut off as at max_tokens (finish length)",
                  []),
+    EngineOption("unstable_on", "record ids", "Records each engine process answers differently (an engine that "
+                 "is not batch-invariant: another batch, device or build decodes them otherwise)", []),
     EngineOption("call_log", "string", "A file every record id asked about is appended to, one a line"),
     EngineOption("fail_load", "boolean", "Loading raises a fatal error (a broken model)", False),
     EngineOption("load_seconds", "number", "Seconds loading takes (a large model)", 0.0),
@@ -79,6 +82,7 @@ class SyntheticEngine:
         self.invalid_on = {str(x) for x in OPTIONS.of(opts, "invalid_on")}
         self.hang_on = {str(x) for x in OPTIONS.of(opts, "hang_on")}
         self.truncate_on = {str(x) for x in OPTIONS.of(opts, "truncate_on")}
+        self.unstable_on = {str(x) for x in OPTIONS.of(opts, "unstable_on")}
         self.call_log = OPTIONS.of(opts, "call_log")
         self.fail_load = bool(OPTIONS.of(opts, "fail_load"))
         self.load_seconds = float(OPTIONS.of(opts, "load_seconds"))
@@ -121,7 +125,8 @@ class SyntheticEngine:
         if record_id in self.hang_on:
             while True:
                 time.sleep(3600)
-        output = json.dumps(synthetic_instance(self.schema, text), separators=(",", ":"))
+        seed = f"{os.getpid()} {text}" if record_id in self.unstable_on else text
+        output = json.dumps(synthetic_instance(self.schema, seed), separators=(",", ":"))
         if record_id in self.invalid_on:
             output = json.dumps({"synthetic_invalid_output": True})
         output, _ = cut_at_stop(output, self.stop)

@@ -33,7 +33,7 @@ from batchline.snapshot import (
     text_hash,
     unruled_acl_array,
 )
-from batchline.sources import Snapshot, Source, StoredRows, snapshot_digest
+from batchline.sources import Snapshot, Source, StoredRows, snapshot_digest, stored_pins
 from batchline.spec import LOCAL_ROUTE, STORED, JobSpec, ModelSpec, stored_spec
 from batchline.store import (
     DeadLetterRow,
@@ -72,7 +72,8 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
         target.check(spec, store.url)
     if spec.shards.size_auto:
         spec = _auto_shard_size(spec, store, base, sources, log)
-    writer = store.begin_plan(version, spec.name, {**spec.to_dict(), "base_version": base})
+    writer = store.begin_plan(version, spec.name, {**spec.to_dict(), "base_version": base,
+                                                   **({"pins": pins} if (pins := stored_pins(snapshot)) else {})})
     try:
         result = _write_plan(spec, version, writer, sources, keep_acl=base is not None)
         if base is not None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from batchline.errors import BatchlineError
 from batchline.registry import SOURCES
 from batchline.sources.base import (
+    DatasetName,
     InputSource,
     KeyedFamily,
     LocationFamily,
@@ -26,16 +27,19 @@ from batchline.sources.base import (
     Source,
     SourceContext,
     SourceFamily,
+    StoreDatasets,
     StoredRow,
     StoredRows,
+    location_dataset,
 )
 
 if TYPE_CHECKING:
     from batchline.spec.reader import SpecReader
 
-__all__ = ["FileSet", "InputSource", "KeyedFamily", "LocationFamily", "ParseContext", "Pin", "Snapshot", "Source",
-           "SourceContext", "SourceFamily", "StoredRow", "StoredRows", "families", "is_remote", "keyed_families", "location_family",
-           "open_source", "published_read", "snapshot_digest", "versions_read"]
+__all__ = ["DatasetName", "FileSet", "InputSource", "KeyedFamily", "LocationFamily", "ParseContext", "Pin", "Snapshot",
+           "Source", "SourceContext", "SourceFamily", "StoreDatasets", "StoredRow", "StoredRows", "families", "is_remote",
+           "keyed_families", "location_dataset", "location_family", "open_source", "pin_version", "published_read",
+           "snapshot_digest", "stored_pins", "versions_read"]
 
 
 def families() -> list[SourceFamily]:
@@ -103,6 +107,27 @@ def snapshot_digest(pins: Sequence[Pin]) -> str:
     return "sha256:" + outer.hexdigest()
 
 
+def stored_pins(snapshot: Snapshot) -> list[dict[str, Any]]:
+    """The snapshot's pins as a version keeps them (its stored spec's `pins`): what lineage
+    names as the version of each file or object read. A table's single pin is its snapshot,
+    which its source's section names already."""
+    if len(snapshot.pins) != len(snapshot.files):
+        return []
+    return [{"location": f.location, **p.to_json(), **({"digest": p.digest} if p.digest else {})}
+            for f, p in zip(snapshot.files, snapshot.pins, strict=True)]
+
+
+def pin_version(pin: Mapping[str, Any] | None) -> str | None:
+    """The version lineage gives a file or object read at `pin`: its object version or
+    generation, else its ETag, else its content digest."""
+    if pin is None:
+        return None
+    for key in ("version", "etag", "digest"):
+        if pin.get(key):
+            return str(pin[key])
+    return None
+
+
 @dataclass(frozen=True)
 class FileSet:
     """An input that is a list of files or objects (`input.path`, or a family's list such as
@@ -116,6 +141,10 @@ class FileSet:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": list(self.locations)}
+
+    def datasets(self, pins: Sequence[Mapping[str, Any]], store: StoreDatasets) -> list[DatasetName]:
+        by_location = {str(p.get("location")): p for p in pins}
+        return [location_dataset(location, pin_version(by_location.get(location))) for location in self.locations]
 
     def snapshot(self, ctx: SourceContext) -> Snapshot:
         files = [open_source(location, ctx.input.storage) for location in self.locations]

@@ -58,6 +58,45 @@ class Pin:
         return f"{self.name}\0{self.size}\0{self.etag or ''}\0{self.version or ''}\n"
 
 
+@dataclass(frozen=True)
+class DatasetName:
+    """A dataset as lineage names it (OpenLineage's naming: the namespace is the datasource, a
+    scheme and authority; the name its path or table), and the version read or written."""
+
+    namespace: str
+    name: str
+    version: str | None = None
+    # An input whose fields are not the spec's input fields (the results of a job read with
+    # input.job): what it calls the record's id, text, ACL, and the prefix of a carried field.
+    fields: tuple[tuple[str, str], ...] = ()
+
+    def field(self, role: str, default: str) -> str:
+        return dict(self.fields).get(role, default)
+
+
+def location_dataset(location: str, version: str | None = None) -> DatasetName:
+    """A file or object by its location: `s3://bucket` or `gs://bucket` with the key as its
+    name, and `file` with an absolute path for a local one."""
+    for scheme in ("s3://", "gs://"):
+        if location.startswith(scheme):
+            bucket, _, key = location[len(scheme):].partition("/")
+            return DatasetName(f"{scheme}{bucket}", key, version)
+    path = location[len("file://"):] if location.startswith("file://") else location
+    return DatasetName("file", str(Path(path).absolute()), version)
+
+
+@dataclass(frozen=True)
+class StoreDatasets:
+    """How the job's store names its own datasets for lineage: a published name's results
+    (the store's view) read through the store (`namespace`, names after `prefix`)."""
+
+    namespace: str
+    prefix: str = ""
+
+    def of(self, name: str, version: str | None = None) -> DatasetName:
+        return DatasetName(self.namespace, f"{self.prefix}{name}", version)
+
+
 class Source(Protocol):
     """One input file or object. Every read refuses, with an InputError naming the
     location, a source that is gone or unreadable."""
@@ -170,6 +209,12 @@ class InputSource(Protocol):
     def snapshot(self, ctx: SourceContext) -> Snapshot:
         """Reads and pins the snapshot (at planning), or reopens the one the stored
         section names (an export's re-read, a check of coverage)."""
+        ...
+
+    def datasets(self, pins: Sequence[Mapping[str, Any]], store: StoreDatasets) -> list[DatasetName]:
+        """What lineage names as the run's inputs: each dataset the snapshot read, at the
+        version planning pinned (`pins`: the stored pins of its files, in order, where the
+        version kept them; empty for a version planned before pins were kept)."""
         ...
 
 

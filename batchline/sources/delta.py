@@ -19,7 +19,7 @@ are read by column name.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -28,12 +28,15 @@ from urllib.parse import unquote
 from batchline.errors import BatchlineError, InputError, missing_extra, one_line
 from batchline.lake import lake_settings
 from batchline.sources.base import (
+    DatasetName,
     KeyedFamily,
     ParseContext,
     Pin,
     Snapshot,
     SourceContext,
+    StoreDatasets,
     WithColumns,
+    location_dataset,
 )
 
 if TYPE_CHECKING:
@@ -81,6 +84,9 @@ class DeltaSource:
 
     def to_dict(self) -> dict[str, Any]:
         return {"delta": {"uri": self.uri, **({"version": self.version} if self.version is not None else {})}}
+
+    def datasets(self, pins: Sequence[Mapping[str, Any]], store: StoreDatasets) -> list[DatasetName]:
+        return [location_dataset(self.uri.rstrip("/"), str(self.version) if self.version is not None else None)]
 
     def snapshot(self, ctx: SourceContext) -> Snapshot:
         from batchline.sources import open_source

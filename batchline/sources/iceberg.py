@@ -28,14 +28,22 @@ without a table never needs it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from batchline.errors import BatchlineError, InputError, missing_extra, one_line
 from batchline.lake import LakeSettings, lake_settings
-from batchline.sources.base import KeyedFamily, ParseContext, Pin, Snapshot, SourceContext
+from batchline.sources.base import (
+    DatasetName,
+    KeyedFamily,
+    ParseContext,
+    Pin,
+    Snapshot,
+    SourceContext,
+    StoreDatasets,
+)
 
 if TYPE_CHECKING:
     from batchline.spec.model import InputSpec
@@ -64,6 +72,14 @@ class TableRef:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    def dataset(self, store: StoreDatasets, version: str | None = None) -> DatasetName:
+        """The table as lineage names it: by its catalog (the store's own database for
+        `catalog: store`, else the catalog's address where the spec gives one, else its
+        name), so an input and an output of one table meet in a lineage graph."""
+        if self.catalog == STORE_CATALOG:
+            return DatasetName(store.namespace, f"{store.prefix}{self.name}", version)
+        return DatasetName(f"iceberg://{self.catalog}" if self.uri is None else self.uri, self.name, version)
 
 
 _TABLE = {"type": "string", "minLength": 1}
@@ -336,6 +352,10 @@ class TableSource:
 
     def to_dict(self) -> dict[str, Any]:
         return {"table": self.ref.to_dict()}
+
+    def datasets(self, pins: Sequence[Mapping[str, Any]], store: StoreDatasets) -> list[DatasetName]:
+        at = str(self.ref.snapshot_id) if self.ref.snapshot_id is not None else None
+        return [self.ref.dataset(store, at)]
 
     def snapshot(self, ctx: SourceContext) -> Snapshot:
         from batchline.sources import open_source

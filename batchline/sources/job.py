@@ -33,18 +33,20 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar
 
 from batchline.errors import InputError, SpecError
 from batchline.sources.base import (
+    DatasetName,
     KeyedFamily,
     ParseContext,
     Pin,
     Snapshot,
     SourceContext,
+    StoreDatasets,
     StoredRow,
 )
 from batchline.spec.model import NAME_PATTERN, STORED
@@ -162,6 +164,13 @@ class JobSource:
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.name, "field": self.field, **({"job_version": self.version} if self.version else {})}
+
+    def datasets(self, pins: Sequence[Mapping[str, Any]], store: StoreDatasets) -> list[DatasetName]:
+        # The upstream's published results, at the version read: what its own runs name as
+        # their output, so the two jobs meet in a lineage graph.
+        named = store.of(self.name, self.version)
+        return [DatasetName(named.namespace, named.name, named.version,
+                            (("id", "id"), ("text", self.field), ("acl", "acl"), ("carry", "carry.")))]
 
     def snapshot(self, ctx: SourceContext) -> Snapshot:
         url = ctx.store_url

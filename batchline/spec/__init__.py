@@ -14,6 +14,7 @@ from batchline.spec.model import (
     JobSpec,
     ModelSpec,
     ProviderSpec,
+    ReproduceSpec,
     RoutingSpec,
     ShardSpec,
     canonical_json,
@@ -27,7 +28,26 @@ from batchline.spec.parse import (
     stored_spec,
 )
 
-__all__ = ["LOCAL_ROUTE", "OPENAI_BATCH", "PENALTY_DEFAULTS", "STORED", "ChatRules", "DecodingSpec", "EvalSpec",
-           "InputSpec", "JobSpec", "ModelSpec", "ProviderSpec", "RoutingSpec", "ShardSpec", "canonical_json",
-           "check_abort_rate", "load_spec",
-           "parse_spec", "spec_from_store", "stop_sequences", "stored_spec"]
+__all__ = [
+    "LOCAL_ROUTE",
+    "OPENAI_BATCH",
+    "PENALTY_DEFAULTS",
+    "STORED",
+    "ChatRules",
+    "DecodingSpec",
+    "EvalSpec",
+    "InputSpec",
+    "JobSpec",
+    "ModelSpec",
+    "ProviderSpec",
+    "ReproduceSpec",
+    "RoutingSpec",
+    "ShardSpec",
+    "canonical_json",
+    "check_abort_rate",
+    "load_spec",
+    "parse_spec",
+    "spec_from_store",
+    "stop_sequences",
+    "stored_spec",
+]

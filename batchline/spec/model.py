@@ -235,11 +235,34 @@ class EvalSpec:
 
 
 @dataclass(frozen=True)
+class ReproduceSpec:
+    """Recompute a seeded sample of the version's results in a fresh engine process, in batches
+    of another size than the workers', and compare with what was stored."""
+
+    sample: int
+    min_agreement: float | None = None  # None: reported, never a failure
+    seed: int = 0
+    batch_size: int | None = None  # None: 1 where the workers' batches hold more, else 2
+    on: str = "output"  # what must agree for a record to count: the whole output, or its label_field
+    min_cosine: float = 0.9999  # an embedding agrees when its cosine with the stored one is at least this
+
+    def check_batch_size(self, workers: int) -> int:
+        """The batch size the check runs in: never the workers' own."""
+        if self.batch_size is not None:
+            return self.batch_size
+        return 1 if workers > 1 else 2
+
+
+REPRODUCE_ON = ("output", "label")
+
+
+@dataclass(frozen=True)
 class ValidateSpec:
     max_dead_letter_rate: float = 0.01
     schema_sample: int | None = None  # None: re-check every stored result
     drift: DriftSpec = field(default_factory=DriftSpec)
     eval: EvalSpec | None = None
+    reproduce: ReproduceSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -321,6 +344,12 @@ class JobSpec:
     targets: tuple[TargetSpec, ...] = ()
     # Paid workers a pacer may buy while the job is behind its deadline: not part of the version.
     fallback: FallbackSpec | None = None
+    # A planned version's pins of the files and objects it read, in order (lineage names
+    # their versions); empty for a version planned before they were kept, or a table's.
+    pins: tuple[Mapping[str, Any], ...] = ()
+    # output.provenance: each result's attempt, worker, lease epoch and origin version go into
+    # the exports, tables and index rows; where results go, not what they are: not hashed.
+    provenance: bool = False
 
     def inference_identity(self) -> str:
         """What decides a record's result given its content: a base version's result
@@ -419,6 +448,8 @@ class JobSpec:
             out["output"]["label_field"] = self.label_field
         if self.input.carry:
             out["output"]["carry"] = list(self.input.carry)
+        if self.provenance:
+            out["output"]["provenance"] = True
         for target in self.targets:
             out["output"].update(target.to_dict())
         if self.base:
@@ -467,6 +498,8 @@ def _validate_dict(v: ValidateSpec) -> dict[str, Any]:
     if v.eval is not None:
         out["eval"] = {k: (str(val) if isinstance(val, Path) else val)
                        for k, val in v.eval.__dict__.items() if val is not None}
+    if v.reproduce is not None:
+        out["reproduce"] = {k: val for k, val in v.reproduce.__dict__.items() if val is not None}
     return out
 
 

@@ -37,6 +37,7 @@ from batchline.spec.model import (
     NAME_PATTERN,
     OPENAI_BATCH,
     PENALTY_DEFAULTS,
+    REPRODUCE_ON,
     ROUTE_NAME,
     STORED,
     ChatRules,
@@ -49,6 +50,7 @@ from batchline.spec.model import (
     ModelSpec,
     PromptSpec,
     ProviderSpec,
+    ReproduceSpec,
     RetentionSpec,
     RoutingSpec,
     ShardSpec,
@@ -154,6 +156,8 @@ OUTPUT_FIELDS: Fields = {
     "label_field": _doc(_STR, "The output field that drift, evaluation and the report count as a label"),
     "carry": _doc(_STRS, "Input fields copied onto every result and dead letter, so results join back to "
                   "the input; a record without one stops planning"),
+    "provenance": _doc(_BOOL, "Each result's attempt, worker, lease epoch and origin version in the exports, "
+                       "tables and index rows", False),
 }
 _SHARD_TYPES = {"int": _INT, "float": _NUM, "bool": _BOOL, "int | None": _INT, "float | None": _NUM}
 _SHARD_DOCS = {
@@ -188,6 +192,20 @@ VALIDATE_FIELDS: Fields = {
                           "(default: every one)"),
     "drift": _doc(_MAP, "The label's distribution against the published version"),
     "eval": _doc(_MAP, "Accuracy on a sample of records with known answers"),
+    "reproduce": _doc(_MAP, "Recompute a sample in a fresh engine process and compare with the stored results"),
+}
+REPRODUCE_FIELDS: Fields = {
+    "sample": _doc({**_INT, "minimum": 1}, "How many results are recomputed (all of them where the version has "
+                   "fewer), chosen at random by the seed"),
+    "min_agreement": _doc({**_NUM, "minimum": 0, "maximum": 1}, "The share that must agree, or the publish is "
+                          "refused (default: reported, never a failure)"),
+    "seed": _doc({**_INT, "minimum": 0}, "Chooses the sample", ReproduceSpec.seed),
+    "batch_size": _doc({**_INT, "minimum": 1}, "Records per batch in the check's engine; never shards.batch_size "
+                       "(default: 1, or 2 where the workers' batches hold one)"),
+    "on": _doc({"enum": list(REPRODUCE_ON)}, "What must agree: the whole output, or output.label_field",
+               ReproduceSpec.on),
+    "min_cosine": _doc({**_NUM, "minimum": -1, "maximum": 1}, "An embedding agrees at this cosine similarity "
+                       "or more", ReproduceSpec.min_cosine),
 }
 DRIFT_FIELDS: Fields = {
     "max_psi": _doc({**_NUM, "minimum": 0}, "The largest population stability index allowed", DriftSpec.max_psi),
@@ -267,6 +285,7 @@ SECTIONS: Mapping[str, tuple[Callable[[], Mapping[str, Mapping[str, Any]]], froz
     "validate": (lambda: VALIDATE_FIELDS, frozenset()),
     "validate.drift": (lambda: DRIFT_FIELDS, frozenset()),
     "validate.eval": (lambda: EVAL_FIELDS, frozenset({"labels"})),
+    "validate.reproduce": (lambda: REPRODUCE_FIELDS, frozenset({"sample"})),
     "retention": (lambda: RETENTION_FIELDS, frozenset()),
     "fallback": (lambda: FALLBACK_FIELDS, frozenset({"workers"})),
     "routing": (lambda: ROUTING_FIELDS, frozenset({"class_field", "providers"})),
@@ -319,7 +338,11 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     fallback = parse_fallback(top.get("fallback"), r)
     if fallback is not None and deadline is None:
         r.fail("fallback", "buys paid workers to hold a deadline: give deadline too (a time, or a window such as 6h)")
-    validate = _parse_validate(r, top.get("validate", {}) or {}, base_dir, label_field)
+    validate = _parse_validate(r, top.get("validate", {}) or {}, base_dir, label_field, shards.batch_size)
+    if validate.reproduce is not None and top.get("routing") is not None:
+        r.fail("validate.reproduce", "is not supported with routing: a hosted route's results are not recomputed "
+                                     "here")
+    provenance = r.boolean(out.get("provenance", False), "output.provenance")
     check_abort_rate(shards.abort_dead_letter_rate, validate, lambda msg: r.fail("shards.abort_dead_letter_rate",
                                                                                 msg))
     base = r.optional_string(top.get("base"), "base")
@@ -342,7 +365,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
                    decoding=decoding, output_schema=schema, schema_path=schema_path,
                    shards=shards, deadline=deadline, validate=validate, source=source,
                    label_field=label_field, base=base, retention=retention, routing=routing,
-                   targets=named, fallback=fallback)
+                   targets=named, fallback=fallback, provenance=provenance)
 
 
 def _parse_carry(r: SpecReader, value: Any, chat: bool) -> tuple[str, ...]:
@@ -702,7 +725,31 @@ def _parse_routing(r: SpecReader, raw: Any) -> RoutingSpec:
     return RoutingSpec(class_field=class_field, providers=tuple(providers))
 
 
-def _parse_validate(r: SpecReader, raw: Any, base_dir: Path, label_field: str | None) -> ValidateSpec:
+def _parse_reproduce(r: SpecReader, raw: Any, label_field: str | None, workers_batch: int) -> ReproduceSpec:
+    rep = r.section(raw, "validate.reproduce", REPRODUCE_FIELDS, required={"sample"})
+    on = rep.get("on", ReproduceSpec.on)
+    if on not in REPRODUCE_ON:
+        r.fail("validate.reproduce.on", f"must be one of {', '.join(REPRODUCE_ON)}, not {on!r}")
+    if on == "label" and label_field is None:
+        r.fail("validate.reproduce.on", "label needs output.label_field: the output field that must agree")
+    batch = r.optional_int(rep.get("batch_size"), "validate.reproduce.batch_size", 1)
+    if batch is not None and batch == workers_batch:
+        r.fail("validate.reproduce.batch_size", f"is the workers' own ({workers_batch}, shards.batch_size): the check "
+                                                "recomputes in batches of another size, which a batch-invariant "
+                                                "engine answers the same")
+    minimum = rep.get("min_agreement")
+    return ReproduceSpec(
+        sample=r.integer(rep["sample"], "validate.reproduce.sample", 1),
+        min_agreement=r.number(minimum, "validate.reproduce.min_agreement", 0.0, 1.0) if minimum is not None
+        else None,
+        seed=r.integer(rep.get("seed", ReproduceSpec.seed), "validate.reproduce.seed", 0),
+        batch_size=batch, on=str(on),
+        min_cosine=r.number(rep.get("min_cosine", ReproduceSpec.min_cosine), "validate.reproduce.min_cosine", -1.0,
+                            1.0))
+
+
+def _parse_validate(r: SpecReader, raw: Any, base_dir: Path, label_field: str | None,
+                    workers_batch: int) -> ValidateSpec:
     val = r.section(raw, "validate", VALIDATE_FIELDS)
     dr = r.section(val.get("drift", {}) or {}, "validate.drift", DRIFT_FIELDS)
     drift = DriftSpec(
@@ -736,6 +783,8 @@ def _parse_validate(r: SpecReader, raw: Any, base_dir: Path, label_field: str | 
         schema_sample=r.optional_int(val.get("schema_sample"), "validate.schema_sample", 1),
         drift=drift,
         eval=evaluation,
+        reproduce=_parse_reproduce(r, val["reproduce"], label_field, workers_batch)
+        if val.get("reproduce") is not None else None,
     )
 
 
@@ -793,14 +842,15 @@ def _load_schema(r: SpecReader, value: Any, base_dir: Path) -> tuple[dict[str, A
     return schema, schema_path
 
 
-STORE_ONLY_KEYS = ("base_version",)
+# What planning adds to a version's stored spec: its resolved base, and the pins of its input.
+STORE_ONLY_KEYS = ("base_version", "pins")
 
 
 def spec_from_store(data: Mapping[str, Any]) -> JobSpec:
     """The spec a version was planned with, from its self-contained stored form."""
     spec = parse_spec({k: v for k, v in data.items() if k not in STORE_ONLY_KEYS}, base_dir=Path("/"),
                       resolved=True)
-    return replace(spec, base_version=data.get("base_version"))
+    return replace(spec, base_version=data.get("base_version"), pins=tuple(data.get("pins") or ()))
 
 
 class _PlannedJob(Protocol):

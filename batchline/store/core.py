@@ -30,7 +30,9 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from batchline.errors import NoSuchVersion, PublicationMoved, StoreError
+from batchline.store import lineage
 from batchline.store.changes import VersionChanges
+from batchline.store.lineage import LineageOutbox
 from batchline.store.model import (
     WRITE_BATCH_ROWS,
     ChargeResult,
@@ -155,7 +157,8 @@ def acl_value(text: str | None) -> Any:
 
 def stored_result(r: Row) -> StoredResult:
     return StoredResult(r[0], r[1], acl_value(r[2]), r[3], r[4], r[5], r[6], float(r[7]), r[8], r[9], r[10],
-                        r[11], r[12], carry_value(r[13]) if len(r) > 13 else None)
+                        r[11], r[12], carry_value(r[15]) if len(r) > 15 else None,
+                        origin_worker=r[13], origin_epoch=int(r[14]) if r[14] is not None else None)
 
 
 def stored_dead_letter(r: Row) -> StoredDeadLetter:
@@ -177,6 +180,9 @@ def chunks(rows: Sequence[T], size: int = WRITE_BATCH_ROWS) -> Iterator[Sequence
     for i in range(0, len(rows), size):
         yield rows[i:i + size]
 
+
+# Why a worker gives a shard back when its slice no longer reads as planned.
+INPUT_CHANGED = "input_changed"
 
 # A split leaves the owner at least this many unstarted pieces' worth of work to share:
 # one piece is a few hundred records, less is not worth a claim.
@@ -220,7 +226,7 @@ def coverage_from(counts: Sequence[int],
     return Coverage(records, missing, unexpected, both, missing_sample, unexpected_sample)
 
 
-class StoreCore(VersionChanges, PaidSlots, ABC):
+class StoreCore(VersionChanges, PaidSlots, LineageOutbox, ABC):
     """Every port's operation, over a backend's SQL (`q`) and transactions."""
 
     url: str
@@ -431,6 +437,7 @@ class StoreCore(VersionChanges, PaidSlots, ABC):
         if state == "leased":
             self._event(tx, "lease_expired", version, old_owner, shard_no, old_epoch, {"reclaimed_by": worker}, op)
         self._event(tx, "claim", version, worker, shard_no, epoch, None, op)
+        self._lineage_claimed(tx, version)
         return Lease(version=version, shard_no=shard_no, owner=worker, epoch=epoch, slice=self._unjson(slice_),
                      record_count=int(count), expires=expires, route=route,
                      batch=self._unjson(batch) if batch is not None else None, first_piece=first, end_piece=end)
@@ -507,7 +514,7 @@ class StoreCore(VersionChanges, PaidSlots, ABC):
 
         return self._write(body, recover=recover)
 
-    def release(self, lease: Lease, reason: str) -> bool:
+    def release(self, lease: Lease, reason: str, error: str | None = None) -> bool:
         op = uuid.uuid4()
 
         def body(tx: Tx) -> bool:
@@ -517,6 +524,10 @@ class StoreCore(VersionChanges, PaidSlots, ABC):
             if released:
                 self._event(tx, "release", lease.version, lease.owner, lease.shard_no, lease.epoch,
                             {"reason": reason}, op)
+                if reason == INPUT_CHANGED:
+                    # No worker gets past a changed input: the run is broken until it is planned anew.
+                    self._lineage(tx, lease.version, lineage.FAIL, {"reason": reason, "shard": lease.shard_no,
+                                                                    "message": error or "the input changed"})
             else:
                 self._refused(tx, lease, "release", op)
             return released
@@ -596,6 +607,7 @@ class StoreCore(VersionChanges, PaidSlots, ABC):
         tx.one(self.q.LOCK_JOB, {"v": version})
         if tx.one(self.q.SEAL, {"v": version}) is not None:
             self._event(tx, "seal", version, worker, None, None, None, op)
+            self._lineage_sealed(tx, version)
 
     # --- halting on dead letters ---------------------------------------------------------------
 
@@ -633,6 +645,8 @@ class StoreCore(VersionChanges, PaidSlots, ABC):
             if tx.run(self.q.HALT_JOB, {"v": version, "halt": self._json(halt.to_json())}) != 1:
                 return self._halt_in(tx, version)  # another worker halted it, or it was sealed, first
             self._event(tx, "halt", version, worker, None, None, halt.to_json(), op)
+            self._lineage(tx, version, lineage.FAIL, {"reason": "halted", "message": halt.message(version),
+                                                      **halt.to_json()})
             return halt
 
         def recover(tx: Tx) -> Halt | Missing | None:
@@ -668,6 +682,7 @@ class StoreCore(VersionChanges, PaidSlots, ABC):
                     f"over {bound.describe()} already, so it would halt again at once; give a higher "
                     f"--abort-dead-letter-rate (1 never halts), or cancel it")
             tx.run(self.q.RESUME_JOB, {"v": version, "abort_rate": bound.rate, "abort_min": bound.min_outcomes})
+            self._lineage_resumed(tx, version)
             self._event(tx, "resume", version, None, None, None,
                         {"who": who, "reason": reason, "rate": bound.rate, "min_outcomes": bound.min_outcomes,
                          "was": job.halt.to_json() if job.halt else None}, op)
@@ -825,6 +840,12 @@ class StoreCore(VersionChanges, PaidSlots, ABC):
                              stopped=stopped, ended_at=ended)
 
         return self._read(body, snapshot=True)
+
+    def shard_slice(self, version: str, shard_no: int) -> dict[str, Any]:
+        row = self._read(lambda tx: tx.one(self.q.SHARD_SLICE, {"v": version, "s": shard_no}))
+        if row is None:
+            raise no_shard(version, shard_no)
+        return dict(self._unjson(row[0]))
 
     def shard_rows(self, version: str) -> list[ShardRow]:
         rows = self._read(lambda tx: tx.all(self.q.SHARD_ROWS, {"v": version}))
@@ -1006,6 +1027,9 @@ class StoreCore(VersionChanges, PaidSlots, ABC):
                                                "targets": self._json(targets) if targets else None})
             self._event(tx, "publish", version, None, None, None,
                         {"name": name, "previous": previous, "who": who, "reason": reason}, op)
+            self._lineage(tx, version, lineage.PUBLISH, {"name": name, "previous": previous, "who": who,
+                                                         "reason": reason, "targets": targets or {},
+                                                         "validation": validation})
             return previous
 
         def recover(tx: Tx) -> str | Missing | None:
@@ -1036,6 +1060,8 @@ class StoreCore(VersionChanges, PaidSlots, ABC):
                                                "action": "rollback", "who": who, "reason": reason,
                                                "validation": None, "targets": self._json(targets) if targets else None})
             self._event(tx, "rollback", target, None, None, None, {"name": name, "from": current, "who": who}, op)
+            self._lineage(tx, target, lineage.ROLLBACK, {"name": name, "previous": current, "who": who,
+                                                         "reason": reason, "targets": targets or {}})
             return current, target
 
         def recover(tx: Tx) -> tuple[str, str] | Missing:
@@ -1141,6 +1167,8 @@ class StoreCore(VersionChanges, PaidSlots, ABC):
                 raise StoreError(f"cannot cancel {version}: its state changed meanwhile; look again")
             self._event(tx, "cancel", version, None, None, None,
                         {"who": who, "reason": reason, "was": job.state, "leases_ended": ended}, op)
+            if job.state == "ready" and self._lineage_running(tx, version):
+                self._lineage(tx, version, lineage.ABORT, {"who": who, "reason": reason})
             return True
 
         def recover(tx: Tx) -> bool | Missing:

@@ -240,6 +240,18 @@ class StoredResult:
     origin: str | None = None  # for a carried result, the version that computed it
     model: str | None = None
     carry: Mapping[str, Any] | None = None  # output.carry's fields of the record, from this version's input
+    # A carried result's worker and lease epoch in the version that computed it.
+    origin_worker: str | None = None
+    origin_epoch: int | None = None
+
+    def provenance(self, version: str) -> dict[str, Any]:
+        """Which attempt this row is (output.provenance): the attempt that computed it, the worker
+        and lease epoch it was written under, and the version that computed it (this one, or
+        for a carried result the one it was carried from)."""
+        carried = self.origin is not None
+        return {"attempt": self.attempt, "worker": self.origin_worker if carried else self.worker,
+                "epoch": self.origin_epoch if carried else self.epoch,
+                "origin_version": self.origin if carried else version}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from batchline.store.changes import BaseRecord
+from batchline.store.lineage import OutboxRow
 from batchline.store.model import (
     ChargeResult,
     Coverage,
@@ -89,9 +90,10 @@ class ShardLeases(Protocol):
         shard; returns its number, or None when no shard has enough left to share."""
         ...
 
-    def release(self, lease: Lease, reason: str) -> bool:
+    def release(self, lease: Lease, reason: str, error: str | None = None) -> bool:
         """Gives the shard back: ready again, or, with a batch at a provider, submitted
-        and due to be polled at once."""
+        and due to be polled at once. `error` says what went wrong where the reason is one
+        (a changed input fails the version's run, as lineage reports it)."""
         ...
 
     def complete(self, lease: Lease) -> None:
@@ -191,8 +193,34 @@ class PaidHeartbeat(Protocol):
         ...
 
 
+class LineageDrain(Protocol):
+    """The lineage outbox, drained by any process of a job (batchline.store.lineage): a worker
+    drains its version's rows, a publisher every row."""
+
+    def lineage_claim(self, by: str, *, version: str | None = None, hold_seconds: float = 60.0,
+                      limit: int = 100) -> list[OutboxRow]:
+        """Rows due to be sent, oldest first, claimed by `by` for `hold_seconds`."""
+        ...
+
+    def lineage_sent(self, row_id: int, by: str) -> bool: ...
+
+    def lineage_failed(self, row_id: int, by: str, error: str, *, retry_in: float, give_up: bool) -> None: ...
+
+    def pinned_runtime(self, version: str) -> str | None:
+        """The engine runtime the version's first worker loaded (the events name it)."""
+        ...
+
+
+class LineageAdmin(LineageDrain, Protocol):
+    """What `batchline lineage` reads and mends of the outbox."""
+
+    def lineage_rows(self, version: str | None = None) -> list[OutboxRow]: ...
+
+    def lineage_retry(self, version: str | None = None) -> int: ...
+
+
 class WorkerStore(StoreHandle, ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, PaidHeartbeat,
-                  Protocol):
+                  LineageDrain, Protocol):
     """Everything a worker may call."""
 
 
@@ -286,6 +314,10 @@ class ReaderStore(StoreHandle, ChangeReader, Protocol):
 
     def shard_rows(self, version: str) -> list[ShardRow]: ...
 
+    def shard_slice(self, version: str, shard_no: int) -> dict[str, Any]:
+        """The slice of the input a shard was planned with (its records are read from it)."""
+        ...
+
     def route_totals(self, version: str) -> dict[str, RouteTotals]:
         """Records, outcomes and tokens per route."""
         ...
@@ -350,7 +382,7 @@ class PaidCapacity(PaidHeartbeat, Protocol):
         ...
 
 
-class PublisherStore(ReaderStore, Protocol):
+class PublisherStore(ReaderStore, LineageAdmin, Protocol):
     """Validation and the pointer readers follow (I3)."""
 
     def coverage(self, version: str, sample: int = 10) -> Coverage: ...

@@ -317,6 +317,35 @@ CREATE TABLE paid_workers (
 );
 ALTER TABLE paid_workers ENABLE ROW LEVEL SECURITY;
 """),
+    # What OpenLineage is told of each version: its state changes, written in the transaction
+    # that makes each (batchline.store.lineage), and the attempt of its computation (one more
+    # per resume of a halted version). A version that was claimed before is taken as started.
+    # A worker's role writes and drains its version's rows only.
+    (16, "the lineage outbox, and the run attempt of each version", """
+ALTER TABLE jobs ADD COLUMN run_attempt int NOT NULL DEFAULT 1;
+ALTER TABLE jobs ADD COLUMN run_started_at float8;
+UPDATE jobs j SET run_started_at = c.first
+FROM (SELECT version, min(ts) AS first FROM events WHERE kind = 'claim' GROUP BY version) c
+WHERE j.version = c.version;
+CREATE TABLE lineage_outbox (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    version text NOT NULL,
+    kind text NOT NULL,
+    attempt int NOT NULL,
+    at float8 NOT NULL,
+    detail jsonb,
+    dedupe text UNIQUE,
+    tries int NOT NULL DEFAULT 0,
+    next_try_at float8 NOT NULL,
+    claimed_by text,
+    claimed_until float8,
+    sent_at float8,
+    given_up_at float8,
+    last_error text
+);
+CREATE INDEX lineage_outbox_due ON lineage_outbox (next_try_at) WHERE sent_at IS NULL AND given_up_at IS NULL;
+ALTER TABLE lineage_outbox ENABLE ROW LEVEL SECURITY;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -501,6 +530,7 @@ UPDATE shards SET state = 'leased', owner = %(w)s, epoch = epoch + 1, lease_expi
 WHERE version = %(v)s AND shard_no = %(s)s
 RETURNING epoch, lease_expires""",
     updates("shards", "state", "owner", "epoch", "lease_expires", "claims", "owner_process"), *reads("shards"))
+SHARD_SLICE = "SELECT slice FROM shards WHERE version = %(v)s AND shard_no = %(s)s"
 LEASE_BY_CLAIM = WorkerStatement(
     "SELECT slice, record_count, lease_expires, route, batch, first_piece, end_piece FROM shards "
     "WHERE version = %(v)s AND shard_no = %(s)s", *reads("shards"))
@@ -736,7 +766,7 @@ JOIN events k ON k.version = c.version AND k.kind = 'claim' AND k.shard_no = c.s
 WHERE c.version = %(v)s AND c.kind = 'complete'"""
 # A carried result's payload lives in the row of the version that computed it.
 _RESULT_COLUMNS = ("r.record_id, COALESCE(r.output, o.output), r.acl, r.shard_no, r.worker, r.epoch, r.attempt, "
-                   "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin, r.model")
+                   "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin, r.model, o.worker, o.epoch")
 _RESULTS_FROM = ("FROM results r LEFT JOIN results o "
                  "ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id")
 RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = %(v)s AND r.record_id > %(after)s "
@@ -925,3 +955,50 @@ PAID_STOP = WorkerStatement(
 # Worker-seconds from each start (the worker's process up) to its stop, or to now while it runs.
 PAID_SPEND = ("SELECT COALESCE(SUM(COALESCE(stopped_at, batchline_now()) - started_at), 0) FROM paid_workers "
               "WHERE version = %(v)s AND started_at IS NOT NULL")
+
+# --- the lineage outbox (batchline.store.lineage) ------------------------------------------
+
+LINEAGE_RUN_ATTEMPT = WorkerStatement("SELECT run_attempt, run_started_at FROM jobs WHERE version = %(v)s",
+                                      *reads("jobs"))
+LINEAGE_START_RUN = WorkerStatement(
+    "UPDATE jobs SET run_started_at = batchline_now() WHERE version = %(v)s AND run_started_at IS NULL "
+    "RETURNING run_attempt", updates("jobs", "run_started_at"), *reads("jobs", "clock"))
+LINEAGE_NEXT_ATTEMPT = "UPDATE jobs SET run_attempt = run_attempt + 1, run_started_at = NULL WHERE version = %(v)s"
+LINEAGE_INSERT = WorkerStatement(
+    "INSERT INTO lineage_outbox (version, kind, attempt, at, detail, dedupe, next_try_at) "
+    "VALUES (%(v)s, %(kind)s, %(attempt)s, batchline_now(), %(detail)s, %(dedupe)s, batchline_now()) "
+    "ON CONFLICT (dedupe) DO NOTHING", inserts("lineage_outbox"), *reads("lineage_outbox", "clock"))
+LINEAGE_FIGURES = WorkerStatement(
+    "SELECT COALESCE(sum(results_count), 0), COALESCE(sum(dead_count), 0), COALESCE(sum(carried), 0), "
+    "COALESCE(sum(input_tokens), 0), COALESCE(sum(output_tokens), 0) FROM shards WHERE version = %(v)s",
+    *reads("shards"))
+LINEAGE_DEAD_BY_KIND = WorkerStatement(
+    "SELECT kind, count(*) FROM dead_letters WHERE version = %(v)s GROUP BY kind", *reads("dead_letters"))
+LINEAGE_PAID = WorkerStatement(
+    "SELECT COALESCE(sum(COALESCE(stopped_at, batchline_now()) - started_at), 0), "
+    "COALESCE(sum((COALESCE(stopped_at, batchline_now()) - started_at) * cost_per_hour / 3600.0), 0) "
+    "FROM paid_workers WHERE version = %(v)s AND started_at IS NOT NULL", *reads("paid_workers", "clock"))
+_OUTBOX_COLUMNS = "id, version, kind, attempt, at, detail, tries, sent_at, given_up_at, last_error"
+_OUTBOX_DRAIN = updates("lineage_outbox", "claimed_by", "claimed_until", "tries", "sent_at", "last_error",
+                        "next_try_at", "given_up_at")
+LINEAGE_CLAIM = WorkerStatement(f"""
+UPDATE lineage_outbox SET claimed_by = %(by)s, claimed_until = batchline_now() + %(hold)s, tries = tries + 1
+WHERE id IN (SELECT id FROM lineage_outbox
+             WHERE (%(v)s::text IS NULL OR version = %(v)s) AND sent_at IS NULL AND given_up_at IS NULL
+               AND next_try_at <= batchline_now() AND (claimed_until IS NULL OR claimed_until < batchline_now())
+             ORDER BY id LIMIT %(n)s FOR UPDATE SKIP LOCKED)
+RETURNING {_OUTBOX_COLUMNS}""", _OUTBOX_DRAIN, *reads("lineage_outbox", "clock"))
+LINEAGE_SENT = WorkerStatement(
+    "UPDATE lineage_outbox SET sent_at = batchline_now(), claimed_until = NULL, last_error = NULL "
+    "WHERE id = %(id)s AND claimed_by = %(by)s AND sent_at IS NULL", _OUTBOX_DRAIN, *reads("lineage_outbox", "clock"))
+LINEAGE_FAILED = WorkerStatement(
+    "UPDATE lineage_outbox SET last_error = %(error)s, claimed_until = NULL, "
+    "next_try_at = batchline_now() + %(retry_in)s, "
+    "given_up_at = CASE WHEN %(give_up)s THEN batchline_now() END "
+    "WHERE id = %(id)s AND claimed_by = %(by)s AND sent_at IS NULL", _OUTBOX_DRAIN,
+    *reads("lineage_outbox", "clock"))
+LINEAGE_ROWS = (f"SELECT {_OUTBOX_COLUMNS} FROM lineage_outbox WHERE (%(v)s::text IS NULL OR version = %(v)s) "
+                f"ORDER BY id")
+LINEAGE_RETRY = ("UPDATE lineage_outbox SET given_up_at = NULL, tries = 0, next_try_at = batchline_now() "
+                 "WHERE (%(v)s::text IS NULL OR version = %(v)s) AND sent_at IS NULL AND given_up_at IS NOT NULL")
+

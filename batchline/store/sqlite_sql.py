@@ -283,6 +283,32 @@ CREATE TABLE IF NOT EXISTS paid_workers (
     PRIMARY KEY (version, slot, generation)
 );
 """),
+    # What OpenLineage is told of each version: its state changes, written in the transaction
+    # that makes each (batchline.store.lineage), and the attempt of its computation (one more
+    # per resume of a halted version). A version that was claimed before is taken as started.
+    (14, "the lineage outbox, and the run attempt of each version", """
+ALTER TABLE jobs ADD COLUMN run_attempt INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE jobs ADD COLUMN run_started_at REAL;
+UPDATE jobs SET run_started_at = (SELECT MIN(ts) FROM events e WHERE e.version = jobs.version AND e.kind = 'claim');
+CREATE TABLE IF NOT EXISTS lineage_outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    version TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    at REAL NOT NULL,
+    detail TEXT,
+    dedupe TEXT UNIQUE,
+    tries INTEGER NOT NULL DEFAULT 0,
+    next_try_at REAL NOT NULL,
+    claimed_by TEXT,
+    claimed_until REAL,
+    sent_at REAL,
+    given_up_at REAL,
+    last_error TEXT
+);
+CREATE INDEX IF NOT EXISTS lineage_outbox_due ON lineage_outbox (next_try_at)
+    WHERE sent_at IS NULL AND given_up_at IS NULL;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -406,6 +432,7 @@ ORDER BY c.shard_no LIMIT 1"""
 GRANT_SHARD = ("UPDATE shards SET state = 'leased', owner = :w, epoch = epoch + 1, lease_expires = :expires, "
                "claims = claims + 1, owner_process = :process WHERE version = :v AND shard_no = :s "
                "RETURNING epoch, lease_expires")
+SHARD_SLICE = "SELECT slice FROM shards WHERE version = :v AND shard_no = :s"
 LEASE_BY_CLAIM = ("SELECT slice, record_count, lease_expires, route, batch, first_piece, end_piece FROM shards "
                   "WHERE version = :v AND shard_no = :s")
 # A renewal also records how far the owner has got (the first piece it has not
@@ -528,7 +555,7 @@ JOIN events k ON k.version = c.version AND k.kind = 'claim' AND k.shard_no = c.s
 WHERE c.version = :v AND c.kind = 'complete'"""
 # A carried result's payload lives in the row of the version that computed it.
 _RESULT_COLUMNS = ("r.record_id, COALESCE(r.output, o.output), r.acl, r.shard_no, r.worker, r.epoch, r.attempt, "
-                   "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin, r.model")
+                   "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin, r.model, o.worker, o.epoch")
 _RESULTS_FROM = ("FROM results r LEFT JOIN results o "
                  "ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id")
 RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = :v AND r.record_id > :after "
@@ -677,3 +704,36 @@ PAID_STOP = (f"UPDATE paid_workers SET stopped_at = {NOW_EXPR}, stop_reason = :r
 # Worker-seconds from each start (the worker's process up) to its stop, or to now while it runs.
 PAID_SPEND = (f"SELECT COALESCE(SUM(COALESCE(stopped_at, {NOW_EXPR}) - started_at), 0) FROM paid_workers "
               f"WHERE version = :v AND started_at IS NOT NULL")
+
+# --- the lineage outbox (batchline.store.lineage) ------------------------------------------
+
+LINEAGE_RUN_ATTEMPT = "SELECT run_attempt, run_started_at FROM jobs WHERE version = :v"
+LINEAGE_START_RUN = (f"UPDATE jobs SET run_started_at = {NOW_EXPR} WHERE version = :v AND run_started_at IS NULL "
+                     f"RETURNING run_attempt")
+LINEAGE_NEXT_ATTEMPT = "UPDATE jobs SET run_attempt = run_attempt + 1, run_started_at = NULL WHERE version = :v"
+LINEAGE_INSERT = (f"INSERT OR IGNORE INTO lineage_outbox (version, kind, attempt, at, detail, dedupe, next_try_at) "
+                  f"VALUES (:v, :kind, :attempt, {NOW_EXPR}, :detail, :dedupe, {NOW_EXPR})")
+LINEAGE_FIGURES = ("SELECT COALESCE(SUM(results_count), 0), COALESCE(SUM(dead_count), 0), COALESCE(SUM(carried), 0), "
+                   "COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0) FROM shards WHERE version = :v")
+LINEAGE_DEAD_BY_KIND = "SELECT kind, COUNT(*) FROM dead_letters WHERE version = :v GROUP BY kind"
+LINEAGE_PAID = (f"SELECT COALESCE(SUM(COALESCE(stopped_at, {NOW_EXPR}) - started_at), 0), "
+                f"COALESCE(SUM((COALESCE(stopped_at, {NOW_EXPR}) - started_at) * cost_per_hour / 3600.0), 0) "
+                "FROM paid_workers WHERE version = :v AND started_at IS NOT NULL")
+_OUTBOX_COLUMNS = "id, version, kind, attempt, at, detail, tries, sent_at, given_up_at, last_error"
+LINEAGE_CLAIM = f"""
+UPDATE lineage_outbox SET claimed_by = :by, claimed_until = {NOW_EXPR} + :hold, tries = tries + 1
+WHERE id IN (SELECT id FROM lineage_outbox
+             WHERE (:v IS NULL OR version = :v) AND sent_at IS NULL AND given_up_at IS NULL
+               AND next_try_at <= {NOW_EXPR} AND (claimed_until IS NULL OR claimed_until < {NOW_EXPR})
+             ORDER BY id LIMIT :n)
+RETURNING {_OUTBOX_COLUMNS}"""
+LINEAGE_SENT = (f"UPDATE lineage_outbox SET sent_at = {NOW_EXPR}, claimed_until = NULL, last_error = NULL "
+                f"WHERE id = :id AND claimed_by = :by AND sent_at IS NULL")
+LINEAGE_FAILED = (f"UPDATE lineage_outbox SET last_error = :error, claimed_until = NULL, "
+                  f"next_try_at = {NOW_EXPR} + :retry_in, "
+                  f"given_up_at = CASE WHEN :give_up THEN {NOW_EXPR} END "
+                  f"WHERE id = :id AND claimed_by = :by AND sent_at IS NULL")
+LINEAGE_ROWS = f"SELECT {_OUTBOX_COLUMNS} FROM lineage_outbox WHERE (:v IS NULL OR version = :v) ORDER BY id"
+LINEAGE_RETRY = (f"UPDATE lineage_outbox SET given_up_at = NULL, tries = 0, next_try_at = {NOW_EXPR} "
+                 f"WHERE (:v IS NULL OR version = :v) AND sent_at IS NULL AND given_up_at IS NOT NULL")
+

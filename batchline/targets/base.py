@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from batchline.sources.base import ParseContext
+    from batchline.sources.base import DatasetName, ParseContext, StoreDatasets
     from batchline.spec.model import JobSpec
     from batchline.spec.reader import Fields, SpecReader
     from batchline.store import ReaderStore
@@ -85,6 +85,11 @@ class TargetSpec(Protocol):
     def check(self, spec: JobSpec, store_url: str | None) -> None:
         """Refuses, at planning, a job whose results this target could not take (a table
         whose columns the output schema would change), so nothing is run for nothing."""
+        ...
+
+    def dataset(self, name: str, store: StoreDatasets, state: Mapping[str, Any] | None) -> DatasetName:
+        """What lineage names as the publication's output here: the table, dataset or index
+        of the job `name`, at the version `state` (what `show` returned) says readers see."""
         ...
 
 

@@ -94,6 +94,14 @@ def acl_values(rows: Sequence[Any], as_text: bool = False) -> list[Any]:
 
 
 CARRY_COLUMN = "carry"
+PROVENANCE_COLUMN = "provenance"
+# output.provenance: which attempt a row is (StoredResult.provenance).
+PROVENANCE = Node("struct", (("attempt", Node("long")), ("worker", Node("string")), ("epoch", Node("long")),
+                             ("origin_version", Node("string"))))
+
+
+def provenance_values(rows: Sequence[Any], version: str) -> list[dict[str, Any]]:
+    return [r.provenance(version) for r in rows]
 
 
 def carry_node(names: Sequence[str]) -> Node | None:

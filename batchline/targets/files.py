@@ -17,6 +17,8 @@ from batchline.store import JobInfo, ReaderStore, StoredResult, require_job
 from batchline.targets.columns import (
     ACL,
     CARRY_COLUMN,
+    PROVENANCE,
+    PROVENANCE_COLUMN,
     acl_values,
     arrow_type,
     carry_node,
@@ -24,6 +26,7 @@ from batchline.targets.columns import (
     converter,
     output_node,
     output_values,
+    provenance_values,
 )
 
 PARQUET_ROWS_PER_GROUP = 50_000
@@ -46,12 +49,18 @@ def finished(store: ReaderStore, version: str, partial: bool) -> JobInfo:
 
 
 def export_jsonl(store: ReaderStore, version: str, out: Path | None) -> int:
+    from batchline.spec import stored_spec
+
+    provenance = stored_spec(require_job(store, version)).provenance
+
     def write(f: Any) -> int:
         n = 0
         for r in _rows(store, version):
             row = {"id": r.record_id, "output": json.loads(r.output), "acl": r.acl, "model": r.model}
             if r.carry is not None:
                 row["carry"] = r.carry
+            if provenance:
+                row[PROVENANCE_COLUMN] = r.provenance(version)
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             n += 1
         return n
@@ -72,8 +81,9 @@ FORMAT_KEY = b"batchline.format"
 TYPED = b"typed"
 
 
-def parquet_schema(output_schema: Mapping[str, Any], carry: Sequence[str] = ()) -> Any:
-    """The Parquet export's columns: `output`, `acl` and `carry` typed as the Iceberg table types them."""
+def parquet_schema(output_schema: Mapping[str, Any], carry: Sequence[str] = (), provenance: bool = False) -> Any:
+    """The Parquet export's columns: `output`, `acl`, `carry` and `provenance` typed as the Iceberg
+    table types them."""
     import pyarrow as pa
 
     node = output_node(output_schema)
@@ -85,6 +95,7 @@ def parquet_schema(output_schema: Mapping[str, Any], carry: Sequence[str] = ()) 
         ("worker", pa.string()), ("attempt", pa.int32()), ("input_tokens", pa.int64()),
         ("output_tokens", pa.int64()), ("created_at", pa.timestamp("ms", tz="UTC")), ("model", pa.string()),
         *([(CARRY_COLUMN, arrow_type(carried))] if carried is not None else []),
+        *([(PROVENANCE_COLUMN, arrow_type(PROVENANCE))] if provenance else []),
     ], metadata={FORMAT_KEY: TYPED})
 
 
@@ -96,7 +107,7 @@ def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
     info = require_job(store, version)
     spec = stored_spec(info)
     output_schema = spec.output_schema
-    schema = parquet_schema(output_schema, spec.input.carry)
+    schema = parquet_schema(output_schema, spec.input.carry, spec.provenance)
     convert = converter(output_node(output_schema))
 
     def write(tmp: Path) -> int:
@@ -163,6 +174,8 @@ def _table(schema: Any, rows: list[StoredResult], version: str, convert: Callabl
         columns["output"] = output_values(rows, convert, version)
     if CARRY_COLUMN in schema.names:
         columns[CARRY_COLUMN] = carry_values(rows)
+    if PROVENANCE_COLUMN in schema.names:
+        columns[PROVENANCE_COLUMN] = provenance_values(rows, version)
     return pa.Table.from_pydict(columns, schema=schema)
 
 

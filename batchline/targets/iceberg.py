@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from batchline.errors import BatchlineError, SpecError, one_line
-from batchline.sources.base import ParseContext
+from batchline.sources.base import DatasetName, ParseContext, StoreDatasets
 from batchline.sources.iceberg import (
     STORE_CATALOG,
     TABLE_FIELDS,
@@ -47,6 +47,7 @@ from batchline.store import ReaderStore, StoredDeadLetter, StoredResult, require
 from batchline.targets.base import TargetFamily
 from batchline.targets.iceberg_schema import (
     CARRY_COLUMN,
+    PROVENANCE_COLUMN,
     acl_is_text,
     acl_values,
     carry_values,
@@ -54,6 +55,7 @@ from batchline.targets.iceberg_schema import (
     iceberg_schema,
     output_node,
     output_values,
+    provenance_values,
     schema_change,
 )
 
@@ -118,7 +120,7 @@ class IcebergTable:
         version lacks is left empty in its rows (planning refused removing one; an older
         version staged again after a newer one added columns lacks them)."""
         wanted = iceberg_schema(spec.output_schema, acl_text=table is not None and acl_is_text(table.schema()),
-                                carry=spec.input.carry)
+                                carry=spec.input.carry, provenance=spec.provenance)
         if table is None:
             namespace = self.ref.name.rsplit(".", 1)[0]
             try:
@@ -299,7 +301,7 @@ def check_table_schema(ref: TableRef, spec: JobSpec, store_url: str | None) -> N
             return
         have = table.schema()
         change = schema_change(have, iceberg_schema(spec.output_schema, acl_text=acl_is_text(have),
-                                                    carry=spec.input.carry))
+                                                    carry=spec.input.carry, provenance=spec.provenance))
     if change is not None:
         raise SpecError(f"output.table {ref.name}: {change}; only new columns may be added")
 
@@ -326,6 +328,7 @@ def _batches(schema: Any, store: ReaderStore, version: str, spec: JobSpec, *, ac
     convert = converter(output_node(spec.output_schema))
     has_output = "output" in schema.names
     carries = bool(spec.input.carry) and CARRY_COLUMN in schema.names
+    provenance = spec.provenance and PROVENANCE_COLUMN in schema.names
     default_model = spec.model.label
 
     def batch(n: int, columns: dict[str, Any]) -> Any:
@@ -344,7 +347,8 @@ def _batches(schema: Any, store: ReaderStore, version: str, spec: JobSpec, *, ac
             "attempt": [r.attempt for r in rows], "input_tokens": [r.input_tokens for r in rows],
             "output_tokens": [r.output_tokens for r in rows],
             "created_at": [int(r.created_at * 1_000_000) for r in rows],
-            **({CARRY_COLUMN: carry_values(rows)} if carries else {})})
+            **({CARRY_COLUMN: carry_values(rows)} if carries else {}),
+            **({PROVENANCE_COLUMN: provenance_values(rows, version)} if provenance else {})})
 
     def dead_letters(rows: list[StoredDeadLetter]) -> Any:
         n = len(rows)
@@ -390,6 +394,10 @@ class TableOutput:
 
     def check(self, spec: JobSpec, store_url: str | None) -> None:
         check_table_schema(self.ref, spec, store_url)
+
+    def dataset(self, name: str, store: StoreDatasets, state: Mapping[str, Any] | None) -> DatasetName:
+        snapshot = (state or {}).get("snapshot_id")
+        return self.ref.dataset(store, str(snapshot) if snapshot is not None else None)
 
 
 class IcebergOutput(TargetFamily):

@@ -17,6 +17,8 @@ from batchline.targets.columns import (
     CARRY_COLUMN,
     JSON,
     OUTPUT_COLUMN,
+    PROVENANCE,
+    PROVENANCE_COLUMN,
     Node,
     acl_values,
     carry_node,
@@ -25,14 +27,16 @@ from batchline.targets.columns import (
     node_of,
     output_node,
     output_values,
+    provenance_values,
 )
 
-__all__ = ["ACL", "CARRY_COLUMN", "JSON", "OUTPUT_COLUMN", "Node", "acl_is_text", "acl_values", "carry_node",
+__all__ = ["ACL", "CARRY_COLUMN", "JSON", "OUTPUT_COLUMN", "PROVENANCE_COLUMN", "Node", "acl_is_text", "acl_values", "carry_node",
            "carry_values", "converter", "iceberg_schema",
-           "node_of", "output_node", "output_values", "schema_change"]
+           "node_of", "output_node", "output_values", "provenance_values", "schema_change"]
 
 
-def iceberg_schema(schema: Mapping[str, Any], *, acl_text: bool = False, carry: Sequence[str] = ()) -> Any:
+def iceberg_schema(schema: Mapping[str, Any], *, acl_text: bool = False, carry: Sequence[str] = (),
+                   provenance: bool = False) -> Any:
     """The table's schema for an output schema (field ids are assigned again by the catalog);
     `acl_text`: the table's `acl` column is JSON text (made before ACLs were lists)."""
     from pyiceberg.schema import Schema
@@ -51,6 +55,8 @@ def iceberg_schema(schema: Mapping[str, Any], *, acl_text: bool = False, carry: 
     carried = carry_node(carry)
     if carried is not None:
         columns.append((CARRY_COLUMN, _iceberg_type(carried, ids)))
+    if provenance:
+        columns.append((PROVENANCE_COLUMN, _iceberg_type(PROVENANCE, ids)))
     return Schema(*(NestedField(next(ids), name, t, required=False) for name, t in columns))
 
 

@@ -50,11 +50,13 @@ import orjson
 
 from batchline.acl import MAX_K, caller_groups, check_k
 from batchline.errors import BatchlineError, SpecError, missing_extra, one_line
+from batchline.sources.base import location_dataset
 from batchline.store import ReaderStore, StoredResult, require_job
 from batchline.targets.base import TargetFamily
+from batchline.targets.columns import PROVENANCE, PROVENANCE_COLUMN, arrow_type, provenance_values
 
 if TYPE_CHECKING:
-    from batchline.sources.base import ParseContext
+    from batchline.sources.base import DatasetName, ParseContext, StoreDatasets
     from batchline.spec.model import JobSpec
     from batchline.spec.reader import Fields, SpecReader
 
@@ -161,6 +163,11 @@ class IndexOutput:
 
     def target(self, store_url: str | None, storage: Mapping[str, Any]) -> LanceIndex:
         return LanceIndex(self, storage)
+
+    def dataset(self, name: str, store: StoreDatasets, state: Mapping[str, Any] | None) -> DatasetName:
+        shown = state or {}
+        at = shown.get("lance_version", shown.get("table"))
+        return location_dataset(f"{self.uri.rstrip('/')}/{self.table or name}", str(at) if at is not None else None)
 
     def check(self, spec: JobSpec, store_url: str | None) -> None:
         try:
@@ -295,6 +302,7 @@ class LanceIndex:
               for name, kind, as_json in columns],
             pa.field(ACL, pa.list_(pa.string())),
             pa.field(VERSION, pa.string(), nullable=False),
+            *([pa.field(PROVENANCE_COLUMN, arrow_type(PROVENANCE))] if spec.provenance else []),
         ])
 
         def batch(rows: list[StoredResult]) -> Any:
@@ -325,6 +333,8 @@ class LanceIndex:
                 arrays.append(pa.array(values, kind))
             arrays.append(pa.array([_acl(r.acl) for r in rows], pa.list_(pa.string())))
             arrays.append(pa.array([version] * len(rows), pa.string()))
+            if spec.provenance:
+                arrays.append(pa.array(provenance_values(rows, version), arrow_type(PROVENANCE)))
             return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
         def batches() -> Iterator[Any]:

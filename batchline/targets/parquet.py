@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from batchline.errors import BatchlineError
+from batchline.sources.base import location_dataset
 from batchline.store import ReaderStore
 from batchline.targets.base import TargetFamily
 
 if TYPE_CHECKING:
     from batchline.lake import LakeSettings
-    from batchline.sources.base import ParseContext
+    from batchline.sources.base import DatasetName, ParseContext, StoreDatasets
     from batchline.spec.model import JobSpec
     from batchline.spec.reader import Fields, SpecReader
 
@@ -229,6 +230,9 @@ class DatasetOutput:
 
     def check(self, spec: JobSpec, store_url: str | None) -> None:
         return None  # a new version is a new folder: nothing there can refuse it
+
+    def dataset(self, name: str, store: StoreDatasets, state: Mapping[str, Any] | None) -> DatasetName:
+        return location_dataset(self.root.rstrip("/"), (state or {}).get("current"))
 
 
 class ParquetOutput(TargetFamily):

@@ -207,14 +207,7 @@ class LocalShardRun:
         if pieces:
             self.started = max(self.started or 0, max(pieces) + 1)  # reported in _claim_pieces
         self.telemetry.in_flight(self._in_flight())
-        self.engine.send([self._request(r) for r in records])
-
-    def _request(self, r: Record) -> dict[str, Any]:
-        if r.messages is not None:
-            # Only the child has the model's chat template; it renders the prompt.
-            return {"id": r.id, "prompt": "", "prefix": "", "text": r.text, "messages": list(r.messages)}
-        return {"id": r.id, "prompt": self.job.prompt(r.id, r.text),
-                "prefix": self.job.prefix, "text": r.text}
+        self.engine.send([self.job.request(r) for r in records])
 
     # -- receiving --
 

@@ -10,6 +10,7 @@ shard's end, each reported to the worker's telemetry the same way.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ from typing import Any
 
 from batchline.check.outputs import OutputChecker
 from batchline.prompts.examples import ExampleIndex
-from batchline.prompts.render import render
+from batchline.prompts.render import render, split_template
 from batchline.providers.base import BatchProvider
 from batchline.registry import ENGINES
 from batchline.snapshot import Record, Slice, StoredReader, read_slice
@@ -52,6 +53,36 @@ class JobContext:
     init: dict[str, Any] = field(default_factory=dict)  # what the engine child is started with
     model: str = ""  # how results of the local engine name the model that answered
     providers: dict[str, BatchProvider] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> JobContext:
+        """A version's context, from its stored spec: what its engine child is started with."""
+        prefix, suffix = split_template(spec.prompt.text)
+        init = {
+            "model": {"engine": spec.model.engine, "path": spec.model.path, "digest": spec.model.digest,
+                      "options": dict(spec.model.options)},
+            "decoding": spec.decoding.to_dict(),
+            "schema": dict(spec.output_schema),
+            "max_input_tokens": spec.input.max_input_tokens,
+            "work_dir": os.getcwd(),
+        }
+        return cls(spec, OutputChecker(spec.output_schema), prefix, suffix, init, model=spec.model.label)
+
+    def engine_init(self) -> dict[str, Any]:
+        """The engine child's init, with weights in object storage replaced by this node's
+        verified copy of them (fetched once per node, before any shard is claimed)."""
+        from batchline.worker.weights import local_weights
+
+        model = self.init["model"]
+        path = local_weights(model["path"], model["digest"], self.spec.input.storage)
+        return self.init if path == model["path"] else {**self.init, "model": {**model, "path": path}}
+
+    def request(self, r: Record) -> dict[str, Any]:
+        """What the engine child is sent for one record."""
+        if r.messages is not None:
+            # Only the child has the model's chat template; it renders the prompt.
+            return {"id": r.id, "prompt": "", "prefix": "", "text": r.text, "messages": list(r.messages)}
+        return {"id": r.id, "prompt": self.prompt(r.id, r.text), "prefix": self.prefix, "text": r.text}
 
     @cached_property
     def _examples(self) -> ExampleIndex | None:

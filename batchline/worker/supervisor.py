@@ -13,9 +13,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from batchline.check.outputs import OutputChecker
 from batchline.errors import (
     EngineFatal,
     InputError,
@@ -23,10 +21,12 @@ from batchline.errors import (
     SourceUnavailable,
     VersionHalted,
 )
-from batchline.prompts.render import split_template
+from batchline.lineage import LineageConfig
+from batchline.lineage.drain import Drainer, drain_beside
 from batchline.providers.base import BatchProvider
 from batchline.spec import LOCAL_ROUTE, ProviderSpec, stored_spec
-from batchline.store import Lease, WorkerStore
+from batchline.store import Lease, WorkerStore, open_store
+from batchline.store.core import INPUT_CHANGED
 from batchline.worker.build import batchline_build
 from batchline.worker.engine_process import EngineProcess, EngineStopped
 from batchline.worker.hosted import HostedShardRun
@@ -43,6 +43,9 @@ EXIT_INPUT = 3
 EXIT_ENGINE = 5
 
 LOAD_TIMEOUT_SECONDS = 900.0
+# How long a worker that is done waits, at most, for its last lineage events to go out
+# (what is not sent by then stays in the store for the next process of the job).
+DRAIN_AT_EXIT_SECONDS = 10.0
 
 
 def new_worker_id() -> str:
@@ -54,8 +57,13 @@ class Worker:
                  stop: threading.Event | None = None, poll_seconds: float = 1.0,
                  log: Callable[[str], None] = lambda _m: None,
                  telemetry: WorkerTelemetry | None = None, routes: Sequence[str] | None = None,
-                 on_claim: Callable[[str], None] = lambda _version: None) -> None:
+                 on_claim: Callable[[str], None] = lambda _version: None,
+                 lineage: LineageConfig | None = None) -> None:
         self.store = store
+        # The lineage outbox's drainer (None where lineage is off): kicked after the claims and
+        # completions that may have started, completed or failed the version's run.
+        self.lineage = lineage
+        self._drainer: Drainer | None = None
         self.on_claim = on_claim  # a paid worker marks its first claim (batchline.worker.paid)
         self.routes = list(routes) if routes is not None else None  # None: every route of the job
         self.telemetry = telemetry or WorkerTelemetry()
@@ -78,6 +86,8 @@ class Worker:
     # --- the claim loop -------------------------------------------------------
 
     def run(self) -> int:
+        url = self.store.url
+        self._drainer = drain_beside(lambda: open_store(url, create=False), self.lineage, version=self.version)
         try:
             return self._loop()
         finally:
@@ -86,6 +96,13 @@ class Worker:
             for job in self._jobs.values():
                 for provider in job.providers.values():
                     provider.close()
+            if self._drainer is not None:
+                self._drainer.close(DRAIN_AT_EXIT_SECONDS)
+
+    def _transitioned(self) -> None:
+        """A claim or a shard's end may have started, completed or failed the run: send it."""
+        if self._drainer is not None:
+            self._drainer.kick()
 
     def _loop(self) -> int:
         if self.version is not None and self.store.job(self.version) is None:
@@ -115,6 +132,7 @@ class Worker:
                 continue
             self.log(f"claimed shard {lease.shard_no} of {lease.version} (epoch {lease.epoch})"
                      + (f", route {lease.route}" if lease.route != LOCAL_ROUTE else ""))
+            self._transitioned()
             try:
                 outcome = self._run_shard(lease)
             except SourceUnavailable as exc:
@@ -124,12 +142,14 @@ class Worker:
                 self.log(f"shard {lease.shard_no}: given back, its input cannot be read now: {exc}")
                 return EXIT_PREEMPTED
             except InputError as exc:
-                self._give_back(lease, "input_changed", str(exc))
+                self._give_back(lease, INPUT_CHANGED, str(exc))
+                self._transitioned()
                 raise
             except EngineFatal as exc:
                 self._give_back(lease, "engine_fatal", str(exc))
                 raise
             self.log(f"shard {lease.shard_no}: {outcome}")
+            self._transitioned()
             if outcome == "stopped" and self.handle.halted is None:
                 return EXIT_PREEMPTED
 
@@ -252,24 +272,13 @@ class Worker:
     def _give_back(self, lease: Lease, reason: str, error: str) -> None:
         self.store.log_event(reason, version=lease.version, worker=self.worker_id, shard_no=lease.shard_no,
                              epoch=lease.epoch, detail={"error": error})
-        self.store.release(lease, reason)
+        self.store.release(lease, reason, error)
 
     def _job(self, version: str) -> JobContext:
         if version not in self._jobs:
             info = self.store.job(version)
             assert info is not None
-            spec = stored_spec(info)
-            prefix, suffix = split_template(spec.prompt.text)
-            init = {
-                "model": {"engine": spec.model.engine, "path": spec.model.path, "digest": spec.model.digest,
-                          "options": dict(spec.model.options)},
-                "decoding": spec.decoding.to_dict(),
-                "schema": dict(spec.output_schema),
-                "max_input_tokens": spec.input.max_input_tokens,
-                "work_dir": os.getcwd(),
-            }
-            self._jobs[version] = JobContext(spec, OutputChecker(spec.output_schema), prefix, suffix, init,
-                                             model=spec.model.label)
+            self._jobs[version] = JobContext.of(stored_spec(info))
         return self._jobs[version]
 
     def _ensure_engine(self, version: str, job: JobContext) -> EngineProcess:
@@ -277,7 +286,7 @@ class Worker:
             return self._engine
         if self._engine is not None:
             self._engine.close()
-        self._engine = EngineProcess(self._engine_init(job), LOAD_TIMEOUT_SECONDS)
+        self._engine = EngineProcess(job.engine_init(), LOAD_TIMEOUT_SECONDS)
         self._engine_version = version
         self._engine.start(self.stop)
         self._check_runtime()
@@ -297,16 +306,6 @@ class Worker:
             raise EngineFatal(f"version {self._engine_version} is computed with the engine runtime {pinned} "
                               f"(first loaded by worker {by}), and this worker's engine is {runtime}: run its "
                               f"workers where {pinned} is installed")
-
-    @staticmethod
-    def _engine_init(job: JobContext) -> dict[str, Any]:
-        """The engine child's init, with weights in object storage replaced by this node's
-        verified copy of them (fetched once per node, before any shard is claimed)."""
-        from batchline.worker.weights import local_weights
-
-        model = job.init["model"]
-        path = local_weights(model["path"], model["digest"], job.spec.input.storage)
-        return job.init if path == model["path"] else {**job.init, "model": {**model, "path": path}}
 
     def restart_engine(self) -> EngineProcess:
         assert self._engine is not None

@@ -53,7 +53,9 @@ def rich_specs(folder: Path) -> list[dict[str, Any]]:
     # key and the family's options (routing is the files spec's to show: not every source has classes).
     declared = {key: value.get("anyOf", [value])[0] for key, value in spec_schema()["properties"]["input"]
                 ["properties"].items()}
-    without_routing = {k: v for k, v in common.items() if k != "routing"}
+    # validate.reproduce recomputes no hosted route's results: the keyed specs (without routing) show it.
+    without_routing = {**{k: v for k, v in common.items() if k != "routing"},
+                       "validate": {**common["validate"], "reproduce": {"sample": 10, "min_agreement": 0.9}}}
     keyed = [{**copy.deepcopy(without_routing),
               "input": {key: copy.deepcopy(declared[key]["examples"][0]), "acl_field": "acl",
                         **{name: option["examples"][0] for name, option in family.options.items()
@@ -101,7 +103,8 @@ def test_each_section_allows_the_keys_the_parser_allows_and_refuses_any_other(tm
     assert {p for p, _ in found} >= {(), ("input",), ("input", "storage"), ("input", "table"), ("model",),
                                      ("prompt",), ("prompt", "examples"), ("decoding",), ("output",),
                                      ("output", "table"), ("shards",), ("validate",), ("validate", "drift"),
-                                     ("validate", "eval"), ("retention",), ("fallback",), ("routing",),
+                                     ("validate", "eval"), ("validate", "reproduce"), ("retention",), ("fallback",),
+                                     ("routing",),
                                      ("routing", "providers", "*"), ("routing", "providers", "*", "prices")}
     for path, section in found:
         spec = next(copy.deepcopy(s) for s in specs if at(s, path) is not None)

@@ -331,11 +331,24 @@ def _validation_section(d: ReportData) -> str:
         f'{"pass" if c.get("passed") else "FAIL"}</td><td>{esc(c.get("figure", ""))}</td></tr>'
         for c in checks if isinstance(c, dict))
     evaluation = next((c for c in checks if isinstance(c, dict) and c.get("name") == "evaluation"), None)
+    reproduced = next((c for c in checks if isinstance(c, dict) and c.get("name") == "reproducibility"), None)
     return (f'<section><h2>Validation <span class="badge {"good" if v.passed else "bad"}">'
             f'{"passed" if v.passed else "failed"}</span></h2><p class="what">The latest validation, '
             f'{esc(utc(v.ts))}.</p><table><thead><tr><th>check</th><th>result</th><th>figure</th></tr></thead>'
             f"<tbody>{rows}</tbody></table>"
-            + (confusion_table(evaluation.get("details") or {}) if evaluation else "") + "</section>")
+            + (confusion_table(evaluation.get("details") or {}) if evaluation else "")
+            + (disagreements(reproduced.get("details") or {}) if reproduced else "") + "</section>")
+
+
+def disagreements(details: dict[str, Any]) -> str:
+    """The reproducibility check's records that came out otherwise when recomputed (the stored,
+    first answer is the version's)."""
+    found = details.get("disagreements") or []
+    if not found:
+        return ""
+    items = "".join(f"<li><code>{esc(str(line))}</code></li>" for line in found)
+    return (f"<h3>Recomputed otherwise ({len(found)} shown; the stored answer, the first attempt's, is the "
+            f"version's)</h3><ul>{items}</ul>")
 
 
 def confusion_table(details: dict[str, Any]) -> str:
