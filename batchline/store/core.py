@@ -1279,8 +1279,10 @@ class CorePlanWriter:
                                         "abort_min": self.bound.min_outcomes if self.bound else None})
             self.store._event(tx, "plan", self.version, None, None, None,
                               {"records": record_count, "shards": shard_count})
-            # Nothing left to infer (no shards, or everything carried): sealed at planning.
-            tx.one(self.q.SEAL, {"v": self.version})
+            # Nothing left to infer (no shards, or everything carried): sealed at planning, a run
+            # that starts and completes at once.
+            if tx.one(self.q.SEAL, {"v": self.version}) is not None:
+                self.store._lineage_sealed(tx, self.version)
         self._planning(body)
 
     def abort(self) -> None:

@@ -183,3 +183,18 @@ def test_a_failed_send_waits_for_its_retry_and_a_row_given_up_is_kept_with_its_e
     assert store.lineage_retry(V) == 1
     [due] = store.lineage_claim("d1", version=V)
     assert due.id == kept.id
+
+
+def test_a_version_sealed_at_planning_with_everything_carried_starts_and_completes_its_run(store: Store) -> None:
+    ids = plan_version(store)
+    finish(store, ids)
+    writer = store.begin_plan("job@2", "job", {"name": "job", "shards": {"lease_seconds": LEASE}})
+    from batchline.store import PlannedRecord, PlannedShard
+
+    writer.add_shards([PlannedShard(s, {"shard": s}, 4) for s in range(3)])
+    writer.add_records([PlannedRecord(rid, s, "h") for s in range(3) for rid in ids[s]])
+    assert writer.carry_from(V) == 12
+    writer.commit(12, 3)
+    assert store.job("job@2").state == "sealed"  # type: ignore[union-attr]
+    assert kinds(store, "job@2") == [(START, 1), (COMPLETE, 1)]
+    assert store.lineage_rows("job@2")[1].detail["carried"] == 12
