@@ -58,6 +58,15 @@ class PublicationMoved(StoreError):
     exit_code = 9
 
 
+class OutputUnwritable(BatchlineError):
+    """A worker cannot write its shard's file where the job's output says (files: per-shard: the
+    staging prefix refuses it, or is not there): 73, sysexits' EX_CANTCREAT. Every worker would
+    fail the same way, so no replacement is started; the shard's lease is given back and its
+    results stay in the store for the worker that completes it once the prefix is writable."""
+
+    exit_code = 73
+
+
 class EngineFatal(BatchlineError):
     """The engine cannot go on (process gone, weights wrong, server unreachable).
 

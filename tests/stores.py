@@ -23,6 +23,7 @@ from batchline.store.ports import (
     PaidHeartbeat,
     ProviderParking,
     RuntimePins,
+    ShardFiles,
     ShardInput,
     ShardLeases,
 )
@@ -37,7 +38,8 @@ CONTRACT_STORES = [*STORES, pytest.param(WORKER_ROLE, marks=pytest.mark.postgres
 
 # What a worker may call, from the port itself rather than a list kept by hand.
 WORKER_METHODS = frozenset(
-    name for port in (ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, PaidHeartbeat, LineageDrain)
+    name for port in (ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, PaidHeartbeat, LineageDrain,
+                                ShardFiles)
     for name in vars(port)
     if not name.startswith("_"))
 

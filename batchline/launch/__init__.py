@@ -8,12 +8,20 @@ expires or was given back, and another worker picks the shard up.
 
 from __future__ import annotations
 
-from batchline.errors import EngineFatal, InputError, NoSuchVersion, SpecError, VersionHalted
+from batchline.errors import (
+    EngineFatal,
+    InputError,
+    NoSuchVersion,
+    OutputUnwritable,
+    SpecError,
+    VersionHalted,
+)
 
 # Worker exits that mean the job itself is wrong (bad spec, input changed, engine or
 # weights broken, the version halted on its dead letters, a version the store does not
-# have): starting another worker would only repeat them.
-FATAL_EXITS = frozenset(e.exit_code for e in (SpecError, InputError, EngineFatal, VersionHalted, NoSuchVersion))
+# have, an output it cannot write): starting another worker would only repeat them.
+FATAL_EXITS = frozenset(e.exit_code for e in (SpecError, InputError, EngineFatal, VersionHalted, NoSuchVersion,
+                                              OutputUnwritable))
 
 
 def slug(text: str, limit: int = 40) -> str:

@@ -18,9 +18,9 @@ Which objects, and why:
   counting it as the Job's completion (only exit 0, "no work left", completes
   a Job). Pods that get the `DisruptionTarget` condition (evicted,
   preempted by the scheduler, lost with their node before exiting) are
-  ignored the same way. Exit 2, 3, 5, 7 or 66 (bad spec, input changed, engine
+  ignored the same way. Exit 2, 3, 5, 7, 66 or 73 (bad spec, input changed, engine
   or weights broken, the version halted on its dead letters, a version the store
-  does not have) fails the Job at
+  does not have, a staging prefix it cannot write) fails the Job at
   once: a replacement would only repeat it.
   Any other crash is retried up to `backoffLimit`. `podReplacementPolicy:
   Failed` starts the replacement only once the old pod is gone, so two

@@ -6,7 +6,7 @@ never on its command line, where other users of the node could read it) and
 reports its exit status. The driver keeps N slots filled: a worker that exits
 75 (stopped early with work left) or crashes, an actor that was killed, or a
 node that died is replaced by a fresh actor; a worker that exits 0 (no work
-left) is not; a worker that reports a broken job (2, 3, 5, 66) or a halted version (7)
+left) is not; a worker that reports a broken job (2, 3, 5, 66, 73) or a halted version (7)
 stops the launch.
 All coordination stays in the store, so a replacement simply claims what the
 lost worker's lease gives up; and since the driver saw the actor die, it takes

@@ -36,10 +36,35 @@ from batchline.sources.base import (
 if TYPE_CHECKING:
     from batchline.spec.reader import SpecReader
 
-__all__ = ["DatasetName", "FileSet", "InputSource", "KeyedFamily", "LocationFamily", "ParseContext", "Pin", "Snapshot",
-           "Source", "SourceContext", "SourceFamily", "StoreDatasets", "StoredRow", "StoredRows", "families", "is_remote",
-           "keyed_families", "location_dataset", "location_family", "open_source", "pin_version", "published_read",
-           "snapshot_digest", "stored_pins", "versions_read"]
+__all__ = [
+    "DatasetName",
+    "FileSet",
+    "InputSource",
+    "KeyedFamily",
+    "LocationFamily",
+    "ParseContext",
+    "Pin",
+    "Snapshot",
+    "Source",
+    "SourceContext",
+    "SourceFamily",
+    "StoreDatasets",
+    "StoredRow",
+    "StoredRows",
+    "delete",
+    "families",
+    "is_remote",
+    "keyed_families",
+    "listing",
+    "location_dataset",
+    "location_family",
+    "open_source",
+    "pin_version",
+    "published_read",
+    "snapshot_digest",
+    "stored_pins",
+    "versions_read",
+]
 
 
 def families() -> list[SourceFamily]:
@@ -92,6 +117,16 @@ def published_read(section: Mapping[str, Any]) -> list[tuple[str, str | None]]:
 def upload(path: Path, location: str, storage: Mapping[str, Any] | None = None) -> None:
     """A local file to `location`, whole: readers there see the old content or all of the new."""
     location_family(location).upload(path, location, storage)
+
+
+def listing(prefix: str, storage: Mapping[str, Any] | None = None) -> list[tuple[str, float]]:
+    """Every file or object under `prefix`, with when each was last written."""
+    return location_family(prefix).listing(prefix, storage)
+
+
+def delete(location: str, storage: Mapping[str, Any] | None = None) -> None:
+    """Removes a file or object (nothing where it is gone already)."""
+    location_family(location).delete(location, storage)
 
 
 def download(location: str, dest: Path, storage: Mapping[str, Any] | None = None) -> Path:

@@ -269,6 +269,15 @@ class LocationFamily(SourceFamily, ABC):
     def download(self, location: str, dest: Path, storage: Mapping[str, Any] | None = None) -> Path:
         """What is at `location` (a file, or a folder when it ends in `/`) copied to `dest`."""
 
+    @abstractmethod
+    def listing(self, prefix: str, storage: Mapping[str, Any] | None = None) -> list[tuple[str, float]]:
+        """Every file or object under `prefix`, each with when it was last written (seconds since
+        the epoch); none where nothing is there."""
+
+    @abstractmethod
+    def delete(self, location: str, storage: Mapping[str, Any] | None = None) -> None:
+        """Removes the file or object at `location`; nothing where it is gone already."""
+
     def location_access(self, locations: Sequence[str], what: str) -> list[str]:
         """What `grants` prints for locations it opens (`what`: "input snapshot", "model weights")."""
         return []

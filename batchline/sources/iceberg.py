@@ -101,8 +101,11 @@ def table_schema(fields: Fields, description: str) -> dict[str, Any]:
             "examples": [{"catalog": "store", "name": "lake.tickets"}]}
 
 
-def parse_table(r: SpecReader, raw: Any, where: str, base_dir: Path, *, snapshot: bool = False) -> TableRef:
-    tb = r.section(raw, where, SNAPSHOT_FIELDS if snapshot else TABLE_FIELDS, required={"catalog", "name"})
+def parse_table(r: SpecReader, raw: Any, where: str, base_dir: Path, *, snapshot: bool = False,
+                extra: Fields | None = None) -> TableRef:
+    """The table a section names; `extra`: the fields its family reads besides (an output's)."""
+    tb = r.section(raw, where, {**(SNAPSHOT_FIELDS if snapshot else TABLE_FIELDS), **(extra or {})},
+                   required={"catalog", "name"})
     catalog = r.string(tb["catalog"], f"{where}.catalog")
     name = r.string(tb["name"], f"{where}.name")
     if "." not in name.strip(".") or name != name.strip("."):

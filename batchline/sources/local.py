@@ -98,6 +98,15 @@ class LocalFiles(LocationFamily):
         shutil.copyfile(path, tmp)
         os.replace(tmp, dest)
 
+    def listing(self, prefix: str, storage: Mapping[str, Any] | None = None) -> list[tuple[str, float]]:
+        folder = Path(unquote(urlsplit(prefix).path) if prefix.startswith("file:") else prefix)
+        if not folder.is_dir():
+            return []
+        return sorted((str(p), p.stat().st_mtime) for p in folder.rglob("*") if p.is_file())
+
+    def delete(self, location: str, storage: Mapping[str, Any] | None = None) -> None:
+        Path(unquote(urlsplit(location).path) if location.startswith("file:") else location).unlink(missing_ok=True)
+
     def download(self, location: str, dest: Path, storage: Mapping[str, Any] | None = None) -> Path:
         source = Path(location)
         if source.is_dir():

@@ -16,6 +16,7 @@ SourceUnavailable, which a worker answers by giving its shard back.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -522,6 +523,30 @@ class Objects(LocationFamily, KeyedFamily):
 
     def upload(self, path: Path, location: str, storage: Mapping[str, Any] | None = None) -> None:
         upload(path, location, lake_settings(storage))
+
+    def listing(self, prefix: str, storage: Mapping[str, Any] | None = None) -> list[tuple[str, float]]:
+        settings = lake_settings(storage)
+        obs = _obstore()
+        scheme, bucket, key = split_url(prefix)
+        store = object_store(scheme, bucket, settings)
+
+        def listed() -> list[tuple[str, float]]:
+            return sorted((f"{scheme}://{bucket}/{meta['path']}", meta["last_modified"].timestamp())
+                          for page in obs.list(store, key.rstrip("/") + "/", chunk_size=LIST_PAGE)
+                          for meta in page if not meta["path"].endswith("/"))
+
+        return retrying(prefix, settings, listed)
+
+    def delete(self, location: str, storage: Mapping[str, Any] | None = None) -> None:
+        settings = lake_settings(storage)
+        obs = _obstore()
+        store, key = _at(location, settings)
+
+        def remove() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                obs.delete(store, key)
+
+        retrying(location, settings, remove)
 
     def download(self, location: str, dest: Path, storage: Mapping[str, Any] | None = None) -> Path:
         settings = lake_settings(storage)

@@ -75,6 +75,17 @@ class VersionChanges:
         removed = self._read(lambda tx: tx.one(self.q.RESULTS_REMOVED, p))
         return ResultChanges(int(row[0] or 0), int(row[1] or 0), int(removed[0] or 0))
 
+    def result_rows_changed(self, old: str, new: str, page_size: int = 20_000) -> Iterator[str]:
+        """The records whose result row in `new` differs from `old`'s (new records, results
+        computed again, another ACL or other carried values), in id order."""
+        for r in self._keyset(self.q.RESULT_ROWS_CHANGED_PAGE, {"old": old, "new": new}, page_size):
+            yield str(r[0])
+
+    def result_rows_removed(self, old: str, new: str, page_size: int = 20_000) -> Iterator[str]:
+        """The records `old` has a result for and `new` has none, in id order."""
+        for r in self._keyset(self.q.RESULT_ROWS_REMOVED_PAGE, {"old": old, "new": new}, page_size):
+            yield str(r[0])
+
     def _keyset(self, stmt: str, params: Mapping[str, Any], page_size: int) -> Iterator[Row]:
         last = ""
         while True:

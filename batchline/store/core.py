@@ -32,6 +32,7 @@ import orjson
 from batchline.errors import NoSuchVersion, PublicationMoved, StoreError
 from batchline.store import lineage
 from batchline.store.changes import VersionChanges
+from batchline.store.files import ShardOutcomes
 from batchline.store.lineage import LineageOutbox
 from batchline.store.model import (
     WRITE_BATCH_ROWS,
@@ -226,7 +227,7 @@ def coverage_from(counts: Sequence[int],
     return Coverage(records, missing, unexpected, both, missing_sample, unexpected_sample)
 
 
-class StoreCore(VersionChanges, PaidSlots, LineageOutbox, ABC):
+class StoreCore(VersionChanges, PaidSlots, LineageOutbox, ShardOutcomes, ABC):
     """Every port's operation, over a backend's SQL (`q`) and transactions."""
 
     url: str
@@ -573,7 +574,7 @@ class StoreCore(VersionChanges, PaidSlots, LineageOutbox, ABC):
         if isinstance(self._write(body, recover=self._recover_refusal(op)), _Lost):
             raise LeaseLost.of(lease, "await_provider")
 
-    def complete(self, lease: Lease) -> None:
+    def complete(self, lease: Lease, files: Mapping[str, Any] | None = None) -> None:
         op = uuid.uuid4()
 
         def body(tx: Tx) -> _Lost | None:
@@ -586,7 +587,7 @@ class StoreCore(VersionChanges, PaidSlots, LineageOutbox, ABC):
             if state == "leased":
                 if results + dead != count:
                     raise unanswered(lease, count - results - dead)
-                self._finish_shard(tx, lease, int(count), int(results), int(dead), op)
+                self._finish_shard(tx, lease, int(count), int(results), int(dead), op, files)
             # state == 'done' for this owner and epoch: a retried completion after a
             # lost acknowledgement, which succeeds again.
             return None
@@ -594,8 +595,11 @@ class StoreCore(VersionChanges, PaidSlots, LineageOutbox, ABC):
         if isinstance(self._write(body, recover=self._recover_refusal(op)), _Lost):
             raise LeaseLost.of(lease, "completion")
 
-    def _finish_shard(self, tx: Tx, lease: Lease, count: int, results: int, dead: int, op: uuid.UUID) -> None:
-        tx.run(self.q.FINISH_SHARD, fence(lease))
+    def _finish_shard(self, tx: Tx, lease: Lease, count: int, results: int, dead: int, op: uuid.UUID,
+                      files: Mapping[str, Any] | None = None) -> None:
+        # The files its worker wrote of it are recorded in the step that completes it, under its
+        # fence: a stale owner's file is never the one a publisher adds.
+        tx.run(self.q.FINISH_SHARD, {**fence(lease), "files": self._json(dict(files)) if files else None})
         self._event(tx, "complete", lease.version, lease.owner, lease.shard_no, lease.epoch,
                     {"records": count, "results": results, "dead_letters": dead}, op)
         self._seal_if_done(tx, lease.version, lease.owner, op)

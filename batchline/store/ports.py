@@ -14,10 +14,11 @@ what the role made by `batchline grants` may do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from batchline.store.changes import BaseRecord
+from batchline.store.files import ShardUnit
 from batchline.store.lineage import OutboxRow
 from batchline.store.model import (
     ChargeResult,
@@ -96,10 +97,11 @@ class ShardLeases(Protocol):
         (a changed input fails the version's run, as lineage reports it)."""
         ...
 
-    def complete(self, lease: Lease) -> None:
-        """Marks the shard done (idempotent for the same owner and epoch); seals the
-        version when it was the last. Raises LeaseLost, or StoreError when the
-        shard still has records without an outcome."""
+    def complete(self, lease: Lease, files: Mapping[str, Any] | None = None) -> None:
+        """Marks the shard done (idempotent for the same owner and epoch), recording `files`: what
+        its worker wrote of it, by target key (files: per-shard); seals the version when it was
+        the last. Raises LeaseLost, or StoreError when the shard still has records without an
+        outcome."""
         ...
 
     def open_versions(self) -> list[str]:
@@ -145,6 +147,16 @@ class OutcomeWriter(Protocol):
     def log_event(self, kind: str, *, version: str | None = None, worker: str | None = None,
                   shard_no: int | None = None, epoch: int | None = None,
                   detail: dict[str, Any] | None = None) -> None: ...
+
+
+class ShardFiles(Protocol):
+    """A shard's outcomes, a shard at a time (batchline.store.files)."""
+
+    def shard_outcomes(self, version: str, shard_no: int, *,
+                       computed_only: bool = False) -> tuple[list[StoredResult], list[StoredDeadLetter]]:
+        """The shard's results (`computed_only`: those computed in this version, what a worker
+        may read) and dead letters, each in id order."""
+        ...
 
 
 class ShardInput(Protocol):
@@ -220,7 +232,7 @@ class LineageAdmin(LineageDrain, Protocol):
 
 
 class WorkerStore(StoreHandle, ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, PaidHeartbeat,
-                  LineageDrain, Protocol):
+                  ShardFiles, LineageDrain, Protocol):
     """Everything a worker may call."""
 
 
@@ -286,6 +298,14 @@ class ChangeReader(Protocol):
         """Each result's ACL, by record id, for those of `record_ids` the version has a result for."""
         ...
 
+    def result_rows_changed(self, old: str, new: str, page_size: int = 20_000) -> Iterator[str]:
+        """The records whose result row in `new` differs from `old`'s, in id order."""
+        ...
+
+    def result_rows_removed(self, old: str, new: str, page_size: int = 20_000) -> Iterator[str]:
+        """The records `old` has a result for and `new` has none, in id order."""
+        ...
+
     def result_changes(self, old: str, new: str) -> ResultChanges:
         """How the results of `new` differ from those of `old`."""
         ...
@@ -305,7 +325,7 @@ class ChangeReader(Protocol):
     def record_total(self, version: str) -> int: ...
 
 
-class ReaderStore(StoreHandle, ChangeReader, Protocol):
+class ReaderStore(StoreHandle, ChangeReader, ShardFiles, Protocol):
     """Progress, outcomes and history, for status, reports and exports."""
 
     def jobs(self) -> list[JobInfo]: ...
@@ -313,6 +333,10 @@ class ReaderStore(StoreHandle, ChangeReader, Protocol):
     def status(self, version: str, window_seconds: float = 300.0) -> JobStatus: ...
 
     def shard_rows(self, version: str) -> list[ShardRow]: ...
+
+    def shard_units(self, version: str) -> list[ShardUnit]:
+        """The version's shards, each with its identity (the input it read) and its outcomes."""
+        ...
 
     def shard_slice(self, version: str, shard_no: int) -> dict[str, Any]:
         """The slice of the input a shard was planned with (its records are read from it)."""

@@ -346,6 +346,13 @@ CREATE TABLE lineage_outbox (
 CREATE INDEX lineage_outbox_due ON lineage_outbox (next_try_at) WHERE sent_at IS NULL AND given_up_at IS NULL;
 ALTER TABLE lineage_outbox ENABLE ROW LEVEL SECURITY;
 """),
+    # A version's outcomes read a shard at a time (a target writes a file per shard, a worker its
+    # shard's file), and the file a worker wrote of its shard, recorded as it completes it.
+    (17, "outcomes by shard, and the files of a shard", """
+CREATE INDEX results_by_shard ON results (version, shard_no);
+CREATE INDEX dead_letters_by_shard ON dead_letters (version, shard_no);
+ALTER TABLE shards ADD COLUMN files jsonb;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -564,8 +571,8 @@ SHARD_FOR_COMPLETE = WorkerStatement(
     "SELECT state, owner, epoch, record_count, results_count, dead_count FROM shards "
     "WHERE version = %(v)s AND shard_no = %(s)s FOR NO KEY UPDATE", updates("shards", "state"), *reads("shards"))
 FINISH_SHARD = WorkerStatement(
-    f"UPDATE shards SET state = 'done', done_at = batchline_now(), lease_expires = NULL WHERE {FENCE}",
-    updates("shards", "state", "done_at", "lease_expires"), *reads("shards", "clock"))
+    f"UPDATE shards SET state = 'done', done_at = batchline_now(), lease_expires = NULL, files = %(files)s "
+    f"WHERE {FENCE}", updates("shards", "state", "done_at", "lease_expires", "files"), *reads("shards", "clock"))
 _OPEN_OF_READY = (f"SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version WHERE j.state = 'ready' "
                   f"AND s.state IN {OPEN_STATES} AND {ROUTES}")
 HAS_OPEN = WorkerStatement(f"SELECT EXISTS ({_OPEN_OF_READY})", *reads("shards", "jobs"))
@@ -914,6 +921,21 @@ WHERE n.version = %(new)s"""
 RESULTS_REMOVED = """
 SELECT count(*) FROM results o WHERE o.version = %(old)s
 AND NOT EXISTS (SELECT 1 FROM results n WHERE n.version = %(new)s AND n.record_id = o.record_id)"""
+# The results of new whose row differs from old's: new records, another result (recomputed), another
+# ACL, other carried values; and the records old has a result for and new has none.
+RESULT_ROWS_CHANGED_PAGE = """
+SELECT n.record_id FROM results n
+LEFT JOIN results o ON o.version = %(old)s AND o.record_id = n.record_id
+LEFT JOIN records cn ON cn.version = %(new)s AND cn.record_id = n.record_id
+LEFT JOIN records co ON co.version = %(old)s AND co.record_id = n.record_id
+WHERE n.version = %(new)s AND n.record_id > %(after)s
+  AND (o.record_id IS NULL OR o.acl IS DISTINCT FROM n.acl
+       OR COALESCE(n.origin, n.version) <> COALESCE(o.origin, o.version) OR cn.carry IS DISTINCT FROM co.carry)
+ORDER BY n.record_id LIMIT %(n)s"""
+RESULT_ROWS_REMOVED_PAGE = """
+SELECT o.record_id FROM results o WHERE o.version = %(old)s AND o.record_id > %(after)s
+AND NOT EXISTS (SELECT 1 FROM results n WHERE n.version = %(new)s AND n.record_id = o.record_id)
+ORDER BY o.record_id LIMIT %(n)s"""
 # The rule batchline.store.changes.record_kind states for a record not planned yet.
 RECORD_CHANGES_PAGE = """
 SELECT n.record_id, CASE WHEN p.record_id IS NULL THEN 'new'
@@ -1001,4 +1023,30 @@ LINEAGE_ROWS = (f"SELECT {_OUTBOX_COLUMNS} FROM lineage_outbox WHERE (%(v)s::tex
                 f"ORDER BY id")
 LINEAGE_RETRY = ("UPDATE lineage_outbox SET given_up_at = NULL, tries = 0, next_try_at = batchline_now() "
                  "WHERE (%(v)s::text IS NULL OR version = %(v)s) AND sent_at IS NULL AND given_up_at IS NOT NULL")
+
+# --- a version's outcomes by shard (batchline.store.files) -----------------------------------
+
+SHARD_UNITS = ("SELECT shard_no, slice, first_piece, end_piece, record_count, carried, results_count, dead_count, "
+               "files FROM shards WHERE version = %(v)s ORDER BY shard_no")
+_SHARD = "r.version = %(v)s AND r.shard_no = %(s)s"
+RESULTS_OF_SHARD = f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE {_SHARD} ORDER BY r.record_id"
+RESULTS_OF_SHARD_CARRY = f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_CARRY_FROM} WHERE {_SHARD} ORDER BY r.record_id"
+# What a worker writes of its shard: the outcomes it may read (its version's rows; a carried
+# result's payload is another version's, which its role does not see).
+# (No carried result, so no row of another version to join.)
+_COMPUTED_COLUMNS = _RESULT_COLUMNS.replace("COALESCE(r.output, o.output)", "r.output").replace(
+    "o.worker, o.epoch", "NULL, NULL::bigint")
+COMPUTED_RESULTS_OF_SHARD = WorkerStatement(
+    f"SELECT {_COMPUTED_COLUMNS} FROM results r WHERE {_SHARD} AND r.origin IS NULL ORDER BY r.record_id",
+    *reads("results"))
+COMPUTED_RESULTS_OF_SHARD_CARRY = WorkerStatement(
+    f"SELECT {_COMPUTED_COLUMNS}, c.carry FROM results r {_CARRY_FROM} WHERE {_SHARD} AND r.origin IS NULL "
+    f"ORDER BY r.record_id", *reads("results", "records"))
+DEAD_LETTERS_OF_SHARD = WorkerStatement(
+    f"SELECT {_DEAD_COLUMNS} FROM dead_letters d WHERE d.version = %(v)s AND d.shard_no = %(s)s ORDER BY d.record_id",
+    *reads("dead_letters"))
+DEAD_LETTERS_OF_SHARD_CARRY = WorkerStatement(
+    f"SELECT {_DEAD_COLUMNS}, c.carry FROM dead_letters d LEFT JOIN records c "
+    f"ON c.version = %(v)s AND c.record_id = d.record_id "
+    f"WHERE d.version = %(v)s AND d.shard_no = %(s)s ORDER BY d.record_id", *reads("dead_letters", "records"))
 

@@ -309,6 +309,13 @@ CREATE TABLE IF NOT EXISTS lineage_outbox (
 CREATE INDEX IF NOT EXISTS lineage_outbox_due ON lineage_outbox (next_try_at)
     WHERE sent_at IS NULL AND given_up_at IS NULL;
 """),
+    # A version's outcomes read a shard at a time (a target writes a file per shard, a worker its
+    # shard's file), and the file a worker wrote of its shard, recorded as it completes it.
+    (15, "outcomes by shard, and the files of a shard", """
+CREATE INDEX IF NOT EXISTS results_by_shard ON results (version, shard_no);
+CREATE INDEX IF NOT EXISTS dead_letters_by_shard ON dead_letters (version, shard_no);
+ALTER TABLE shards ADD COLUMN files TEXT;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -449,7 +456,8 @@ AWAIT_PROVIDER = (f"UPDATE shards SET state = 'submitted', batch = :batch, lease
                   f"poll_at = {NOW_EXPR} + :poll_in WHERE {FENCE}")
 SHARD_FOR_COMPLETE = ("SELECT state, owner, epoch, record_count, results_count, dead_count FROM shards "
                       "WHERE version = :v AND shard_no = :s")
-FINISH_SHARD = f"UPDATE shards SET state = 'done', done_at = {NOW_EXPR}, lease_expires = NULL WHERE {FENCE}"
+FINISH_SHARD = (f"UPDATE shards SET state = 'done', done_at = {NOW_EXPR}, lease_expires = NULL, files = :files "
+                f"WHERE {FENCE}")
 _OPEN_OF_READY = (f"SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version WHERE j.state = 'ready' "
                   f"AND s.state IN {OPEN_STATES} AND {S_ROUTES}")
 HAS_OPEN = f"SELECT EXISTS ({_OPEN_OF_READY})"
@@ -669,6 +677,21 @@ WHERE n.version = :new"""
 RESULTS_REMOVED = """
 SELECT COUNT(*) FROM results o WHERE o.version = :old
 AND NOT EXISTS (SELECT 1 FROM results n WHERE n.version = :new AND n.record_id = o.record_id)"""
+# The results of :new whose row differs from :old's: new records, another result (recomputed), another
+# ACL, other carried values; and the records :old has a result for and :new has none.
+RESULT_ROWS_CHANGED_PAGE = """
+SELECT n.record_id FROM results n
+LEFT JOIN results o ON o.version = :old AND o.record_id = n.record_id
+LEFT JOIN records cn ON cn.version = :new AND cn.record_id = n.record_id
+LEFT JOIN records co ON co.version = :old AND co.record_id = n.record_id
+WHERE n.version = :new AND n.record_id > :after
+  AND (o.record_id IS NULL OR o.acl IS NOT n.acl OR COALESCE(n.origin, n.version) <> COALESCE(o.origin, o.version)
+       OR cn.carry IS NOT co.carry)
+ORDER BY n.record_id LIMIT :n"""
+RESULT_ROWS_REMOVED_PAGE = """
+SELECT o.record_id FROM results o WHERE o.version = :old AND o.record_id > :after
+AND NOT EXISTS (SELECT 1 FROM results n WHERE n.version = :new AND n.record_id = o.record_id)
+ORDER BY o.record_id LIMIT :n"""
 # The rule batchline.store.changes.record_kind states for a record not planned yet.
 RECORD_CHANGES_PAGE = """
 SELECT n.record_id, CASE WHEN p.record_id IS NULL THEN 'new'
@@ -736,4 +759,31 @@ LINEAGE_FAILED = (f"UPDATE lineage_outbox SET last_error = :error, claimed_until
 LINEAGE_ROWS = f"SELECT {_OUTBOX_COLUMNS} FROM lineage_outbox WHERE (:v IS NULL OR version = :v) ORDER BY id"
 LINEAGE_RETRY = (f"UPDATE lineage_outbox SET given_up_at = NULL, tries = 0, next_try_at = {NOW_EXPR} "
                  f"WHERE (:v IS NULL OR version = :v) AND sent_at IS NULL AND given_up_at IS NOT NULL")
+
+# --- a version's outcomes by shard (batchline.store.files) -----------------------------------
+
+SHARD_UNITS = ("SELECT shard_no, slice, first_piece, end_piece, record_count, carried, results_count, dead_count, "
+               "files FROM shards WHERE version = :v ORDER BY shard_no")
+_SHARD = "r.version = :v AND r.shard_no = :s"
+# A shard's rows through the index by shard: the planner, without statistics, would walk the
+# version's whole primary key in id order instead.
+_BY_SHARD = "FROM results r INDEXED BY results_by_shard"
+_OF_SHARD_FROM = (f"{_BY_SHARD} LEFT JOIN results o ON r.origin IS NOT NULL AND o.version = r.origin "
+                  f"AND o.record_id = r.record_id")
+RESULTS_OF_SHARD = f"SELECT {_RESULT_COLUMNS} {_OF_SHARD_FROM} WHERE {_SHARD} ORDER BY r.record_id"
+RESULTS_OF_SHARD_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_OF_SHARD_FROM} {_CARRY_FROM} WHERE {_SHARD} "
+                          f"ORDER BY r.record_id")
+# What a worker computed: no carried result, so no row of another version to join.
+_COMPUTED_COLUMNS = _RESULT_COLUMNS.replace("COALESCE(r.output, o.output)", "r.output").replace(
+    "o.worker, o.epoch", "NULL, NULL")
+COMPUTED_RESULTS_OF_SHARD = (f"SELECT {_COMPUTED_COLUMNS} {_BY_SHARD} WHERE {_SHARD} AND r.origin IS NULL "
+                             f"ORDER BY r.record_id")
+COMPUTED_RESULTS_OF_SHARD_CARRY = (f"SELECT {_COMPUTED_COLUMNS}, c.carry {_BY_SHARD} {_CARRY_FROM} WHERE {_SHARD} "
+                                   f"AND r.origin IS NULL ORDER BY r.record_id")
+DEAD_LETTERS_OF_SHARD = (f"SELECT {_DEAD_COLUMNS} FROM dead_letters d INDEXED BY dead_letters_by_shard "
+                         f"WHERE d.version = :v AND d.shard_no = :s ORDER BY d.record_id")
+DEAD_LETTERS_OF_SHARD_CARRY = (f"SELECT {_DEAD_COLUMNS}, c.carry FROM dead_letters d INDEXED BY dead_letters_by_shard "
+                               f"LEFT JOIN records c "
+                               f"ON c.version = :v AND c.record_id = d.record_id "
+                               f"WHERE d.version = :v AND d.shard_no = :s ORDER BY d.record_id")
 

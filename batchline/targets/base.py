@@ -43,10 +43,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from batchline.sources.base import DatasetName, ParseContext, StoreDatasets
     from batchline.spec.model import JobSpec
     from batchline.spec.reader import Fields, SpecReader
-    from batchline.store import ReaderStore
+    from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
 
 
 class PublicationTarget(Protocol):
@@ -91,6 +93,34 @@ class TargetSpec(Protocol):
         """What lineage names as the publication's output here: the table, dataset or index
         of the job `name`, at the version `state` (what `show` returned) says readers see."""
         ...
+
+    def shard_files(self) -> str | None:
+        """Where the workers of a version write each completed shard's file for this target
+        (`files: per-shard`), or None: the publisher writes every file itself."""
+        ...
+
+    def write_shard_file(self, spec: JobSpec, version: str, shard_no: int, epoch: int,
+                         results: Sequence[StoredResult], dead_letters: Sequence[StoredDeadLetter],
+                         storage: Mapping[str, Any]) -> dict[str, Any]:
+        """Writes what a worker computed of its shard (its results and dead letters, in this
+        target's columns) as one file named by the version, the shard and the lease epoch,
+        whole or not at all; returns what the store records of it (`path`, `rows`, `pin`)."""
+        ...
+
+
+class PublisherWritten:
+    """A target whose files the publisher writes, none of them a worker's (no `files: per-shard`)."""
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def shard_files(self) -> str | None:
+        return None
+
+    def write_shard_file(self, spec: JobSpec, version: str, shard_no: int, epoch: int,
+                         results: Sequence[StoredResult], dead_letters: Sequence[StoredDeadLetter],
+                         storage: Mapping[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError(f"{self.describe()} takes no shard files from workers")
 
 
 class TargetFamily(ABC):

@@ -214,3 +214,56 @@ def atomic_write(out: Path, write: Any) -> int:
         tmp.unlink(missing_ok=True)
         raise
     return n
+
+
+# --- a worker's file of its shard (files: per-shard) ----------------------------------------------
+
+
+def shard_file_location(prefix: str, version: str, shard_no: int, epoch: int) -> str:
+    """Where a worker writes its shard's file: named by the version, the shard and the lease epoch,
+    so a stale owner's file is never the completing owner's."""
+    return f"{prefix.rstrip('/')}/{version}/shard-{shard_no:06d}-epoch-{epoch}.parquet"
+
+
+def write_shard_file(location: str, table: Any, storage: Mapping[str, Any]) -> dict[str, Any]:
+    """`table` as one Parquet file at `location` (a path, or an s3:// or gs:// URL), whole or not
+    at all (written beside and renamed; an object uploaded whole), and what the store records of
+    it: the path, the rows, and the pin a publisher checks it against (size and content digest
+    of a file; size, ETag and version of an object)."""
+    import pyarrow.parquet as pq
+
+    from batchline.sources import is_remote, open_source, upload
+
+    def write(tmp: Path) -> int:
+        pq.write_table(table, tmp, compression="zstd")
+        return int(table.num_rows)
+
+    if is_remote(location):
+        with tempfile.TemporaryDirectory(prefix="batchline-shard-") as scratch:
+            local = Path(scratch) / "shard.parquet"
+            write(local)
+            upload(local, location, storage)
+    else:
+        atomic_write(Path(location), write)
+    pin = open_source(location, storage).pin()
+    return {"path": location, "rows": int(table.num_rows),
+            "pin": {**pin.to_json(), **({"digest": pin.digest} if pin.digest else {})}}
+
+
+def shard_file_problem(entry: Mapping[str, Any], storage: Mapping[str, Any]) -> str | None:
+    """Why a worker's shard file is not what its worker wrote (gone, or another size or content
+    now), or None."""
+    from batchline.errors import BatchlineError
+    from batchline.sources import open_source
+
+    try:
+        now = open_source(str(entry["path"]), storage).pin()
+    except BatchlineError as exc:
+        return f"it cannot be read ({' '.join(str(exc).split())})"
+    recorded = dict(entry.get("pin") or {})
+    have = {**now.to_json(), **({"digest": now.digest} if now.digest else {})}
+    for key in ("size", "digest", "etag", "version"):
+        if recorded.get(key) is not None and have.get(key) != recorded.get(key):
+            return f"its {key} is {have.get(key)!r}, not {recorded.get(key)!r} as its worker wrote it"
+    return None
+

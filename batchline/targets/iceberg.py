@@ -2,15 +2,25 @@
 
 - `stage` writes a sealed version's results and dead letters, in one commit, as
   the snapshot of a branch named after the version: readers of the table's main
-  branch do not see it. A table without any snapshot refuses writes to a branch,
-  so the first stage gives it an empty first snapshot on main (marked
+  branch do not see it. Its data files are laid out a shard at a time (one file of
+  each shard's rows, in id order): an incremental version shares, as they are, the
+  base version's files of every shard whose outcomes it carried whole from the base
+  (the same input, so the same rows), and writes new files only for the shards it
+  changed; a map of each version's files by shard identity is kept beside the
+  table's metadata for the next version to read. With `files: per-shard` the
+  workers wrote each shard's file as they completed it, and the store recorded it:
+  staging checks each against what the store recorded (refusing, by name, one
+  deleted or altered since) and adds it without copying, writing only a file of the
+  results carried into a shard. A table without any snapshot refuses writes to a
+  branch, so the first stage gives it an empty first snapshot on main (marked
   `batchline.baseline`). The table is made on first use, with columns from the
   output's JSON Schema (`iceberg_schema`); a later version may add columns, which
   are added to the table here (and so appear, empty, on main at once).
 - `show` makes the version's branch snapshot main's current snapshot in one
   catalog commit (`set_current_snapshot`: another version's branch is no ancestor
   of main, so `rollback_to_snapshot` cannot do it), and only while main is the
-  snapshot the store recorded last; the commit itself asserts that main has not
+  snapshot the store recorded last (or this version's own, which a publisher that
+  stopped after the commit left there); the commit itself asserts that main has not
   moved since it was read. A commit that loses a race to another writer is tried
   again against the new metadata; one that finds main moved is refused.
 - `restore` puts main back to the recorded snapshot when the store's own
@@ -18,14 +28,24 @@
   on since (another publisher's, whose publication the store recorded).
 - `forget` removes a pruned version's branch, expires every snapshot no branch
   reaches any more, and deletes the files only those snapshots used
-  (`expire_snapshots` by itself deletes no file).
+  (`expire_snapshots` by itself deletes no file): a file a kept version shares
+  stays. Shard files of the version that no kept snapshot uses (a stale owner's)
+  go with it.
+
+A row's `version` column names the version that wrote its file: a row shared from
+the base version names the base. What the table shows is the version its main's
+snapshot names (`batchline.version` in its summary), as the store says.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import itertools
+import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -41,10 +61,12 @@ from batchline.sources.iceberg import (
     table_refusal,
     table_schema,
 )
-from batchline.spec import JobSpec, stored_spec
+from batchline.spec import JobSpec, canonical_json, stored_spec
 from batchline.spec.reader import Fields, SpecReader
 from batchline.store import ReaderStore, StoredDeadLetter, StoredResult, require_job
+from batchline.store.files import ShardUnit
 from batchline.targets.base import TargetFamily
+from batchline.targets.files import shard_file_location, shard_file_problem, write_shard_file
 from batchline.targets.iceberg_schema import (
     CARRY_COLUMN,
     PROVENANCE_COLUMN,
@@ -62,6 +84,7 @@ from batchline.targets.iceberg_schema import (
 BATCH_ROWS = 50_000
 COMMIT_TRIES = 5  # a catalog commit that lost a race is tried again this many times in all
 BASELINE = "batchline.baseline"
+NAME_MAPPING = "schema.name-mapping.default"
 VERSION_PROPERTY = "batchline.version"
 # Each commit writes a metadata file; keep the last hundred, as readers may still hold one.
 TABLE_PROPERTIES = {"write.metadata.delete-after-commit.enabled": "true",
@@ -76,8 +99,9 @@ def _commit_failed() -> type[Exception]:
 
 class IcebergTable:
     def __init__(self, ref: TableRef, store_url: str | None = None,
-                 storage: Mapping[str, Any] | None = None) -> None:
+                 storage: Mapping[str, Any] | None = None, *, staging: str | None = None) -> None:
         self.ref = ref
+        self.staging = staging  # where the version's workers wrote their shard files (files: per-shard)
         self.store_url = store_url
         # The job's input.storage: where its object store is (a warehouse in S3 is reached
         # with the same endpoint and region as the job's input).
@@ -96,6 +120,7 @@ class IcebergTable:
         info = require_job(store, version)
         spec = stored_spec(info)
         with open_catalog(self.ref, self.store_url, self.storage) as catalog:
+            written: dict[str, list[Any]] = {}  # files of this version written so far, kept across tries
             for attempt in range(COMMIT_TRIES):
                 table = load_table(catalog, self.ref)
                 if table is not None and version in table.metadata.refs:
@@ -105,15 +130,83 @@ class IcebergTable:
                     if table.metadata.current_snapshot_id is None:
                         table.append(_empty(table), snapshot_properties={BASELINE: "true"})
                         continue
-                    reader = _reader(table, store, version, spec)
-                    table.append(reader, snapshot_properties={VERSION_PROPERTY: version, "batchline.name": info.name},
-                                 branch=version)
+                    layout = self._layout(table, store, version, spec, written)
+                    layout.commit(table, {VERSION_PROPERTY: version, "batchline.name": info.name})
+                    self._remove_orphans(version, layout, spec.shards.lease_seconds)
                     return True
                 except _commit_failed() as exc:
                     if attempt == COMMIT_TRIES - 1:
                         raise BatchlineError(f"{self.describe()}: writing {version} lost {COMMIT_TRIES} races to "
                                              f"other writers ({one_line(exc)}); publish again") from None
         raise BatchlineError(f"{self.describe()}: {version} was not written in {COMMIT_TRIES} tries; publish again")
+
+    def _layout(self, table: Any, store: ReaderStore, version: str, spec: JobSpec,
+                written: dict[str, list[Any]]) -> Layout:
+        """The version's data files, a shard's rows to a file: the base version's file of a shard
+        whose every outcome was carried from it (of the same identity and row shape), else a new
+        file written from the store. Files written in an earlier try are not written again."""
+        from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+        acl_text = acl_is_text(table.schema())
+        shape = row_shape(spec, acl_text)
+        base = base_files(table, spec.base_version, shape) if spec.base_version else {}
+        rows = TableRows(table.schema().as_arrow(), spec, version, acl_text=acl_text)
+        write_uuid, counter = uuid.uuid4(), itertools.count()
+        layout = Layout(shape)
+        def write(results: list[StoredResult], dead: list[StoredDeadLetter]) -> list[Any]:
+            if not results and not dead:
+                return []
+            return list(_dataframe_to_data_files(table.metadata, rows.table(results, dead), table.io, write_uuid,
+                                                 counter))
+
+        for unit in store.shard_units(version):
+            shared = base.get(unit.identity) if unit.all_carried else None
+            if shared is not None:
+                layout.add(unit.identity, shared, reused=True)
+                continue
+            if unit.identity not in written:
+                written[unit.identity] = self._unit_files(table, store, version, unit, write)
+            layout.add(unit.identity, written[unit.identity], reused=False)
+        return layout
+
+    def _remove_orphans(self, version: str, layout: Layout, lease_seconds: float) -> None:
+        """Shard files of the version that no snapshot uses (a stale owner's, whose completion was
+        refused), once older than a lease: a stale owner still writing would have lost its lease
+        by then. Those newer go when the version is forgotten."""
+        if self.staging is None:
+            return
+        from batchline.sources import delete, listing
+
+        used = {_local(f.file_path) for files in layout.units.values() for f in files}
+        cutoff = time.time() - lease_seconds
+        for location, written_at in listing(f"{self.staging}/{version}/", self.storage):
+            if _local(location) not in used and written_at < cutoff:
+                delete(location, self.storage)
+
+    def _unit_files(self, table: Any, store: ReaderStore, version: str, unit: ShardUnit,
+                    write: Callable[[list[StoredResult], list[StoredDeadLetter]], list[Any]]) -> list[Any]:
+        """A shard's files: the one its completing worker wrote (files: per-shard), checked against
+        what the store recorded of it, and a file of the results carried into it; or, for a shard
+        no worker wrote, one file of its rows written here."""
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+        recorded = (unit.files or {}).get(self.key) if self.staging else None
+        if recorded is None:
+            return write(*store.shard_outcomes(version, unit.shard_no))
+        path = str(recorded["path"])
+        problem = shard_file_problem(recorded, self.storage)
+        if problem is None:
+            added = parquet_file_to_data_file(table.io, table.metadata, path if "://" in path else f"file://{path}")
+            if added.record_count != int(recorded["rows"]):
+                problem = f"it holds {added.record_count:,} rows, not {int(recorded['rows']):,} as its worker wrote"
+        if problem is not None:
+            raise BatchlineError(f"{self.describe()}: the file of shard {unit.shard_no} of {version}, {path}, {problem}; "
+                                 "nothing was published (its rows are in the store: make the file again by "
+                                 "running that shard's worker again, or publish into another table)")
+        if not unit.carried:
+            return [added]
+        results, _dead = store.shard_outcomes(version, unit.shard_no)
+        return [added, *write([r for r in results if r.origin is not None], [])]
 
     def _table_for(self, catalog: Any, spec: JobSpec, table: Any | None) -> Any:
         """The table, made if missing, with any new output columns added. A column the
@@ -137,6 +230,12 @@ class IcebergTable:
             with table.update_schema() as update:
                 update.union_by_name(wanted)
             table = catalog.load_table(self.ref.name)
+        if self.staging is not None and NAME_MAPPING not in table.metadata.properties:
+            # Workers' shard files have no field ids (no worker reaches the catalog): readers map
+            # their columns by name, through the table's name mapping.
+            with table.transaction() as txn:
+                txn.set_properties({NAME_MAPPING: table.schema().name_mapping.model_dump_json()})
+            table = catalog.load_table(self.ref.name)
         return table
 
     # --- show, restore -----------------------------------------------------------------
@@ -149,6 +248,9 @@ class IcebergTable:
             return int(ref.snapshot_id)
 
         def allowed(table: Any) -> str | None:
+            ref = table.metadata.refs.get(version)
+            if ref is not None and table.metadata.current_snapshot_id == ref.snapshot_id:
+                return None  # this publish's own commit, which a publisher stopped before the store recorded it
             return self._recorded_problem(table, recorded)
 
         return self._move_main(target, allowed, f"publish {version}")
@@ -251,6 +353,106 @@ class IcebergTable:
             for path in sorted(gone - kept):
                 with contextlib.suppress(FileNotFoundError):
                     table.io.delete(path)
+            self._forget_staging(version, {_local(p) for p in kept})
+
+    def _forget_staging(self, version: str, kept: set[str]) -> None:
+        """What is left of the version's shard files that no kept snapshot uses (stale owners')."""
+        if self.staging is None:
+            return
+        from batchline.sources import delete, listing
+
+        for location, _written_at in listing(f"{self.staging}/{version}/", self.storage):
+            if _local(location) not in kept:
+                delete(location, self.storage)
+
+
+# --- files shared between versions ----------------------------------------------------------
+
+SHAPE_PROPERTY = "batchline.shape"
+FILES_PROPERTY = "batchline.files"
+
+
+def row_shape(spec: JobSpec, acl_text: bool) -> str:
+    """What a version's rows hold besides their records' outcomes: the output's columns, the carried
+    fields, provenance, and how the ACL is written. Files are shared only between versions of one shape."""
+    material = canonical_json({"schema": dict(spec.output_schema), "carry": list(spec.input.carry),
+                               "provenance": spec.provenance, "acl_text": acl_text})
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
+
+
+class Layout:
+    """A version's data files by the identity of the shard whose rows each holds."""
+
+    def __init__(self, shape: str) -> None:
+        self.shape = shape
+        self.units: dict[str, list[Any]] = {}
+        self.reused = 0
+        self.written = 0
+
+    def add(self, identity: str, files: list[Any], *, reused: bool) -> None:
+        self.units[identity] = files
+        if reused:
+            self.reused += len(files)
+        else:
+            self.written += len(files)
+
+    def commit(self, table: Any, properties: dict[str, str]) -> None:
+        """One snapshot of the version's branch holding every file, and beside the table's metadata
+        the map of its files by shard identity that the next incremental version reads."""
+        path = f"{table.metadata.location}/metadata/batchline-{uuid.uuid4().hex}.files.json"
+        with table.io.new_output(path).create(overwrite=True) as out:
+            out.write(json.dumps({"shape": self.shape, "units": {
+                identity: [f.file_path for f in files] for identity, files in self.units.items()}}).encode())
+        properties = {**properties, SHAPE_PROPERTY: self.shape, FILES_PROPERTY: path,
+                      "batchline.files-shared": str(self.reused), "batchline.files-written": str(self.written)}
+        version = properties[VERSION_PROPERTY]
+        with table.transaction() as txn, \
+                txn.update_snapshot(snapshot_properties=properties, branch=version).fast_append() as append:
+            for files in self.units.values():
+                for f in files:
+                    append.append_data_file(f)
+
+
+def base_files(table: Any, base: str, shape: str) -> dict[str, list[Any]]:
+    """The data files of the base version's branch, by shard identity (none where the base was
+    staged with another row shape, or before files were laid out by shard)."""
+    ref = table.metadata.refs.get(base)
+    snapshot = table.metadata.snapshot_by_id(ref.snapshot_id) if ref is not None else None
+    props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
+    if snapshot is None or props.get(SHAPE_PROPERTY) != shape or not props.get(FILES_PROPERTY):
+        return {}
+    try:
+        with table.io.new_input(props[FILES_PROPERTY]).open() as f:
+            units: dict[str, list[str]] = json.loads(f.read())["units"]
+    except (OSError, ValueError, KeyError):
+        return {}  # its map is gone: every file of the version is written anew
+    by_path = {}
+    for manifest in snapshot.manifests(table.io):
+        for entry in manifest.fetch_manifest_entry(table.io):
+            by_path[entry.data_file.file_path] = entry.data_file
+    return {identity: [by_path[p] for p in paths] for identity, paths in units.items()
+            if all(p in by_path for p in paths)}
+
+
+def _local(path: str) -> str:
+    """A data file's location as a table names it (`file:///...`) or as a listing does."""
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def unnumbered(schema: Any) -> Any:
+    """An Arrow schema without the Iceberg field ids in its fields' metadata (a worker's shard file
+    is mapped to the table's columns by name)."""
+    import pyarrow as pa
+
+    def field(f: Any) -> Any:
+        kind = f.type
+        if pa.types.is_struct(kind):
+            kind = pa.struct([field(sub) for sub in kind])
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            kind = pa.list_(field(kind.value_field))
+        return pa.field(f.name, kind, nullable=f.nullable)
+
+    return pa.schema([field(f) for f in schema])
 
 
 def _version_of(snapshot: Any) -> str:
@@ -292,14 +494,18 @@ def _adds_columns(have: Any, want: Any) -> bool:
     return bool(names(want.as_struct()) - names(have.as_struct()))
 
 
-def check_table_schema(ref: TableRef, spec: JobSpec, store_url: str | None) -> None:
+def check_table_schema(ref: TableRef, spec: JobSpec, store_url: str | None, *, per_shard: bool = False) -> None:
     """At planning: a version whose output would change the table other than by adding
-    columns is refused, with one line naming the column."""
+    columns is refused, with one line naming the column; and workers' shard files for a table
+    whose ACL column is JSON text (made before ACLs were lists), which they could not write."""
     with open_catalog(ref, store_url, spec.input.storage) as catalog:
         table = load_table(catalog, ref)
         if table is None:
             return
         have = table.schema()
+        if per_shard and acl_is_text(have):
+            raise SpecError(f"output.table {ref.name}: its acl column is JSON text (the table was made before ACLs "
+                            f"were lists), which workers' shard files do not write: leave files: {PER_SHARD} out")
         change = schema_change(have, iceberg_schema(spec.output_schema, acl_text=acl_is_text(have),
                                                     carry=spec.input.carry, provenance=spec.provenance))
     if change is not None:
@@ -313,54 +519,55 @@ def _empty(table: Any) -> Any:
     return table.schema().as_arrow().empty_table()
 
 
-def _reader(table: Any, store: ReaderStore, version: str, spec: JobSpec) -> Any:
-    import pyarrow as pa
+class TableRows:
+    """A version's results and dead letters as Arrow batches of the table's schema (`schema`)."""
 
-    schema = table.schema().as_arrow()
-    return pa.RecordBatchReader.from_batches(
-        schema, _batches(schema, store, version, spec, acl_text=acl_is_text(table.schema())))
+    def __init__(self, schema: Any, spec: JobSpec, version: str, *, acl_text: bool) -> None:
+        self.schema = schema
+        self.version = version
+        self.acl_text = acl_text
+        self.convert = converter(output_node(spec.output_schema))
+        self.has_output = "output" in schema.names
+        self.carries = bool(spec.input.carry) and CARRY_COLUMN in schema.names
+        self.provenance = spec.provenance and PROVENANCE_COLUMN in schema.names
+        self.default_model = spec.model.label
 
+    def _batch(self, n: int, columns: dict[str, Any]) -> Any:
+        import pyarrow as pa
 
-def _batches(schema: Any, store: ReaderStore, version: str, spec: JobSpec, *, acl_text: bool) -> Iterator[Any]:
-    """The version's results, then its dead letters, as Arrow batches of the table's schema."""
-    import pyarrow as pa
-
-    convert = converter(output_node(spec.output_schema))
-    has_output = "output" in schema.names
-    carries = bool(spec.input.carry) and CARRY_COLUMN in schema.names
-    provenance = spec.provenance and PROVENANCE_COLUMN in schema.names
-    default_model = spec.model.label
-
-    def batch(n: int, columns: dict[str, Any]) -> Any:
         # Built a column at a time: a dict per row cost more than reading the store did.
         arrays = [pa.array(columns[f.name], type=f.type) if f.name in columns else pa.nulls(n, type=f.type)
-                  for f in schema]
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+                  for f in self.schema]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def results(rows: list[StoredResult]) -> Any:
-        n = len(rows)
-        return batch(n, {
+    def results(self, rows: list[StoredResult]) -> Any:
+        n, version = len(rows), self.version
+        return self._batch(n, {
             "id": [r.record_id for r in rows], "outcome": ["result"] * n,
-            **({"output": output_values(rows, convert, version)} if has_output else {}),
-            "raw_output": [r.output for r in rows], "acl": acl_values(rows, acl_text), "version": [version] * n,
-            "model": [r.model or default_model for r in rows], "label": [r.label for r in rows],
+            **({"output": output_values(rows, self.convert, version)} if self.has_output else {}),
+            "raw_output": [r.output for r in rows], "acl": acl_values(rows, self.acl_text), "version": [version] * n,
+            "model": [r.model or self.default_model for r in rows], "label": [r.label for r in rows],
             "attempt": [r.attempt for r in rows], "input_tokens": [r.input_tokens for r in rows],
             "output_tokens": [r.output_tokens for r in rows],
             "created_at": [int(r.created_at * 1_000_000) for r in rows],
-            **({CARRY_COLUMN: carry_values(rows)} if carries else {}),
-            **({PROVENANCE_COLUMN: provenance_values(rows, version)} if provenance else {})})
+            **({CARRY_COLUMN: carry_values(rows)} if self.carries else {}),
+            **({PROVENANCE_COLUMN: provenance_values(rows, version)} if self.provenance else {})})
 
-    def dead_letters(rows: list[StoredDeadLetter]) -> Any:
+    def dead_letters(self, rows: list[StoredDeadLetter]) -> Any:
         n = len(rows)
-        return batch(n, {
-            "id": [d.record_id for d in rows], "outcome": ["dead_letter"] * n, "acl": acl_values(rows, acl_text),
-            "version": [version] * n, "attempt": [d.attempts for d in rows],
+        return self._batch(n, {
+            "id": [d.record_id for d in rows], "outcome": ["dead_letter"] * n, "acl": acl_values(rows, self.acl_text),
+            "version": [self.version] * n, "attempt": [d.attempts for d in rows],
             "created_at": [int(d.created_at * 1_000_000) for d in rows],
             "error_kind": [d.kind for d in rows], "error": [d.error for d in rows],
-            **({CARRY_COLUMN: carry_values(rows)} if carries else {})})
+            **({CARRY_COLUMN: carry_values(rows)} if self.carries else {})})
 
-    yield from _in_batches(store.iter_results(version), results)
-    yield from _in_batches(store.iter_dead_letters(version), dead_letters)
+    def table(self, results: list[StoredResult], dead: list[StoredDeadLetter]) -> Any:
+        """One shard's rows: its results, then its dead letters."""
+        import pyarrow as pa
+
+        batches = [*([self.results(results)] if results else []), *([self.dead_letters(dead)] if dead else [])]
+        return pa.Table.from_batches(batches, schema=self.schema)
 
 
 def _in_batches(rows: Iterator[Any], make: Callable[[list[Any]], Any]) -> Iterator[Any]:
@@ -377,23 +584,52 @@ def _in_batches(rows: Iterator[Any], make: Callable[[list[Any]], Any]) -> Iterat
 # --- the family ------------------------------------------------------------------------------
 
 
+PER_SHARD = "per-shard"
+# What the output's table section holds besides the table's own fields.
+OUTPUT_TABLE_FIELDS: Fields = {
+    "files": {"enum": [PER_SHARD], "description": "per-shard: each worker writes its completed shard's file into "
+                                                  "the staging prefix, and publishing adds them without copying"},
+    "staging": {"type": "string", "minLength": 1,
+                "description": "Where workers write shard files (a folder or an s3:// or gs:// prefix; default: "
+                               "the warehouse's batchline-staging)"},
+}
+
+
 @dataclass(frozen=True)
 class TableOutput:
-    """`output.table`: the Iceberg table a published version's results go to."""
+    """`output.table`: the Iceberg table a published version's results go to; with `files:
+    per-shard`, written by the workers a shard at a time under `staging`."""
 
     ref: TableRef
+    files: str | None = None
+    staging: str | None = None
 
     def describe(self) -> str:
         return self.ref.describe()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"table": self.ref.to_dict()}
+        return {"table": {**self.ref.to_dict(), **({"files": self.files, "staging": self.staging}
+                                                   if self.files else {})}}
 
     def target(self, store_url: str | None, storage: Mapping[str, Any]) -> IcebergTable:
-        return IcebergTable(self.ref, store_url, storage)
+        return IcebergTable(self.ref, store_url, storage, staging=self.shard_files())
 
     def check(self, spec: JobSpec, store_url: str | None) -> None:
-        check_table_schema(self.ref, spec, store_url)
+        check_table_schema(self.ref, spec, store_url, per_shard=self.files == PER_SHARD)
+
+    def shard_files(self) -> str | None:
+        return self.staging if self.files == PER_SHARD else None
+
+    def write_shard_file(self, spec: JobSpec, version: str, shard_no: int, epoch: int,
+                         results: Sequence[StoredResult], dead_letters: Sequence[StoredDeadLetter],
+                         storage: Mapping[str, Any]) -> dict[str, Any]:
+        """The shard's rows in the table's columns, as `iceberg_schema` makes them from the spec (a
+        worker reaches no catalog), without field ids: publishing maps the columns by name."""
+        assert self.staging is not None
+        arrow = unnumbered(iceberg_schema(spec.output_schema, carry=spec.input.carry,
+                                          provenance=spec.provenance).as_arrow())
+        rows = TableRows(arrow, spec, version, acl_text=False).table(list(results), list(dead_letters))
+        return write_shard_file(shard_file_location(self.staging, version, shard_no, epoch), rows, storage)
 
     def dataset(self, name: str, store: StoreDatasets, state: Mapping[str, Any] | None) -> DatasetName:
         snapshot = (state or {}).get("snapshot_id")
@@ -405,10 +641,25 @@ class IcebergOutput(TargetFamily):
 
     name = "iceberg"
     keys: ClassVar[Fields] = {"table": table_schema(
-        TABLE_FIELDS, "An Apache Iceberg table whose main follows the published version")}
+        {**TABLE_FIELDS, **OUTPUT_TABLE_FIELDS}, "An Apache Iceberg table whose main follows the published version")}
 
     def parse(self, key: str, section: Mapping[str, Any], r: SpecReader, ctx: ParseContext) -> TableOutput:
-        return TableOutput(parse_table(r, section[key], "output.table", ctx.base_dir))
+        ref = parse_table(r, section[key], "output.table", ctx.base_dir, extra=OUTPUT_TABLE_FIELDS)
+        raw = section[key]
+        files = raw.get("files")
+        if files is not None and files != PER_SHARD:
+            r.fail("output.table.files", f"must be {PER_SHARD}, not {files!r}")
+        staging = r.optional_string(raw.get("staging"), "output.table.staging")
+        if staging is not None and files is None:
+            r.fail("output.table.staging", f"is where workers write shard files: give files: {PER_SHARD} too")
+        if files is not None and staging is None:
+            if ref.warehouse is None:
+                r.fail("output.table.staging", f"is required with files: {PER_SHARD} where no warehouse is given: "
+                                               "where workers write their shard files")
+            staging = f"{ref.warehouse.rstrip('/')}/batchline-staging"
+        if staging is not None and "://" not in staging:
+            staging = str((ctx.base_dir / staging).resolve())
+        return TableOutput(ref, files, staging.removeprefix("file://") if staging else None)
 
     def access(self, section: Mapping[str, Any]) -> list[str]:
         output = section.get("table")
@@ -419,13 +670,23 @@ class IcebergOutput(TargetFamily):
                   "iceberg_namespace_properties" + (" (in the store's database; the worker role made here has none)"
                                                     if output["catalog"] == STORE_CATALOG else "")
                   if sql else "the catalog's right to create, load and commit to that table")
-        return [f"output table {output['name']} (catalog {output['catalog']!r}): the worker needs nothing of it; the "
+        staging = output.get("staging") if output.get("files") == PER_SHARD else None
+        worker = (f"the worker needs no catalog right, only to write objects under {staging}/VERSION/ (each "
+                  "completed shard's file, named by the version, the shard and the lease epoch)"
+                  if staging else "the worker needs nothing of it")
+        return [f"output table {output['name']} (catalog {output['catalog']!r}): {worker}; the "
                 f"publisher (publish, rollback, retention) needs {rights}, and to write and delete files under the "
                 f"table's location{' in ' + output['warehouse'] if output.get('warehouse') else ''} (it writes each "
-                "version's data and metadata files and deletes pruned versions' files)"]
+                "version's data and metadata files and deletes pruned versions' files)"
+                + (f", and to read and delete those under {staging}" if staging else "")]
 
     def pod_refusal(self, section: Mapping[str, Any], where: str) -> str | None:
-        return table_refusal(section.get("table"), "output.table")
+        table = section.get("table")
+        staging = table.get("staging") if isinstance(table, dict) and table.get("files") == PER_SHARD else None
+        if staging is not None and "://" not in str(staging):
+            return (f"output.table.staging: {staging} is a folder on this machine, where pods elsewhere cannot write "
+                    "their shard files; give an s3:// or gs:// staging prefix")
+        return table_refusal(table, "output.table")
 
 
 ICEBERG = IcebergOutput()

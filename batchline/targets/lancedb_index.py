@@ -1,25 +1,39 @@
 """A published version's vectors in a LanceDB index, each row behind its record's ACL.
 
-    URI/TABLE-HASH        one Lance table per version (the version is NAME@HASH)
+    URI/TABLE             one Lance table for every version of a job (TABLE: the job's name, or
+                          output.index.table); each job version one Lance version of it, tagged
+                          with the job version (NAME.HASH)
 
 Each row holds the record's id, its vector (the output field `vector_field`,
 an embedding engine's output), the chosen `fields` of the output, the record's
-ACL (a list of groups) and the job version.
+ACL (a list of groups), the job version that wrote it and, with output.provenance,
+which attempt it is.
 
-- `stage` writes a sealed version's results into a table of its own, created
-  with all its rows in one commit: a table that exists is whole, and no search
-  sees it before the store's pointer names its version. It then builds the
-  indexes a search uses: a LABEL_LIST index on the ACL, so the groups filter runs
-  before ranking, and from `approximate_min_rows` rows an IVF_PQ vector index.
-  A stage that died between the commit and the indexes is finished by the next.
-- `show` checks that the version's table is there; it moves nothing. LanceDB has
-  no compare-and-set on tags, so the store's pointer is the one truth (as for an
-  Iceberg table's main, the store records what each publish showed): a search
-  resolves the published version through the store and opens that version's
-  table, which nothing changes once staged, so it answers from one version
-  wholly, whatever publish or rollback does meanwhile.
+- `stage` makes the job version's Lance version and tags it once it is whole (its
+  rows, then its indexes). An incremental version (`base`) whose base is tagged in
+  the table, with rows of the same columns, is the base's Lance version made the
+  latest again plus its changes: the rows that differ (new records, results
+  computed again, another ACL or other carried values) upserted by id
+  (`merge_insert`), and those of records gone deleted; the base's data files are
+  shared, not copied. Otherwise the version's rows replace the table's in one
+  commit (a new Lance version; older ones keep theirs). Then the indexes a search
+  uses: a LABEL_LIST index on the ACL, so the groups filter runs before ranking,
+  and from `approximate_min_rows` rows an IVF_PQ vector index; Lance's optimize adds
+  new rows to existing indexes (no training again) and merges small files. A
+  version's rows are counted before it is tagged: another stager writing into the
+  table at the same time is refused, not mixed in. A stage that died before the tag
+  is done again from the base.
+- `show` checks that the version's tag is there and records its Lance version; it
+  moves nothing. The store's pointer is the one truth (as for an Iceberg table's
+  main): a search resolves the published version through the store and checks out
+  that version's tagged Lance version, which nothing changes once tagged, so it
+  answers from one version wholly, whatever a publish, rollback or stage does
+  meanwhile. (A version staged before versions shared one table keeps its own table,
+  which a search still reads.)
 - `restore` has nothing to put back.
-- `forget` drops a pruned version's table.
+- `forget` removes a pruned version's tag, then Lance's cleanup removes the Lance
+  versions older than every kept job version's, and with them the files no kept
+  job version uses.
 
 A search (`search`) ranks only rows whose ACL shares a group with the caller's:
 `array_has_any(acl, [...])` as a prefilter (exact string equality, the groups
@@ -40,9 +54,11 @@ rows they may still see.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -52,7 +68,7 @@ from batchline.acl import MAX_K, caller_groups, check_k
 from batchline.errors import BatchlineError, SpecError, missing_extra, one_line
 from batchline.sources.base import location_dataset
 from batchline.store import ReaderStore, StoredResult, require_job
-from batchline.targets.base import TargetFamily
+from batchline.targets.base import PublisherWritten, TargetFamily
 from batchline.targets.columns import PROVENANCE, PROVENANCE_COLUMN, arrow_type, provenance_values
 
 if TYPE_CHECKING:
@@ -137,7 +153,7 @@ class Answer:
 
 
 @dataclass(frozen=True)
-class IndexOutput:
+class IndexOutput(PublisherWritten):
     """`output.index`: where the versions' tables are and what their rows hold."""
 
     uri: str
@@ -270,12 +286,85 @@ class LanceIndex:
         info = require_job(store, version)
         spec = stored_spec(info)
         db = self.connect()
-        name = table_name(self.output.table_for(info.name), version)
-        wrote = not _has_table(db, name)
-        if wrote:
-            schema, batches = self.rows(spec, version, store.iter_results(version), _upstream_reader(store, spec))
-            write_table(db, name, schema, batches)
-        return build_indexes(db.open_table(name), self.output) or wrote
+        name = self.output.table_for(info.name)
+        tag = version_tag(version)
+        table = _open(db, name)
+        if table is not None and tag in table.tags.list():
+            return False  # tagged once its rows and indexes were whole
+        upstream = _upstream_reader(store, spec)
+        base = self._incremental_base(table, store, spec, version, upstream)
+        if table is not None and base is not None:
+            self._apply_changes(table, store, spec, version, base, upstream)
+        else:
+            schema, batches = self.rows(spec, version, store.iter_results(version), upstream)
+            if table is None:
+                write_table(db, name, schema, batches)
+                table = db.open_table(name)
+            else:
+                import pyarrow as pa
+
+                table.add(pa.RecordBatchReader.from_batches(schema, batches), mode="overwrite")
+        want = store.status(version).results
+        if table.count_rows() != want:
+            raise BatchlineError(f"{self.describe()}: table {name!r} holds {table.count_rows():,} rows where {version} "
+                                 f"has {want:,} results: another writer staged into it at the same time; publish again")
+        build_indexes(table, self.output)
+        optimize(table)
+        table.tags.create(tag, table.version)
+        return True
+
+    def _incremental_base(self, table: Any | None, store: ReaderStore, spec: JobSpec, version: str,
+                          upstream: Upstream | None) -> int | None:
+        """The Lance version of the base version, where this version's rows are the base's with
+        its changes: the base is tagged in the table, its rows have this version's columns, and
+        the fields read from an upstream job are the same upstream version's."""
+        base = spec.base_version
+        if table is None or base is None or version_tag(base) not in table.tags.list():
+            return None
+        base_info = store.job(base)
+        if base_info is None:
+            return None
+        from batchline.spec import stored_spec
+
+        props = _properties(spec.output_schema)
+        from_upstream = [n for n in self.output.fields if n not in props and n not in spec.input.carry]
+        if from_upstream and upstream_version(stored_spec(base_info)) != upstream_version(spec):
+            return None
+        lance_version = int(table.tags.get_version(version_tag(base)))
+        table.checkout(lance_version)
+        have = table.schema
+        table.checkout_latest()
+        first = next(store.iter_results(version, page_size=1), None)
+        if first is None:
+            return None
+        want, _rows = self.rows(spec, version, iter([first]), upstream)
+        return lance_version if have.equals(want, check_metadata=True) else None
+
+    def _apply_changes(self, table: Any, store: ReaderStore, spec: JobSpec, version: str, base: int,
+                       upstream: Upstream | None) -> None:
+        """The base's Lance version made the latest again, then the rows that differ upserted by id
+        and those of records gone deleted: each a commit of its own, none a copy of the rest."""
+        import pyarrow as pa
+
+        table.restore(base)
+        base_version = spec.base_version
+        assert base_version is not None
+        changed = store.result_rows_changed(base_version, version)
+
+        def results() -> Iterator[StoredResult]:
+            while chunk := list(itertools.islice(changed, BATCH_ROWS)):
+                found = store.results_for(version, chunk)
+                yield from (found[rid] for rid in chunk)
+
+        rows = results()
+        first = next(rows, None)
+        if first is not None:
+            schema, batches = self.rows(spec, version, itertools.chain([first], rows), upstream)
+            table.merge_insert(ID).when_matched_update_all().when_not_matched_insert_all().execute(
+                pa.RecordBatchReader.from_batches(schema, batches))
+        removed = store.result_rows_removed(base_version, version)
+        while chunk := list(itertools.islice(removed, 1000)):
+            table.delete(f"{ID} IN ({', '.join(_quoted(rid) for rid in chunk)})")
 
     def rows(self, spec: JobSpec, version: str, results: Iterator[StoredResult],
              upstream: Upstream | None = None) -> tuple[Any, Iterator[Any]]:
@@ -361,21 +450,43 @@ class LanceIndex:
     # --- show, restore, forget ---------------------------------------------------------------
 
     def show(self, name: str, version: str, recorded: dict[str, Any] | None) -> dict[str, Any]:
-        table = table_name(self.output.table_for(name), version)
+        opened = self._version(name, version)
+        if opened is None:
+            raise BatchlineError(f"{self.describe()} has no version of {version} in table "
+                                 f"{self.output.table_for(name)!r}: it was not staged")
+        table, lance_version = opened
+        if lance_version is None:  # a version staged before versions shared one table
+            return {"table": table_name(self.output.table_for(name), version), "version": version,
+                    "rows": table.count_rows()}
+        return {"table": self.output.table_for(name), "tag": version_tag(version), "lance_version": lance_version,
+                "version": version, "rows": table.count_rows()}
+
+    def _version(self, name: str, version: str) -> tuple[Any, int | None] | None:
+        """The table checked out at the job version's Lance version (its tag), or a version staged
+        before versions shared one table: its own table (None as its Lance version)."""
         db = self.connect()
-        if not _has_table(db, table):
-            raise BatchlineError(f"{self.describe()} has no table {table!r}: {version} was not staged")
-        opened = db.open_table(table)
-        return {"table": table, "version": version, "rows": opened.count_rows()}
+        table = _open(db, self.output.table_for(name))
+        tag = version_tag(version)
+        if table is not None and tag in table.tags.list():
+            lance_version = int(table.tags.get_version(tag))
+            table.checkout(lance_version)
+            return table, lance_version
+        own = _open(db, table_name(self.output.table_for(name), version))
+        return (own, None) if own is not None else None
 
     def restore(self, name: str, recorded: dict[str, Any] | None, shown: dict[str, Any]) -> None:
         return None  # show moved nothing: searches follow the store's pointer
 
     def forget(self, name: str, version: str) -> None:
+        """The job version's tag goes, and with it what no kept job version's Lance version uses."""
         db = self.connect()
-        table = table_name(self.output.table_for(name), version)
-        if _has_table(db, table):
-            db.drop_table(table)
+        own = table_name(self.output.table_for(name), version)
+        if _has_table(db, own):
+            db.drop_table(own)
+        table = _open(db, self.output.table_for(name))
+        if table is not None and version_tag(version) in table.tags.list():
+            table.tags.delete(version_tag(version))
+            optimize(table)
 
     # --- search ----------------------------------------------------------------------
 
@@ -387,19 +498,17 @@ class LanceIndex:
         replaced by further candidates)."""
         where = group_filter(groups)
         k = check_k(k)
-        tname = table_name(self.output.table_for(name), version)
-        missing = IndexMissing(f"{self.describe()} has no table {tname!r} for {version}: publish it again "
-                               f"(batchline publish {version} re-stages a missing table)")
+        missing = IndexMissing(f"{self.describe()} has no version of {version} in table "
+                               f"{self.output.table_for(name)!r}: publish it again (batchline publish {version} "
+                               "re-stages what is missing)")
         from batchline.sources import is_remote
 
         if not is_remote(self.output.uri) and not Path(self.output.uri).is_dir():
             raise missing  # connecting would make the folder
-        try:
-            table = self.connect().open_table(tname)
-        except Exception as exc:
-            if _missing_table(exc):
-                raise missing from None
-            raise
+        opened = self._version(name, version)
+        if opened is None:
+            raise missing
+        table = opened[0]
         approximate = not exact and any(ix.columns == [VECTOR] for ix in table.list_indices())
         rows_in_version = table.count_rows() if approximate else 0
         visible = table.count_rows(where) if approximate else None
@@ -446,9 +555,10 @@ class LanceIndex:
                 break
             limit *= REFILL_FACTOR
         json_fields = {f.name for f in table.schema if f.metadata and f.metadata.get(JSON_FIELD)}
+        # A row shared with a base version says that version; a hit is answered from this one.
         hits = [Hit(str(row[ID]), 1.0 - float(row[DISTANCE]),
                     {f: (json.loads(row[f]) if f in json_fields and row[f] is not None else row[f])
-                     for f in self.output.fields}, str(row[VERSION])) for row in kept[:k]]
+                     for f in self.output.fields}, version) for row in kept[:k]]
         return Answer(hits, path, withheld)
 
 
@@ -492,6 +602,42 @@ def _carried(value: Any) -> str | None:
 def _properties(schema: Any) -> dict[str, Any]:
     props = schema.get("properties") if isinstance(schema, dict) else None
     return dict(props) if isinstance(props, dict) else {}
+
+
+def version_tag(version: str) -> str:
+    """The tag of a job version's Lance version: the version with its '@' as '.' (a tag holds
+    letters, digits, '.', '-' and '_')."""
+    return version.replace("@", ".")
+
+
+def optimize(table: Any) -> None:
+    """Lance's optimize: new rows join the existing indexes (no training again), small files are
+    merged, and the versions older than every kept job version's are removed. Lance refuses a
+    cleanup that would reach a tagged version (and keeps those anyway), so the cutoff is just
+    before the oldest tagged one, moved back a little where Lance's clock has run past it."""
+    tagged = {int(t["version"]) for t in table.tags.list().values()}
+    stamps: list[datetime] = [v["timestamp"] for v in table.list_versions() if int(v["version"]) in tagged]
+    if not stamps:
+        table.optimize()  # Lance's own default age
+        return
+    oldest = min(stamps)
+    for margin in (0.001, 1.0, 60.0):
+        age = max(timedelta(0), datetime.now(oldest.tzinfo) - oldest + timedelta(seconds=margin))
+        try:
+            table.optimize(cleanup_older_than=age)
+            return
+        except RuntimeError as exc:
+            if "tagged version" not in str(exc):
+                raise
+    table.optimize()
+
+
+def _open(db: Any, name: str) -> Any | None:
+    return db.open_table(name) if _has_table(db, name) else None
+
+
+def _quoted(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
 
 
 def _has_table(db: Any, name: str) -> bool:

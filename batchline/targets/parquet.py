@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from batchline.errors import BatchlineError
 from batchline.sources.base import location_dataset
 from batchline.store import ReaderStore
-from batchline.targets.base import TargetFamily
+from batchline.targets.base import PublisherWritten, TargetFamily
 
 if TYPE_CHECKING:
     from batchline.lake import LakeSettings
@@ -213,7 +213,7 @@ def dataset_at(root: str | Path, storage: Mapping[str, Any] | None = None) -> Pa
 
 
 @dataclass(frozen=True)
-class DatasetOutput:
+class DatasetOutput(PublisherWritten):
     """`output.dataset`: a folder or object prefix holding a Parquet dataset per version and
     a `CURRENT` naming the published one."""
 

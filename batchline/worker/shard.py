@@ -19,6 +19,7 @@ from functools import cached_property
 from typing import Any
 
 from batchline.check.outputs import OutputChecker
+from batchline.errors import BatchlineError, OutputUnwritable, one_line
 from batchline.prompts.examples import ExampleIndex
 from batchline.prompts.render import render, split_template
 from batchline.providers.base import BatchProvider
@@ -254,7 +255,27 @@ class ShardContext:
         return n
 
     def complete(self) -> None:
-        self.store.complete(self.lease)
+        self.store.complete(self.lease, self.shard_files())
+
+    def shard_files(self) -> dict[str, Any] | None:
+        """For each target that takes its files from the workers (files: per-shard), the file of
+        what this worker computed of its shard, read back from the store under the lease: written
+        before the completion that records it, so a file whose completion is refused (a stale
+        owner's) is never used."""
+        spec = self.job.spec
+        writers = [t for t in spec.targets if t.shard_files() is not None]
+        if not writers:
+            return None
+        results, dead = self.store.shard_outcomes(self.lease.version, self.lease.shard_no, computed_only=True)
+        files = {}
+        for t in writers:
+            try:
+                files[t.target(None, spec.input.storage).key] = t.write_shard_file(
+                    spec, self.lease.version, self.lease.shard_no, self.lease.epoch, results, dead, spec.input.storage)
+            except (OSError, BatchlineError) as exc:
+                raise OutputUnwritable(f"cannot write the file of shard {self.lease.shard_no} of {self.lease.version} "
+                                       f"under {t.shard_files()}: {one_line(exc)}") from None
+        return files
 
     def release(self, reason: str) -> bool:
         return self.store.release(self.lease, reason)

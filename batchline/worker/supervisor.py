@@ -18,6 +18,7 @@ from batchline.errors import (
     EngineFatal,
     InputError,
     NoSuchVersion,
+    OutputUnwritable,
     SourceUnavailable,
     VersionHalted,
 )
@@ -147,6 +148,11 @@ class Worker:
                 raise
             except EngineFatal as exc:
                 self._give_back(lease, "engine_fatal", str(exc))
+                raise
+            except OutputUnwritable as exc:
+                # Its results are stored: the worker that completes it once the prefix is writable
+                # only writes the file.
+                self._give_back(lease, "output_unwritable", str(exc))
                 raise
             self.log(f"shard {lease.shard_no}: {outcome}")
             self._transitioned()

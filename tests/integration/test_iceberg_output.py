@@ -425,8 +425,9 @@ def test_publish_and_rollback_on_the_command_line_move_the_table(
                           timeout=120)
     assert back.returncode == 0, back.stderr
     assert main_versions(store_url) == {v1: 30}
+    v3 = sealed(job_factory, store, wh, make_records(7, "y"))
     move_main_elsewhere(store_url, v2)
-    refused = subprocess.run([*cli, "publish", v2, "--store", store_url], capture_output=True, text=True,
+    refused = subprocess.run([*cli, "publish", v3, "--store", store_url], capture_output=True, text=True,
                              timeout=120)
     assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1
     assert "as the store recorded" in refused.stderr and store.resolve_name("test-job") == v1

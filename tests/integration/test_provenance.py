@@ -83,7 +83,7 @@ def test_the_iceberg_table_and_the_index_rows_carry_provenance(
         job_factory: Any, store_url: str, tmp_path: Path) -> None:
     import lancedb
 
-    from batchline.targets.lancedb_index import table_name
+    from batchline.targets.lancedb_index import version_tag
 
     path = with_table(job_factory(n=30), tmp_path / "warehouse")
     with_provenance(path)
@@ -97,5 +97,7 @@ def test_the_iceberg_table_and_the_index_rows_carry_provenance(
     index = job_factory(n=25, name="vectors", schema=vectors)
     with_provenance(index, index={"uri": str(tmp_path / "index"), "fields": []})
     indexed = run(index, store_url)
-    got = lancedb.connect(str(tmp_path / "index")).open_table(table_name("vectors", indexed)).to_arrow()
+    table = lancedb.connect(str(tmp_path / "index")).open_table("vectors")
+    table.checkout(table.tags.get_version(version_tag(indexed)))
+    got = table.to_arrow()
     assert {p["origin_version"] for p in got.column("provenance").to_pylist()} == {indexed}

@@ -42,6 +42,7 @@ from batchline.targets.lancedb_index import (
     IndexOutput,
     LanceIndex,
     table_name,
+    version_tag,
     write_table,
 )
 from tests.helpers import (
@@ -160,8 +161,20 @@ def shared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         yield Shared(url, version, records, LanceIndex(output))
 
 
+def version_table(index: LanceIndex, name: str, version: str) -> Any:
+    """The index's table checked out at the job version's Lance version."""
+    opened = index._version(name, version)
+    assert opened is not None and opened[1] is not None, f"{version} is not a tagged version of {name}"
+    return opened[0]
+
+
+def tagged(index: LanceIndex, name: str) -> set[str]:
+    """The job versions the index's table holds (their tags)."""
+    return set(index.connect().open_table(name).tags.list())
+
+
 def test_publish_trains_the_ivf_pq_index_of_its_settings_and_searches_rank_through_it(shared: Shared) -> None:
-    table = shared.index.connect().open_table(table_name("tickets-index", shared.version))
+    table = version_table(shared.index, "tickets-index", shared.version)
     indices = {ix.index_type: ix for ix in table.list_indices()}
     assert set(indices) == {"IvfPq", "LabelList"}
     stats = table.index_stats(indices["IvfPq"].name)
@@ -386,7 +399,7 @@ def test_a_version_staged_and_not_published_is_not_seen_by_searches(
     assert isinstance(output, IndexOutput)
     index = LanceIndex(output)
     assert index.stage(store, v2) is True
-    assert table_name("tickets-index", v2) in index.connect().list_tables().tables
+    assert tagged(index, "tickets-index") == {version_tag(v1), version_tag(v2)}
     answered, ids = search(store_url, "tickets-index", "x", ["group-0"], k=50)
     assert answered == v1 and len(ids) == 10 and all(i.startswith("a") for i in ids)
 
@@ -493,7 +506,7 @@ def test_a_removed_index_table_is_written_back_by_publishing_the_version_again(
         store: Store, store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     version = sealed(index_job(tmp_path, make_records(9), engine="synthetic"), store)
     publish(store, version)
-    shutil.rmtree(tmp_path / "index" / f"{table_name('tickets-index', version)}.lance")
+    shutil.rmtree(tmp_path / "index" / "tickets-index.lance")
     with pytest.raises(IndexMissing, match="publish it again"):
         Jobs(store_url).search("tickets-index", "x", ["group-0"], k=5)
     assert main(["publish", version, "--store", store_url]) == 0
@@ -526,20 +539,18 @@ def test_a_job_with_an_index_is_refused_at_planning_where_lancedb_is_not_install
     assert store.jobs() == []
 
 
-def test_pruning_a_version_drops_its_table(store: Store, store_url: str, tmp_path: Path) -> None:
-    import lancedb
-
+def test_pruning_a_version_drops_its_table_version(store: Store, store_url: str, tmp_path: Path) -> None:
     versions = [sealed(index_job(tmp_path, make_records(6 + i, "abc"[i]), engine="synthetic", tag=str(i),
                                  retention={"versions": 2}), store) for i in range(3)]
-    db = lancedb.connect(str(tmp_path / "index"))
-
-    def tables() -> set[str]:
-        return set(db.list_tables().tables)
-
     for v in versions:
         publish(store, v)
-    # The published one and the one a rollback returns to stay; the first is gone.
-    assert tables() == {table_name("tickets-index", v) for v in versions[1:]}
+    [output] = stored_spec(store.job(versions[0])).targets  # type: ignore[arg-type]
+    assert isinstance(output, IndexOutput)
+    index = LanceIndex(output)
+    # The published one and the one a rollback returns to stay; the first is gone, and its Lance version.
+    assert tagged(index, "tickets-index") == {version_tag(v) for v in versions[1:]}
+    kept = {int(t["version"]) for t in index.connect().open_table("tickets-index").tags.list().values()}
+    assert min(v["version"] for v in index.connect().open_table("tickets-index").list_versions()) == min(kept)
     assert rollback(store, "tickets-index") == (versions[2], versions[1])
     answered, ids = search(store_url, "tickets-index", "x", ["group-0", "group-1", "group-2"], k=50)
     assert (answered, sorted(ids)) == (versions[1], [f"b{i:06d}" for i in range(7)])
@@ -553,17 +564,20 @@ def test_an_index_in_the_s3_stand_in_is_staged_published_searched_and_pruned(
                                  index={"uri": uri}, retention={"versions": 2}), store) for i in range(3)]
 
     def tables() -> set[str]:
-        return {key.split("/")[1].removesuffix(".lance") for key in bucket.keys("index/")}
+        [output] = stored_spec(store.job(versions[0])).targets  # type: ignore[arg-type]
+        assert isinstance(output, IndexOutput)
+        return tagged(LanceIndex(output), "tickets-index")
 
     publish(store, versions[0])
     answered, ids = search(store_url, "tickets-index", "x", ["group-0"], k=20)
     assert (answered, sorted(ids)) == (versions[0], [f"a{i:06d}" for i in (0, 3, 6)])
     publish(store, versions[1])
     assert search(store_url, "tickets-index", "x", ["group-1"], k=20)[0] == versions[1]
-    assert tables() == {table_name("tickets-index", v) for v in versions[:2]}
+    assert tables() == {version_tag(v) for v in versions[:2]}
+    assert {key.split("/")[1] for key in bucket.keys("index/")} == {"tickets-index.lance"}  # one table
     # The third publish prunes the first: neither published nor what a rollback returns to.
     assert publish(store, versions[2]).removed == (versions[0],)
-    assert tables() == {table_name("tickets-index", v) for v in versions[1:]}
+    assert tables() == {version_tag(v) for v in versions[1:]}
     assert rollback(store, "tickets-index") == (versions[2], versions[1])
     assert sorted(search(store_url, "tickets-index", "x", ["group-1"], k=20)[1]) == [f"b{i:06d}" for i in (1, 4, 7)]
 
