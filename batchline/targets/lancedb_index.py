@@ -308,9 +308,7 @@ class LanceIndex:
         if table.count_rows() != want:
             raise BatchlineError(f"{self.describe()}: table {name!r} holds {table.count_rows():,} rows where {version} "
                                  f"has {want:,} results: another writer staged into it at the same time; publish again")
-        build_indexes(table, self.output)
-        optimize(table)
-        table.tags.create(tag, table.version)
+        finish_version(table, self.output, tag)
         return True
 
     def _incremental_base(self, table: Any | None, store: ReaderStore, spec: JobSpec, version: str,
@@ -342,11 +340,7 @@ class LanceIndex:
 
     def _apply_changes(self, table: Any, store: ReaderStore, spec: JobSpec, version: str, base: int,
                        upstream: Upstream | None) -> None:
-        """The base's Lance version made the latest again, then the rows that differ upserted by id
-        and those of records gone deleted: each a commit of its own, none a copy of the rest."""
-        import pyarrow as pa
-
-        table.restore(base)
+        """The rows that differ from the base's, and the records gone (`apply_changes`)."""
         base_version = spec.base_version
         assert base_version is not None
         changed = store.result_rows_changed(base_version, version)
@@ -358,13 +352,8 @@ class LanceIndex:
 
         rows = results()
         first = next(rows, None)
-        if first is not None:
-            schema, batches = self.rows(spec, version, itertools.chain([first], rows), upstream)
-            table.merge_insert(ID).when_matched_update_all().when_not_matched_insert_all().execute(
-                pa.RecordBatchReader.from_batches(schema, batches))
-        removed = store.result_rows_removed(base_version, version)
-        while chunk := list(itertools.islice(removed, 1000)):
-            table.delete(f"{ID} IN ({', '.join(_quoted(rid) for rid in chunk)})")
+        upserts = self.rows(spec, version, itertools.chain([first], rows), upstream) if first is not None else None
+        apply_changes(table, base, upserts, store.result_rows_removed(base_version, version))
 
     def rows(self, spec: JobSpec, version: str, results: Iterator[StoredResult],
              upstream: Upstream | None = None) -> tuple[Any, Iterator[Any]]:
@@ -608,6 +597,29 @@ def version_tag(version: str) -> str:
     """The tag of a job version's Lance version: the version with its '@' as '.' (a tag holds
     letters, digits, '.', '-' and '_')."""
     return version.replace("@", ".")
+
+
+def apply_changes(table: Any, base: int, upserts: tuple[Any, Iterator[Any]] | None, removed: Iterator[str]) -> None:
+    """A version built on its base: the base's Lance version made the latest again, then the rows
+    of `upserts` (an Arrow schema and its batches) upserted by id and the ids `removed` deleted,
+    each a commit of its own, none a copy of the rest (Lance keeps deletions as deletion files)."""
+    import pyarrow as pa
+
+    table.restore(base)
+    if upserts is not None:
+        schema, batches = upserts
+        table.merge_insert(ID).when_matched_update_all().when_not_matched_insert_all().execute(
+            pa.RecordBatchReader.from_batches(schema, batches))
+    while chunk := list(itertools.islice(removed, 1000)):
+        table.delete(f"{ID} IN ({', '.join(_quoted(rid) for rid in chunk)})")
+
+
+def finish_version(table: Any, output: IndexOutput, tag: str) -> None:
+    """The latest Lance version made a job version's: its indexes built or brought up to its rows,
+    its small files merged, then tagged (a version is tagged only once whole)."""
+    build_indexes(table, output)
+    optimize(table)
+    table.tags.create(tag, table.version)
 
 
 def optimize(table: Any) -> None:

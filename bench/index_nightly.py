@@ -1,0 +1,140 @@
+"""A nightly version of a retrieval index built on its base against a full build of it: time,
+bytes written, recall@k and search latency of each.
+
+    python bench/index_nightly.py [--rows 1000000] [--changed 0.05] [--where random|recent]
+                                  [--queries 100] [--dims 384] [--k 10]
+
+Seeded random unit vectors of --dims dimensions, each row's ACL `["all"]`, go through the lancedb
+target's own code: the full version is every row written in one commit, its indexes built (the
+ACL's LABEL_LIST; the IVF_PQ index, every partition probed at search), optimized and tagged; the
+nightly version is the full one's Lance version made the latest again, --changed of the rows given
+new vectors (`--where random`: spread at random; `recent`: the last ones) upserted by id, the
+indexes brought up to them by Lance's optimize (no training again) and tagged. Making the rows is
+the bench's own work, timed and taken out. Bytes written are what each version adds under the
+index's folder. Then --queries seeded random queries as the group `all` against each version:
+exact, and approximate as the target searches (recall@k: the share of the exact top k the
+approximate search returns), with each version's unindexed rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from retrieval_index import Stopwatch, folder_bytes, percentile, recall, spec_for, unit_vectors  # noqa: E402
+
+from batchline.store import StoredResult  # noqa: E402
+from batchline.targets.lancedb_index import (  # noqa: E402
+    IndexOutput,
+    LanceIndex,
+    apply_changes,
+    finish_version,
+    version_tag,
+    write_table,
+)
+
+FULL, NIGHTLY = "bench@0000000000000001", "bench@0000000000000002"
+CHUNK = 10_000
+
+
+def results(ids: list[int], dims: int, seed: int) -> Any:
+    rng = np.random.default_rng(seed)
+    for start in range(0, len(ids), CHUNK):
+        block = ids[start:start + CHUNK]
+        for i, vector in zip(block, unit_vectors(rng, len(block), dims), strict=True):
+            yield StoredResult(f"r{i:08d}", json.dumps({"embedding": vector.tolist()}), ["all"], 0, "bench", 1, 1,
+                               0.0, None, None)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--changed", type=float, default=0.05)
+    parser.add_argument("--where", choices=("random", "recent"), default="random")
+    parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--dims", type=int, default=384)
+    parser.add_argument("--k", type=int, default=10)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-index-nightly-"))
+    spec = spec_for(root, args.dims)
+    output = IndexOutput(str(root / "index"), approximate_min_rows=1)
+    index = LanceIndex(output)
+    db = index.connect()
+    n = args.rows
+
+    made = Stopwatch(results(list(range(n)), args.dims, seed=1))
+    started = time.perf_counter()
+    schema, batches = index.rows(spec, FULL, iter(made))
+    write_table(db, "bench", schema, batches)
+    table = db.open_table("bench")
+    finish_version(table, output, version_tag(FULL))
+    full_seconds = time.perf_counter() - started - made.seconds
+    full_bytes = folder_bytes(root / "index")
+    print(f"full version: {n:,} rows in {full_seconds:.1f} s, {full_bytes / 1e6:.0f} MB", flush=True)
+
+    k_changed = int(n * args.changed)
+    changed = (sorted(np.random.default_rng(3).choice(n, k_changed, replace=False).tolist())
+               if args.where == "random" else list(range(n - k_changed, n)))
+    made = Stopwatch(results(changed, args.dims, seed=2))
+    started = time.perf_counter()
+    table = db.open_table("bench")
+    base = int(table.tags.get_version(version_tag(FULL)))
+    apply_changes(table, base, index.rows(spec, NIGHTLY, iter(made)), iter([]))
+    finish_version(table, output, version_tag(NIGHTLY))
+    nightly_seconds = time.perf_counter() - started - made.seconds
+    nightly_bytes = folder_bytes(root / "index") - full_bytes
+    print(f"nightly version: {k_changed:,} rows changed in {nightly_seconds:.1f} s, {nightly_bytes / 1e6:.0f} MB",
+          flush=True)
+
+    qs = unit_vectors(np.random.default_rng(7), args.queries, args.dims)
+    figures: dict[str, dict[str, Any]] = {}
+    for label, version in (("full", FULL), ("nightly", NIGHTLY)):
+        opened = index._version("bench", version)
+        assert opened is not None
+        checked_out = opened[0]
+        unindexed = {ix.name: checked_out.index_stats(ix.name).num_unindexed_rows  # type: ignore[union-attr]
+                     for ix in checked_out.list_indices()}
+        found: dict[bool, tuple[list[float], list[list[str]]]] = {}
+        for exact in (True, False):
+            index.search("bench", version, qs[0].tolist(), ["all"], args.k, exact=exact)  # warm the caches
+            times, ids = [], []
+            for q in qs:
+                t0 = time.perf_counter()
+                hits = index.search("bench", version, q.tolist(), ["all"], args.k, exact=exact).hits
+                times.append(time.perf_counter() - t0)
+                ids.append([h.record_id for h in hits])
+            found[exact] = (times, ids)
+        figures[label] = {"unindexed": unindexed, "recall": recall(found[False][1], found[True][1], args.k),
+                          "approx p50 ms": 1000 * statistics.median(found[False][0]),
+                          "approx p99 ms": 1000 * percentile(found[False][0], 0.99),
+                          "exact p50 ms": 1000 * statistics.median(found[True][0])}
+        print(f"{label}: {figures[label]}", flush=True)
+    print(f"\n{n:,} rows of {args.dims} dimensions, {k_changed:,} changed ({args.where}), {args.queries} queries, "
+          f"k {args.k}, every partition probed")
+    print(f"time:  nightly {nightly_seconds:.1f} s / full {full_seconds:.1f} s = {nightly_seconds / full_seconds:.3f}")
+    print(f"bytes: nightly {nightly_bytes / 1e6:.0f} MB / full {full_bytes / 1e6:.0f} MB = "
+          f"{nightly_bytes / full_bytes:.3f}")
+    for label in ("full", "nightly"):
+        f = figures[label]
+        print(f"{label}: recall@{args.k} {f['recall']:.3f}, approximate p50 {f['approx p50 ms']:.1f} ms "
+              f"(p99 {f['approx p99 ms']:.1f}), exact p50 {f['exact p50 ms']:.1f} ms, unindexed rows {f['unindexed']}")
+    print(f"search p50, nightly over full: {figures['nightly']['approx p50 ms'] / figures['full']['approx p50 ms']:.2f}")
+    print(f"command: python bench/index_nightly.py --rows {n} --changed {args.changed} --where {args.where} "
+          f"--queries {args.queries} --dims {args.dims} --k {args.k}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
