@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jsonschema
+import orjson
 
 # Keywords fastjsonschema does not know or reads differently; a schema using any
 # of them is checked by jsonschema alone.
@@ -73,6 +74,17 @@ class OutputChecker:
                 where = "/".join(str(p) for p in error.absolute_path) or "(root)"
                 return None, f"output fails the schema at {where}: {error.message}"
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")), None
+
+    def problem(self, output: str) -> str | None:
+        """Why a stored output is not valid against the schema, or None: `check`'s verdict,
+        without making its canonical form (the gate re-reads every output of a version)."""
+        try:
+            value = orjson.loads(output)
+        except orjson.JSONDecodeError:
+            return self.check(output)[1]  # the standard parser's verdict and words
+        if self._fast is not None and self._fast(value):
+            return None
+        return self.check(output)[1]
 
     def is_valid(self, value: Any) -> bool:
         if self._fast is not None and self._fast(value):

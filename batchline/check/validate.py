@@ -112,13 +112,13 @@ def check_schema(store: Store, version: str, spec: JobSpec) -> Check:
     sample = spec.validate.schema_sample
     checked = invalid = 0
     examples: list[str] = []
-    for r in _sampled(store.iter_results(version, computed_only=True), total, sample):
+    for record_id, output in _sampled(store.iter_outputs(version), total, sample):
         checked += 1
-        _, problem = checker.check(r.output)
+        problem = checker.problem(output)
         if problem is not None:
             invalid += 1
             if len(examples) < 5:
-                examples.append(f"{r.record_id}: {problem}")
+                examples.append(f"{record_id}: {problem}")
     sampled = sample is not None and sample < total
     scope = f"a sample of {checked:,} of {total:,}" if sampled else "every result computed in this version"
     if carried:

@@ -894,6 +894,12 @@ class StoreCore(VersionChanges, PaidSlots, LineageOutbox, ShardOutcomes, ABC):
         for r in self._pages(stmt, version, page_size):
             yield stored_result(r)
 
+    def iter_outputs(self, version: str, page_size: int = 20_000) -> Iterator[tuple[str, str]]:
+        """Each result this version computed (none carried), as its record id and output, in id
+        order: the two columns the gate's schema check reads, without the rest of each row."""
+        for r in self._pages(self.q.COMPUTED_OUTPUTS_PAGE, version, page_size):
+            yield str(r[0]), str(r[1])
+
     def results_for(self, version: str, record_ids: Sequence[str]) -> dict[str, StoredResult]:
         stmt = self._carrying(version, "RESULTS_FOR")
         return {r[0]: stored_result(r) for r in self._by_ids(stmt, version, record_ids)}
@@ -931,11 +937,15 @@ class StoreCore(VersionChanges, PaidSlots, LineageOutbox, ShardOutcomes, ABC):
     # --- validation and publication ------------------------------------------------------------
 
     def coverage(self, version: str, sample: int = 10) -> Coverage:
+        # The gate's first step, and the first read of the whole sealed version: its partitions'
+        # statistics are made fresh here (their rows were bulk-loaded by workers, and a planner
+        # without counts pages through them in a plan that sorts the whole version for each
+        # page: validate, publish and exports after it read the version page by page).
+        self._analyse(version)
         if self.q.COVERAGE_PROOF:
             proven = self._read(lambda tx: self._full_coverage(tx, version), snapshot=True)
             if proven is not None:
                 return proven
-        self._analyse(version)
 
         def body(tx: Tx) -> Coverage:
             p = {"v": version, "n": sample}

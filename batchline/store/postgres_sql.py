@@ -780,6 +780,9 @@ RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = %(v
                 f"ORDER BY r.record_id LIMIT %(n)s")
 COMPUTED_RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = %(v)s "
                          f"AND r.record_id > %(after)s AND r.origin IS NULL ORDER BY r.record_id LIMIT %(n)s")
+# The outputs this version computed, alone: what the gate's schema check reads of every result.
+COMPUTED_OUTPUTS_PAGE = ("SELECT record_id, output FROM results WHERE version = %(v)s AND record_id > %(after)s "
+                         "AND origin IS NULL ORDER BY record_id LIMIT %(n)s")
 RESULTS_FOR = f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = %(v)s AND r.record_id = ANY(%(ids)s)"
 _DEAD_COLUMNS = "d.record_id, d.shard_no, d.kind, d.error, d.acl, d.attempts, d.worker, d.created_at"
 _DEAD_PAGE = "WHERE d.version = %(v)s AND d.record_id > %(after)s ORDER BY d.record_id LIMIT %(n)s"
@@ -804,7 +807,7 @@ LABEL_COUNTS = "SELECT label, count(*) FROM results WHERE version = %(v)s GROUP 
 # --- validation and publication -------------------------------------------------------------
 
 # Only the join key: the statistics the coverage plans need, without sampling the outputs.
-ANALYZE_PARTITION = "ANALYZE {} (version, record_id)"
+ANALYZE_PARTITION = "ANALYZE {}"
 COUNT_RECORDS = "SELECT count(*) FROM records WHERE version = %(v)s"
 COUNT_RESULTS = "SELECT count(*) FROM results WHERE version = %(v)s"
 COUNT_DEAD = "SELECT count(*) FROM dead_letters WHERE version = %(v)s"

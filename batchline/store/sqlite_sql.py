@@ -570,6 +570,9 @@ RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = :v 
                 f"ORDER BY r.record_id LIMIT :n")
 COMPUTED_RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = :v AND "
                          f"r.record_id > :after AND r.origin IS NULL ORDER BY r.record_id LIMIT :n")
+# The outputs this version computed, alone: what the gate's schema check reads of every result.
+COMPUTED_OUTPUTS_PAGE = ("SELECT record_id, output FROM results WHERE version = :v AND record_id > :after "
+                         "AND origin IS NULL ORDER BY record_id LIMIT :n")
 RESULTS_FOR = f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = :v AND r.record_id IN {IDS}"
 _DEAD_COLUMNS = "d.record_id, d.shard_no, d.kind, d.error, d.acl, d.attempts, d.worker, d.created_at"
 _DEAD_PAGE = "WHERE d.version = :v AND d.record_id > :after ORDER BY d.record_id LIMIT :n"

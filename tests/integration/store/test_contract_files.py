@@ -63,3 +63,17 @@ def test_a_stale_owners_completion_and_its_file_are_refused(store: Store) -> Non
     store.complete(current, {"parquet:/x": {**FILE["parquet:/x"], "path": "/x/epoch-2.parquet"}})
     [unit] = store.shard_units("job@1")
     assert unit.files == {"parquet:/x": {**FILE["parquet:/x"], "path": "/x/epoch-2.parquet"}}
+
+
+def test_the_outputs_a_version_computed_are_read_alone_in_id_order_without_the_carried_ones(store: Store) -> None:
+    ids = plan_with_slices(store, "job@1", ["sha256:a", "sha256:b"])
+    while (lease := store.claim("w1", "job@1")) is not None:
+        store.put_results(lease, [ResultRow(rid, OUT) for rid in ids[lease.shard_no]])
+        store.complete(lease)
+    assert list(store.iter_outputs("job@1", page_size=3)) == [(rid, OUT) for rid in sorted(ids[0] + ids[1])]
+    again = plan_with_slices(store, "job@2", ["sha256:a", "sha256:c"], base="job@1")
+    lease = store.claim("w1", "job@2")
+    assert lease is not None and lease.shard_no == 1  # its first shard was carried whole
+    computed = '{"category":"b","summary":"again"}'
+    store.put_results(lease, [ResultRow(rid, computed) for rid in again[1][:2]])
+    assert list(store.iter_outputs("job@2")) == [(rid, computed) for rid in sorted(again[1][:2])]
