@@ -1,10 +1,22 @@
 """Access rules: a record's ACL, a caller's groups, and the one rule that compares them (I6).
 
-A caller's group matches an ACL entry only when the two strings are equal: nothing
-is stripped, case-folded or Unicode-normalised, here or anywhere else. Every
-comparison of a caller's groups with an ACL goes through `admits` (in Python) or is
-given the groups `caller_groups` returned (a prefilter of an index, which compares
-strings exactly), so no second rule can drift from this one.
+Two types, each made in one place and carried as it is everywhere after:
+
+- `Acl`, a record's ACL: the groups that may read the record, exactly as written. It is
+  made when the record is read (`Acl.read`, whatever format the record came in; a format
+  whose cells hold groups in text, such as CSV, splits the cell by its own rule first),
+  and goes through the store (`to_json` and `from_json`, the one text form the store
+  keeps), the exports, the Iceberg and Lance columns (`to_list`) and a record's content
+  hash (`to_json` again, so every pinned version hash stays what it was).
+- `Groups`, a caller's groups: made only by `caller_groups`, which refuses what cannot be
+  a group; the search prefilter of an index and every check below take a `Groups`, never
+  a list, so nothing downstream checks the caller again, or differently.
+
+A caller's group matches an ACL entry only when the two strings are equal: nothing is
+stripped, case-folded or Unicode-normalised, here or anywhere else. Every comparison of a
+caller's groups with an ACL goes through `admits` (in Python) or is given the `Groups`
+(a prefilter of an index, which compares strings exactly), so no second rule can drift
+from this one.
 
 What cannot be what anybody meant is refused rather than matched:
 
@@ -12,20 +24,24 @@ What cannot be what anybody meant is refused rather than matched:
   its characters), that are empty, or that hold a group that is empty, has whitespace
   at either end, or holds a control or format character (a tab, a zero-width space, a
   bidirectional override): `caller_groups`, before anything is embedded or read;
-- an ACL entry of a record read from a JSON array, a Parquet or Delta list, or a
-  JSON-array CSV cell that is empty, has whitespace at either end or holds such a
-  character: `acl_entry_refusal`, at planning, naming the record. Such an entry could
-  never be matched by a caller whose groups pass the rule above, so taking it as
-  written would make a record silently invisible, and stripping it would guess a
-  security label. A separator-split CSV cell keeps its documented trim around each
-  group; what is left must pass the same rule.
+- an ACL that is not a list of strings or one string (one group), or an entry of one
+  that is empty, has whitespace at either end or holds such a character: `Acl.read`
+  (`AclUnreadable`, which the reader turns into a refusal naming the record, at
+  planning). Such an entry could never be matched by a caller whose groups pass the
+  rule above, so taking it as written would make a record silently invisible, and
+  stripping it would guess a security label. A separator-split CSV cell keeps its
+  documented trim around each group; what is left must pass the same rule.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
+
+import orjson
 
 from batchline.errors import ArgumentError
 
@@ -49,10 +65,142 @@ def group_flaw(group: str) -> str | None:
     return None
 
 
-def caller_groups(groups: Any, where: str = "--groups") -> tuple[str, ...]:
+class AclUnreadable(ValueError):
+    """A record's ACL cannot be read exactly as written; the message says why, and the reader
+    that met it says where."""
+
+
+class Acl:
+    """A record's ACL: the groups that may read it, in the order written, each exactly as
+    written (see the module's doc). Immutable; equal ACLs are equal."""
+
+    __slots__ = ("groups",)
+
+    groups: tuple[str, ...]
+
+    def __init__(self, groups: Iterable[str]) -> None:
+        # Only `read` and `from_json` make one from outside this module, each after its check.
+        object.__setattr__(self, "groups", tuple(groups))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("an Acl is immutable")
+
+    @classmethod
+    def read(cls, value: Any) -> Acl:
+        """A record's ACL as its input holds it: a list of strings, or one string (one group).
+        `AclUnreadable` for anything else, or for an entry no caller's group could equal."""
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple) or not all(isinstance(entry, str) for entry in value):
+            raise AclUnreadable(f"must be a list of strings (or one string), not {_shown(value)}")
+        for entry in value:
+            flaw = group_flaw(entry)
+            if flaw is not None:
+                raise AclUnreadable(f"entry {entry!r} {flaw}; no caller's group can equal it, and batchline never "
+                                    "strips or guesses a security label: fix the record's ACL")
+        return cls(value)
+
+    @staticmethod
+    def from_json(text: str | None) -> Acl | None:
+        """An ACL as the store holds it (`to_json`'s text; NULL for none)."""
+        return None if text is None else _from_json(text)
+
+    def to_json(self) -> str:
+        """The one text form of an ACL: what the store keeps (so equal ACLs compare equal in
+        SQL) and what a record's content hash reads."""
+        return orjson.dumps(list(self.groups)).decode()
+
+    def to_list(self) -> list[str]:
+        """The groups as a list of strings: the `acl` column of every export and table."""
+        return list(self.groups)
+
+    def admits(self, groups: Groups) -> bool:
+        """Whether a caller of `groups` may be served the record: some entry equals some group."""
+        wanted = groups.names_set
+        return any(entry in wanted for entry in self.groups)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.groups)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def __eq__(self, other: object) -> bool:
+        # Equal to another Acl, or to the list (or tuple) of the same groups in the same order.
+        if isinstance(other, Acl):
+            return other.groups == self.groups
+        return isinstance(other, list | tuple) and tuple(other) == self.groups
+
+    def __hash__(self) -> int:
+        return hash(self.groups)
+
+    def __repr__(self) -> str:
+        return f"Acl({list(self.groups)!r})"
+
+
+@functools.lru_cache(maxsize=4096)
+def _from_json(text: str) -> Acl:
+    # Results of one job share a handful of ACLs: each is read from its text once.
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise AclUnreadable(f"the stored ACL {text[:80]!r} is not JSON") from None
+    if isinstance(value, str):
+        return Acl((value,))
+    if not isinstance(value, list) or not all(isinstance(g, str) for g in value):
+        raise AclUnreadable(f"the stored ACL {text[:80]!r} is not a list of strings")
+    return Acl(value)
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value, default=str)[:80]
+
+
+class Groups:
+    """A caller's groups, checked (made only by `caller_groups`): each a name as the records'
+    ACLs hold it, once each, in the order given."""
+
+    __slots__ = ("names", "names_set")
+
+    names: tuple[str, ...]
+    names_set: frozenset[str]
+
+    def __init__(self, names: tuple[str, ...], _checked: object) -> None:
+        if _checked is not _CHECKED:
+            raise TypeError("a caller's Groups are made by batchline.acl.caller_groups, which checks them")
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "names_set", frozenset(names))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Groups are immutable")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Groups):
+            return other.names == self.names
+        return isinstance(other, tuple) and other == self.names
+
+    def __hash__(self) -> int:
+        return hash(self.names)
+
+    def __repr__(self) -> str:
+        return f"Groups({list(self.names)!r})"
+
+
+_CHECKED = object()
+
+
+def caller_groups(groups: Any, where: str = "--groups") -> Groups:
     """The caller's groups as given, each checked; refused (`ArgumentError`, exit 2) in one
     line naming the first that cannot be a group, and refused when there are none: no
-    groups is never read as all of them."""
+    groups is never read as all of them. Groups checked already are taken as they are."""
+    if isinstance(groups, Groups):
+        return groups
     if isinstance(groups, str | bytes):
         raise ArgumentError(f"{where}: the caller's groups must be a list of group names, not the string "
                             f"{groups!r} (which would be read as its characters): pass [{groups!r}]")
@@ -73,7 +221,7 @@ def caller_groups(groups: Any, where: str = "--groups") -> tuple[str, ...]:
     if not given:
         raise ArgumentError(f"a search needs the caller's groups ({where} G1,G2): only rows whose ACL names one "
                             "of them are searched, and no groups is not all of them")
-    return tuple(dict.fromkeys(given))
+    return Groups(tuple(dict.fromkeys(given)), _CHECKED)
 
 
 def split_groups_option(values: Sequence[str]) -> list[str]:
@@ -95,24 +243,16 @@ def check_k(k: Any) -> int:
     return k
 
 
-def admits(acl: Iterable[str] | None, groups: Sequence[str]) -> bool:
-    """Whether a record whose ACL is `acl` may be served to a caller of `groups` (checked by
-    `caller_groups`): some entry equals some group, exactly. A null ACL admits nobody."""
-    if acl is None or isinstance(acl, str | bytes):
-        # A bare string is never read as its characters; one group is a list of one.
-        return isinstance(acl, str) and acl in groups
-    wanted = set(groups)
-    return any(entry in wanted for entry in acl)
+def admits(acl: Acl | None, groups: Groups) -> bool:
+    """Whether a record whose ACL is `acl` may be served to a caller of `groups`: some entry
+    equals some group, exactly. A null ACL admits nobody. Groups given as a plain list are
+    checked first (`caller_groups`), never taken unchecked."""
+    return acl is not None and acl.admits(caller_groups(groups))
 
 
-def acl_entry_refusal(acl: Sequence[Any]) -> str | None:
-    """Why an ACL read as a list (a JSON array, a Parquet or Delta list) cannot be taken as
-    written, or None: an entry that is not a string, or that `group_flaw` refuses."""
-    for entry in acl:
-        if not isinstance(entry, str):
-            return f"entry {entry!r} is not a string"
-        flaw = group_flaw(entry)
-        if flaw is not None:
-            return (f"entry {entry!r} {flaw}; no caller's group can equal it, and batchline never strips or "
-                    "guesses a security label: fix the record's ACL")
-    return None
+def group_filter(groups: Groups, column: str = "acl") -> str:
+    """The prefilter an index searches a caller of `groups` under, over a list-of-strings
+    `column`: SQL string literals, quotes doubled, each group exactly as `caller_groups` took
+    it (which refuses control characters, so nothing but a quote needs escaping)."""
+    quoted = ", ".join("'" + g.replace("'", "''") + "'" for g in caller_groups(groups))
+    return f"{column} IS NOT NULL AND array_has_any({column}, [{quoted}])"

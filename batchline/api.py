@@ -30,30 +30,31 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-from batchline.errors import BatchlineError, EngineFatal, SpecError, VersionEnded, VersionHalted
+from batchline.errors import BatchlineError, SpecError, VersionEnded, VersionHalted
 
 if TYPE_CHECKING:
-    from batchline.check.validate import ValidationReport
+    from batchline.acl import Groups
+    from batchline.check.report import ValidationReport
     from batchline.launch.pacer import PaceReport
     from batchline.ops.report.data import ReportData
     from batchline.plan.planner import PlanPreview, PlanResult
     from batchline.publish.pointer import PublishResult
-    from batchline.publish.upstream import UpstreamLag
+    from batchline.publish.search import SearchResult
     from batchline.spec import JobSpec
     from batchline.store import DeadLetterBound, JobStatus, Store, StoredDeadLetter
     from batchline.store.lineage import OutboxRow
     from batchline.store.model import Publication
-    from batchline.targets.lancedb_index import Hit
+    from batchline.targets.base import ExportResult
 
 __all__ = ["ExportFormat", "ExportResult", "JobListing", "Jobs", "LineageOutbox", "RunResult", "SearchResult"]
 
-ExportFormat = Literal["jsonl", "parquet", "openai-batch"]
+# An export format: a name of the EXPORTS table (batchline.registry), such as jsonl.
+ExportFormat = str
 # How long a command that changed a version's state waits, at most, for its lineage events to go
 # out before it returns (what is not sent by then stays in the store for the next process).
 LINEAGE_DRAIN_SECONDS = 5.0
@@ -97,32 +98,11 @@ class JobListing:
 
 
 @dataclass(frozen=True)
-class ExportResult:
-    version: str
-    count: int  # results written (openai-batch: lines of the output file)
-    path: Path | str | None  # an object URL as a string; None: jsonl to stdout
-    errors: int = 0  # openai-batch: lines of the error file
-    errors_path: Path | None = None
-    pending: int = 0  # openai-batch with partial: records without an outcome yet
-    current: Path | str | None = None  # a published name's Parquet dataset: the CURRENT file naming the version
-
-
-@dataclass(frozen=True)
 class LineageOutbox:
     rows: list[OutboxRow]  # oldest first
     sent: int = 0  # sent now (`send`)
     failed: int = 0  # sends that failed now: the receiver is down, the rows wait for their next try
     retried: int = 0  # rows given up on, due again (`retry`)
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    name: str
-    version: str  # the published version every hit was answered from
-    hits: list[Hit]  # nearest first
-    path: str = "exact"  # how it ranked: ivf_pq, exact, or fallback (exact after too few in the probed partitions)
-    withheld: int = 0  # candidates the upstream's current ACLs withheld (revoked since the version was planned)
-    behind: tuple[UpstreamLag, ...] = ()  # each upstream it reads (input.job), and whether it is behind it
 
 
 class Jobs:
@@ -442,103 +422,46 @@ class Jobs:
 
     # --- search ------------------------------------------------------------------------------
 
-    def search(self, name: str, query: str, groups: Sequence[str], *, k: int = 10,
+    def search(self, name: str, query: str, groups: Sequence[str] | Groups, *, k: int = 10,
                count_behind: bool = False) -> SearchResult:
         """The `k` records of the version published as `name` whose vectors are nearest the
         query's, among those whose ACL names one of `groups` exactly (a list of names: none,
         a bare string, or a group with padding or a control character is refused before
         anything is read). The query is embedded with the job's own pinned model, its
-        weights' digest verified, so query and rows are vectors of one model; the index is
-        the job's `output.index`. Where the job reads a published job (`input.job`), each hit
+        weights' digest verified, so query and rows are vectors of one model; what is searched
+        is the target of the job's spec that readers search (such as its `output.index`). Where the job reads a published job (`input.job`), each hit
         is also admitted by the ACL that job publishes now, so a revocation upstream is
         served nowhere from its publish on; `behind` says whether the version was planned on
         another upstream version than the one published now (`count_behind`: with the
         records that differ, a keyed join over both)."""
-        from batchline.acl import caller_groups, check_k
-        from batchline.errors import NotPublished
-        from batchline.publish.upstream import CurrentAcls, lag
-        from batchline.registry import TARGETS
-        from batchline.spec import stored_spec
+        from batchline.publish.search import search
 
-        groups = caller_groups(groups, "groups")
-        k = check_k(k)
-        family = TARGETS["lancedb"].load()
         with self._opened() as s:
-            for attempt in range(2):
-                version = s.resolve_name(name)
-                if version is None:
-                    raise NotPublished(name, s.where())
-                info = s.job(version)
-                assert info is not None
-                spec = stored_spec(info)
-                family.index_of(spec)  # refused before the model loads
-                _same_runtime(s, version, spec)
-                current = CurrentAcls.of(s, info)
-                vector = _embed(spec, query)
-                try:
-                    answer = family.search(name, version, vector, groups, k=k, spec=spec,
-                                           admit=None if current is None else
-                                           (lambda ids, c=current: c.admitted(ids, groups)))
-                except BatchlineError:
-                    # Two publishes since the pointer was read can prune its version: read it again.
-                    if attempt == 1 or s.resolve_name(name) == version:
-                        raise
-                    continue
-                return SearchResult(name, version, answer.hits, answer.path, answer.withheld,
-                                    tuple(lag(s, info, count=count_behind)))
-            raise AssertionError("unreachable")
+            return search(s, name, query, groups, k=k, count_behind=count_behind)
 
     # --- export and report -----------------------------------------------------------------------
 
     def export(self, target: str, *, format: ExportFormat = "jsonl", out: str | Path | None = None,
                errors: str | Path | None = None, partial: bool = False) -> ExportResult:
-        """Writes a version's results with each record's ACL: `jsonl` (to `out`, or stdout),
-        `parquet` (one file; for a published NAME, a folder per version under `out` with
-        NAME/CURRENT naming the published one, unless `out` ends in `.parquet`: then the one
-        file of the version published now; `out` may be an s3:// or gs:// URL), or `openai-batch` (OpenAI's output file at
-        `out` and error file at `errors`, one line per input line, in the input's order).
-        A version that is not sealed yet is refused unless `partial` asks for the outcomes
-        there are (a reader of a file cannot tell it is half)."""
-        from batchline.publish import export
-        from batchline.registry import TARGETS
-        from batchline.sources import is_remote
-        from batchline.targets import files
+        """Writes the results of `target` (a version, or a published name) with each record's
+        ACL in `format`, a member of the EXPORTS table (`batchline export --help` lists each with
+        what it writes), to `out` (a file or folder, or an s3:// or gs:// URL where the format
+        takes one; None: the format's default), and an error file at `errors` where the format
+        writes one. A version that is not sealed yet is refused unless `partial` asks for the
+        outcomes there are (a reader of a file cannot tell it is half)."""
+        from batchline.registry import EXPORTS
 
-        out_path = Path(out) if out is not None else None
         with self._opened() as s:
-            if format == "openai-batch":
-                if out_path is None:
-                    raise BatchlineError("--format openai-batch needs --out FILE (the error file goes beside it)")
-                if is_remote(str(out)):
-                    raise BatchlineError("--format openai-batch writes two files side by side on local disk; "
-                                         "--out must be a local file (copy them to object storage afterwards)")
-                files.refuse_folder(str(out_path))
-                errors_path = Path(errors) if errors is not None else export.openai_errors_path(out_path)
-                files.refuse_folder(str(errors_path), "--errors")
-                if errors_path.resolve() == out_path.resolve():
-                    raise BatchlineError(f"--errors {errors_path} is the output file itself; name another file")
-                version = self._resolve(s, target)
-                done = export.export_openai_batch(s, version, out_path, errors_path, partial=partial)
-                return ExportResult(version, done.responses, out_path, done.errors, errors_path, done.pending)
-            if errors is not None:
-                raise BatchlineError("--errors goes with --format openai-batch")
-            if format == "parquet" and s.job(target) is None and not str(out or "").endswith(".parquet"):
-                self._resolve(s, target)  # neither a version nor a published name: exit 66
-                version, folder = TARGETS["parquet"].load().export(s, target, out if out is not None else "exports")
-                return ExportResult(version, s.status(version).results, _local(folder),
-                                    current=_local(folder.rsplit("/", 1)[0] + "/CURRENT"))
-            version = self._resolve(s, target)
-            files.finished(s, version, partial)
-            if format == "parquet":
-                dest = str(out) if out is not None else f"{version.replace('@', '-')}.parquet"
-                return ExportResult(version, files.export_to(dest, lambda p: files.export_parquet(s, version, p)),
-                                    _local(dest))
-            if format != "jsonl":
-                raise BatchlineError(f"unknown export format {format!r}: jsonl, parquet or openai-batch")
-            if out is None:
-                return ExportResult(version, files.export_jsonl(s, version, None), None)
-            return ExportResult(version, files.export_to(str(out), lambda p: files.export_jsonl(s, version, p)),
-                                _local(str(out)))
+            exporter = EXPORTS.get(format)
+            if exporter is None:
+                raise BatchlineError(f"unknown export format {format!r}: {_choices(EXPORTS)}")
+            chosen = exporter.load()
+            if errors is not None and not chosen.errors_file:
+                with_errors = [n for n, e in EXPORTS.items() if e.load().errors_file]
+                raise BatchlineError(f"--errors goes with --format {' or '.join(with_errors)}")
+            done: ExportResult = chosen.export(s, target, None if out is None else str(out),
+                                               None if errors is None else str(errors), partial)
+            return done
 
     def report(self, target: str, html: str | Path, *, gpu_hour_price: float | None = None) -> ReportData:
         """Writes one self-contained HTML page about a version (or a published name)."""
@@ -556,74 +479,9 @@ def _say_created(store: Store, log: Callable[[str], None]) -> None:
         log(f"created a new store at {store.where()}")
 
 
-def _local(location: str) -> Path | str:
-    """A local path as a Path; an object URL as itself."""
-    from batchline.sources import is_remote
-
-    return location if is_remote(location) else Path(location)
-
-
-def _same_runtime(store: Store, version: str, spec: JobSpec) -> None:
-    """The query is embedded by the engine runtime the version's rows were (I2): another build
-    of the same model can put a text elsewhere, and its hits would be ranked by a vector no
-    row was made with."""
-    from batchline.engines import engine_runtime
-
-    pinned, here = store.pinned_runtime(version), engine_runtime(spec.model.engine)
-    if pinned is not None and here is not None and pinned != here:
-        raise EngineFatal(f"{version}'s vectors were computed with the engine runtime {pinned}, and this "
-                          f"environment's is {here}: search from an environment with {pinned}")
-
-
-def _embed(spec: JobSpec, text: str) -> list[float]:
-    """`text` as the job's engine embeds a record's text: its pinned weights, verified when the
-    engine is loaded (once per process and model: later searches reuse it)."""
-    from batchline.engines.base import EngineRequest
-    from batchline.registry import TARGETS
-
-    with _ENGINES_LOCK:
-        engine = _query_engine(spec)
-        outcomes = list(engine.generate(_OneRequest(EngineRequest("query", text, "", text))))
-    if len(outcomes) != 1 or outcomes[0].output is None:
-        error = outcomes[0].error if outcomes else "no outcome"
-        raise BatchlineError(f"the job's engine could not embed the query: {error}")
-    vector: list[float] = TARGETS["lancedb"].load().query_vector(spec, outcomes[0].output)
-    return vector
-
-
-_ENGINES: dict[str, Any] = {}
-_ENGINES_LOCK = threading.Lock()
-
-
-def _query_engine(spec: JobSpec) -> Any:
-    import json
-
-    from batchline.engines import create_engine
-    from batchline.engines.base import EngineConfig
-    from batchline.worker.weights import local_weights
-
-    key = json.dumps([spec.model.engine, spec.model.path, spec.model.digest, dict(spec.model.options),
-                      dict(spec.output_schema)], sort_keys=True, default=str)
-    engine = _ENGINES.get(key)
-    if engine is None:
-        model = replace(spec.model, path=local_weights(spec.model.path, spec.model.digest, spec.input.storage))
-        engine = create_engine(EngineConfig(model=model, decoding=spec.decoding, output_schema=spec.output_schema))
-        engine.load()
-        _ENGINES[key] = engine
-    return engine
-
-
-class _OneRequest:
-    """A request source holding one request."""
-
-    def __init__(self, request: Any) -> None:
-        self.pending = [request]
-
-    def next_batch(self, max_items: int) -> list[Any]:
-        taken, self.pending = self.pending[:max_items], self.pending[max_items:]
-        return taken
-
-    poll = next_batch
+def _choices(table: Any) -> str:
+    names = list(table)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def _refuse_cancelled(s: Store, version: str) -> None:
@@ -656,3 +514,17 @@ def _plan_once(s: Store, job: JobSpec, plan_key: str | None, log: Callable[[str]
             s.cancel(planned.version, who(), f"run {plan_key!r} was keyed to {keyed} first")
         return keyed, False
     return keyed, planned.created
+
+
+def __getattr__(name: str) -> Any:
+    # The result types of the search and export ports, imported when first asked for, so that
+    # importing the API stays cheap.
+    if name == "SearchResult":
+        from batchline.publish.search import SearchResult
+
+        return SearchResult
+    if name == "ExportResult":
+        from batchline.targets.base import ExportResult
+
+        return ExportResult
+    raise AttributeError(f"module 'batchline.api' has no attribute {name!r}")

@@ -1,5 +1,5 @@
-"""The extension points: one table each of engines, hosted batch providers, input sources
-and publication targets.
+"""The extension points: one table each of engines, hosted batch providers, input sources,
+input formats, publication targets and export formats.
 
 The job spec's validation, the job version and the loaders all read these
 tables, so adding an engine, a provider, a source or a target is one new module
@@ -134,7 +134,7 @@ OPENAI_KNOBS = frozenset({"frequency_penalty", "presence_penalty", "stop"})
 Member = TypeVar("Member", Extension, Plugin)
 
 
-def _table(*members: Member) -> Mapping[str, Member]:
+def _table(*members: Member) -> dict[str, Member]:
     return {m.name: m for m in members}
 
 
@@ -173,6 +173,21 @@ SOURCES = _table(
     Plugin("job", "batchline.sources.job:JOB"),
 )
 
+# How the records of an input's files or objects are read (`input.format`, or their suffixes).
+FORMATS = _table(
+    Plugin("jsonl", "batchline.formats.jsonl:JSONL"),
+    Plugin("csv", "batchline.formats.csv:CSV"),
+    Plugin("parquet", "batchline.formats.parquet:PARQUET"),
+    Plugin("openai-batch", "batchline.formats.openai_batch:OPENAI_BATCH_FILES"),
+)
+
+# The file formats a version's results are exported in (`batchline export --format NAME`).
+EXPORTS = _table(
+    Plugin("jsonl", "batchline.targets.jsonl:JSONL_FILE"),
+    Plugin("parquet", "batchline.targets.parquet:PARQUET_FILE"),
+    Plugin("openai-batch", "batchline.targets.openai_batch:OPENAI_BATCH_FILES"),
+)
+
 # Where readers see a published version besides the store's own view.
 TARGETS = _table(
     Plugin("view", "batchline.targets.view:VIEW"),
@@ -180,6 +195,59 @@ TARGETS = _table(
     Plugin("iceberg", "batchline.targets.iceberg:ICEBERG", "iceberg"),
     Plugin("lancedb", "batchline.targets.lancedb_index:LANCEDB", "index"),
 )
+
+# Every table, by the name it is documented under.
+TABLES: Mapping[str, Mapping[str, Extension | Plugin]] = {
+    "ENGINES": ENGINES, "PROVIDERS": PROVIDERS, "SOURCES": SOURCES, "FORMATS": FORMATS, "TARGETS": TARGETS,
+    "EXPORTS": EXPORTS,
+}
+
+
+def loaded(table: Mapping[str, Plugin]) -> list[Any]:
+    """Every member of a table, loaded, in the table's order (each module is imported now; one
+    imports what its extra brings only when it is used, so loading it needs no extra)."""
+    return [entry.load() for entry in table.values()]
+
+
+def keyed(table: Mapping[str, Plugin]) -> dict[str, Any]:
+    """Each spec key a member of `table` owns (its `keys`), and the member: how a spec's parser
+    finds the family that parses a section, without importing one."""
+    return {key: member for member in loaded(table) for key in getattr(member, "keys", {})}
+
+
+def location_family(location: str) -> Any:
+    """The SOURCES member that opens `location`: the one whose scheme (`schemes`) it starts
+    with, the longest, else the one that opens plain paths."""
+    from batchline.errors import BatchlineError
+
+    best: tuple[int, Any] | None = None
+    for member in loaded(SOURCES):
+        for scheme in getattr(member, "schemes", ()):
+            if location.startswith(scheme) and (best is None or len(scheme) > best[0]):
+                best = (len(scheme), member)
+    if best is None:
+        raise BatchlineError(f"{location}: no input source opens it")
+    return best[1]
+
+
+def is_remote(location: str) -> bool:
+    """Whether `location` is reached over the network (an object), not a path on this machine."""
+    return "" not in location_family(location).schemes
+
+
+def register(table: dict[str, Member], member: Member) -> None:
+    """Adds `member` to one of the tables above from a module outside batchline: a plug-in of
+    one's own (its module registers it when imported, before any job names it), or a test's
+    stand-in. Every reader of the table then finds it as it finds batchline's own; a name the
+    table has already is refused, so no member is silently replaced."""
+    if member.name in table:
+        raise ValueError(f"{member.name!r} is in the table already ({table[member.name].target})")
+    table[member.name] = member
+
+
+def unregister(table: dict[str, Member], name: str) -> None:
+    """Removes a member `register` added (a test's stand-in, once the test is done)."""
+    table.pop(name, None)
 
 
 def unhonoured_knob(extension: Extension, knobs: Mapping[str, Any], what: str) -> str | None:

@@ -27,6 +27,7 @@ from typing import Any
 from validate_scale import make_version
 
 from batchline.sources.iceberg import TableRef
+from batchline.spec import JobVersion
 from batchline.store import Store, open_store
 from batchline.targets.files import export_parquet
 from batchline.targets.iceberg import IcebergTable
@@ -45,7 +46,7 @@ def publish_section(store: Store, version: str, name: str, folder: Path) -> dict
 
     target = IcebergTable(TableRef("store", f"bench.{name}", warehouse=f"file://{folder / 'warehouse'}"), store.url)
     start = time.perf_counter()
-    target.stage(store, version)
+    target.stage(store, JobVersion.of(store, version))
     staged = time.perf_counter() - start
     start = time.perf_counter()
     state = target.show(name, version, None)

@@ -77,7 +77,7 @@ def publish(store_url: str, version: str, folder: Path) -> dict[str, float]:
     """The publish, each target timed alone; and the bytes it added under `folder`."""
     from batchline.check.validate import validate
     from batchline.publish.pointer import publish as publish_version
-    from batchline.spec import stored_spec
+    from batchline.spec import JobVersion, stored_spec
     from batchline.store import open_store
     from batchline.targets import targets_for
 
@@ -89,7 +89,7 @@ def publish(store_url: str, version: str, folder: Path) -> dict[str, float]:
         before = folder_bytes(folder / "warehouse")
         [target] = targets_for(stored_spec(info), store_url)
         start = time.perf_counter()
-        target.stage(store, version)
+        target.stage(store, JobVersion.of(store, version))
         timed = {"stage": time.perf_counter() - start}
         start = time.perf_counter()
         publish_version(store, version)  # staged already: moves main and records the publication

@@ -45,6 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from batchline.acl import Acl
 from batchline.publish.upstream import CurrentAcls, Level
 from batchline.spec import parse_spec
 from batchline.store import StoredResult, open_store
@@ -58,6 +59,8 @@ from batchline.targets.lancedb_index import (
     table_name,
     write_table,
 )
+
+ALL, RARE = Acl(["all"]), Acl(["all", "rare"])  # every row's ACL; one row in a hundred's
 
 VERSION = "bench@0123456789abcdef"
 CHUNK = 10_000
@@ -77,7 +80,7 @@ def results(rows: int, dims: int, seed: int) -> Iterator[StoredResult]:
         for j, vector in enumerate(block):
             i = start + j
             yield StoredResult(f"r{i:08d}", json.dumps({"embedding": vector.tolist()}),
-                               ["all", "rare"] if i % 100 == 0 else ["all"], 0, "bench", 1, 1, 0.0, None, None)
+                               RARE if i % 100 == 0 else ALL, 0, "bench", 1, 1, 0.0, None, None)
 
 
 class Stopwatch:

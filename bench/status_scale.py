@@ -21,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+from batchline.acl import Acl
 from batchline.store import PlannedRecord, PlannedShard, ResultRow, Store, open_store
 
 SHARD = 10_000
@@ -50,7 +51,7 @@ def make_version(store: Store, records: int, seconds_per_shard: float) -> tuple[
             ids = ids[:len(ids) // 2]  # under way: written, not completed
         start = time.perf_counter()
         for i in range(0, len(ids), FLUSH):
-            store.put_results(lease, [ResultRow(rid, OUTPUT, ["g"], 1, 300, 20) for rid in ids[i:i + FLUSH]])
+            store.put_results(lease, [ResultRow(rid, OUTPUT, Acl(["g"]), 1, 300, 20) for rid in ids[i:i + FLUSH]])
         writing += time.perf_counter() - start
         if not last:
             store.complete(lease)

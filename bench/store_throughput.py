@@ -32,6 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from batchline.acl import Acl
 from batchline.store import PlannedRecord, PlannedShard, ResultRow, Store, open_store
 from batchline.store.model import WRITE_BATCH_ROWS
 
@@ -56,7 +57,7 @@ def puts_per_second(store: Store, rows: int) -> float:
     for _ in range(shards):
         lease = store.claim("bench", version)
         assert lease is not None
-        batches.append((lease, [ResultRow(f"{lease.shard_no}-{i}", OUTPUT, ["g"], 1, 300, 20)
+        batches.append((lease, [ResultRow(f"{lease.shard_no}-{i}", OUTPUT, Acl(["g"]), 1, 300, 20)
                                 for i in range(per_shard)]))
     start = time.perf_counter()
     for lease, batch in batches:
@@ -130,7 +131,7 @@ def _worker(url: str, version: str, name: str, rows: int, until: float, go: Any,
                 assert renewed is not None
                 ops += 1
             if rows:
-                written += store.put_results(lease, [ResultRow(f"{lease.shard_no}-{j}", OUTPUT, ["g"], 1, 300,
+                written += store.put_results(lease, [ResultRow(f"{lease.shard_no}-{j}", OUTPUT, Acl(["g"]), 1, 300,
                                                                20) for j in range(i, min(rows, i + 500))])
         store.complete(lease)
         ops += 1

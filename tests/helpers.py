@@ -174,14 +174,59 @@ def kill_9(pid: int) -> None:
     wait_for(lambda: gone(pid) and all(gone(c) for c in engine), what=f"worker {pid} and its engine gone")
 
 
-@contextlib.contextmanager
-def stopped(pid: int) -> Iterator[list[int]]:
-    """A worker and its engine child SIGSTOPped for the block (a stall), SIGCONTed after it."""
+def _holds_write_lock(store: Store | None) -> bool:
+    """Whether another process is inside a transaction of the store right now: holding SQLite's
+    one write lock, or a PostgreSQL session of the store's database that is not idle."""
+    from batchline.store.postgres import PostgresStore
+    from batchline.store.sqlite import SQLiteStore
+
+    if isinstance(store, SQLiteStore):
+        import sqlite3
+
+        probe = sqlite3.connect(str(store.path), isolation_level=None, timeout=0.2)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return False
+        except sqlite3.OperationalError:
+            return True
+        finally:
+            probe.close()
+    if isinstance(store, PostgresStore):
+        import psycopg
+
+        with psycopg.connect(store.url, autocommit=True) as conn:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                               " AND backend_type = 'client backend' AND state <> 'idle'"
+                               " AND pid <> pg_backend_pid()").fetchone()
+        return bool(row and row[0])
+    return False
+
+
+def stop_group(pid: int, store: Store | None = None, tries: int = 100) -> list[int]:
+    """SIGSTOP a worker and its engine child (a stall); returns the stopped pids. Given its
+    store, the stop lands between the worker's transactions: a process stopped inside one
+    keeps its locks (SQLite's single write lock, which stalls every process of the host; the
+    shard row PostgreSQL's claims skip), a different fault from a stalled worker's expired
+    lease, the one these tests reproduce."""
     from batchline.ops.drill.run import children
 
     group = [pid, *children(pid)]
-    for p in group:
-        os.kill(p, signal.SIGSTOP)
+    for _ in range(tries):
+        for p in group:
+            os.kill(p, signal.SIGSTOP)
+        if not _holds_write_lock(store):
+            return group
+        for p in group:
+            os.kill(p, signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError(f"worker {pid} held the store's write lock at each of {tries} stops")
+
+
+@contextlib.contextmanager
+def stopped(pid: int, store: Store | None = None) -> Iterator[list[int]]:
+    """A worker and its engine child SIGSTOPped for the block (a stall), SIGCONTed after it."""
+    group = stop_group(pid, store)
     try:
         yield group
     finally:
@@ -203,7 +248,7 @@ def check_invariants(store: Store, version: str, spec: JobSpec) -> tuple[set[str
     """I1 and I4 from what was stored: every snapshot id has exactly one outcome,
     nothing else has one, and every result is valid against the schema."""
     from batchline.check.outputs import OutputChecker
-    from batchline.plan.planner import snapshot_records
+    from batchline.snapshot.order import snapshot_records
 
     snapshot_ids = [r.id for r in snapshot_records(spec, store.url)]
     results = {r.record_id: r for r in store.iter_results(version)}

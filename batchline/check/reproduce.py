@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from batchline.check.report import Check
 from batchline.errors import BatchlineError
 from batchline.snapshot import Record, Slice, read_slice
 from batchline.spec import JobSpec, ReproduceSpec
@@ -108,8 +109,6 @@ class _Tally:
 def check_reproducible(store: Store, version: str, spec: JobSpec, rep: ReproduceSpec,
                        recompute: Recompute | None) -> Any:
     """The `reproducibility` check of a sealed version (see the module's doc)."""
-    from batchline.check.validate import Check
-
     if recompute is None:
         raise BatchlineError("validate.reproduce recomputes records with the version's engine: validate it through "
                              "batchline (`batchline validate`, Jobs.validate), which starts one")

@@ -15,43 +15,16 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchline.check.outputs import OutputChecker
+from batchline.check.report import Check, ValidationReport
 from batchline.check.reproduce import Recompute, check_reproducible
 from batchline.errors import BatchlineError
 from batchline.spec import EvalSpec, JobSpec, stored_spec
 from batchline.store import Store, require_job
 
 PSI_EPSILON = 1e-4  # stands in for a category's share where it is absent, so PSI stays finite
-
-
-@dataclass
-class Check:
-    name: str
-    passed: bool
-    figure: str
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class ValidationReport:
-    version: str
-    passed: bool
-    checks: list[Check]
-    seconds: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "passed": self.passed, "seconds": round(self.seconds, 3),
-                "checks": [asdict(c) for c in self.checks]}
-
-    def table(self) -> str:
-        width = max(len(c.name) for c in self.checks)
-        lines = [f"{self.version}: {'PASSED' if self.passed else 'FAILED'} ({self.seconds:.2f}s)"]
-        for c in self.checks:
-            lines.append(f"  {c.name:<{width}}  {'pass' if c.passed else 'FAIL'}  {c.figure}")
-        return "\n".join(lines)
 
 
 def validate(store: Store, version: str, *, record: bool = True, recompute: Recompute | None = None) -> ValidationReport:

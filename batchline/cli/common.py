@@ -6,8 +6,29 @@ import argparse
 import signal
 from collections.abc import Callable
 from types import FrameType
+from typing import TypeAlias
 
 from batchline.store import default_url
+
+# What `add_subparsers` returns (argparse's own type has no public name).
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+class CommandTable:
+    """A module's commands, each declared by a function of its own that adds its parser
+    (used as a decorator), registered in the order they are declared: the order `--help`
+    lists them."""
+
+    def __init__(self) -> None:
+        self._adders: list[Callable[[Subcommands], None]] = []
+
+    def __call__(self, adder: Callable[[Subcommands], None]) -> Callable[[Subcommands], None]:
+        self._adders.append(adder)
+        return adder
+
+    def register(self, sub: Subcommands) -> None:
+        for adder in self._adders:
+            adder(sub)
 
 
 def add_store_option(parser: argparse.ArgumentParser, help_text: str | None = None) -> None:

@@ -8,7 +8,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from batchline.cli.common import add_store_option, key_values, on_stop_signals
+from batchline.cli.common import (
+    CommandTable,
+    Subcommands,
+    add_store_option,
+    key_values,
+    on_stop_signals,
+)
 from batchline.errors import BatchlineError, NoSuchVersion
 from batchline.spec import stored_spec
 from batchline.store import default_url, open_store
@@ -19,11 +25,19 @@ if TYPE_CHECKING:
     from batchline.store import Store
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+COMMANDS = CommandTable()
+
+
+@COMMANDS
+def _launch(sub: Subcommands) -> None:
     launch = sub.add_parser("launch", help="place N workers on a cluster (Ray or Kubernetes)",
                             description="Place N workers on a cluster; all coordination stays in the store.")
     targets = launch.add_subparsers(dest="target", required=True, metavar="TARGET")
+    _launch_ray(targets)
+    _launch_k8s(targets)
 
+
+def _launch_ray(targets: Subcommands) -> None:
     p = targets.add_parser("ray", help="run N worker loops on a Ray cluster, restarting lost ones",
                            description="Run N worker loops on a Ray cluster, one per GPU where GPUs exist; a "
                                        "worker whose actor or node died, or that exited 75, is replaced.")
@@ -46,6 +60,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "version's first claim")
     p.set_defaults(func=cmd_launch_ray)
 
+
+def _launch_k8s(targets: Subcommands) -> None:
     p = targets.add_parser("k8s", help="print Kubernetes manifests for N workers queued through Kueue",
                            description="Print manifests for N workers queued through Kueue: one Job per worker "
                                        "at the lowest priority, the store URL from a Secret; with --schedule, one "
@@ -99,6 +115,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--service-account-annotation", action="append", default=[], metavar="KEY=VALUE",
                    help="an annotation of the workers' ServiceAccount, binding it to a cloud role (workload "
                         "identity: eks.amazonaws.com/role-arn=..., iam.gke.io/gcp-service-account=...)")
+    _paid_pool_options(p)
+    p.add_argument("--out", type=Path, default=None, metavar="PATH", help="write here instead of stdout")
+    p.set_defaults(func=cmd_launch_k8s)
+
+
+def _paid_pool_options(p: argparse.ArgumentParser) -> None:
     f = p.add_argument_group("paid workers held to the job's deadline (the spec's fallback section), with --job")
     f.add_argument("--fallback-queue", default=None, metavar="LOCALQUEUE",
                    help="render a pacer Deployment that buys paid worker Jobs into this LocalQueue while the job is "
@@ -112,9 +134,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     f.add_argument("--fallback-workers", type=int, default=None, metavar="N",
                    help="the paid pool's size for --kueue-sample's quota (default: the spec's fallback.workers, "
                         "read with --store)")
-    p.add_argument("--out", type=Path, default=None, metavar="PATH", help="write here instead of stdout")
-    p.set_defaults(func=cmd_launch_k8s)
 
+
+@COMMANDS
+def _pace(sub: Subcommands) -> None:
     p = sub.add_parser("pace", help="hold a version's deadline with paid worker Jobs on Kubernetes (the pacer "
                                     "Deployment launch k8s --fallback-queue renders runs it)",
                        description="Every tick, read the version's progress from the store and keep its paid "
@@ -132,6 +155,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "mode) as Prometheus metrics on this port (needs the metrics extra)")
     p.set_defaults(func=cmd_pace)
 
+
+@COMMANDS
+def _grants(sub: Subcommands) -> None:
     p = sub.add_parser("grants", help="a PostgreSQL role that can work one job version and nothing else",
                        description="Create (or print, with --dry-run) a worker role that can claim and renew "
                                    "the version's shards and insert its results, dead letters and events, and "
@@ -143,6 +169,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="set the role's password from this environment variable")
     p.add_argument("--dry-run", action="store_true", help="print the SQL, change nothing")
     p.set_defaults(func=cmd_grants)
+
+
+register = COMMANDS.register
 
 
 def cmd_launch_ray(args: argparse.Namespace) -> int:
@@ -176,7 +205,8 @@ def cmd_launch_ray(args: argparse.Namespace) -> int:
 def cmd_launch_k8s(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from batchline.launch.k8s import K8sOptions, Schedule, header, render, scheduled_spec, to_yaml
+    from batchline.launch.k8s import K8sOptions, Schedule, header, scheduled_spec, to_yaml
+    from batchline.launch.manifests import render
 
     if (args.job is None) == (args.schedule is None):
         raise BatchlineError("give --job VERSION (work on a planned version now) or --schedule CRON with --spec "

@@ -12,17 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from batchline.api import Jobs
-from batchline.cli.common import on_stop_signals, store_command
+from batchline.cli.common import CommandTable, Subcommands, on_stop_signals, store_command
 from batchline.errors import BatchlineError
 from batchline.store import JobStatus, Store, open_store
 
+COMMANDS = CommandTable()
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        return store_command(sub, name, help_text)
 
-    p = command("run", "plan the job if new and run N local workers until it is done; with --publish, "
-                       "then validate it and publish it if it passes")
+@COMMANDS
+def _run(sub: Subcommands) -> None:
+    p = store_command(sub, "run", "plan the job if new and run N local workers until it is done; with --publish, "
+                                  "then validate it and publish it if it passes")
     p.add_argument("spec", metavar="JOB.yaml")
     p.add_argument("--workers", type=int, default=1, metavar="N")
     p.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
@@ -40,7 +40,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "would")
     p.set_defaults(func=cmd_run)
 
-    p = command("plan", "plan the job and print its version")
+
+@COMMANDS
+def _plan(sub: Subcommands) -> None:
+    p = store_command(sub, "plan", "plan the job and print its version")
     p.add_argument("spec", metavar="JOB.yaml")
     p.add_argument("--dry-run", action="store_true",
                    help="say what planning would do (records carried, to infer, removed, dead-lettered) and "
@@ -48,14 +51,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="with --dry-run: the figures as JSON")
     p.set_defaults(func=cmd_plan)
 
-    p = command("changes", "the records of an incremental version by kind against its base: new, text (changed "
-                           "text), acl (only the ACL changed: carried under the new one), unchanged, removed")
+
+@COMMANDS
+def _changes(sub: Subcommands) -> None:
+    p = store_command(sub, "changes", "the records of an incremental version by kind against its base: new, text (changed "
+                                      "text), acl (only the ACL changed: carried under the new one), unchanged, removed")
     p.add_argument("version", metavar="VERSION")
     p.add_argument("--kind", action="append", choices=("new", "text", "acl", "unchanged", "removed"), default=None,
                    help="only records of this kind (repeatable; default: every kind but unchanged)")
     p.set_defaults(func=cmd_changes)
 
-    p = command("worker", "run one worker; exits 0 when no work is left, 75 when stopped early")
+
+@COMMANDS
+def _worker(sub: Subcommands) -> None:
+    p = store_command(sub, "worker", "run one worker; exits 0 when no work is left, 75 when stopped early")
     p.add_argument("--job", default=None, metavar="VERSION", help="work on this version only")
     p.add_argument("--poll-seconds", type=float, default=1.0, metavar="SECONDS",
                    help="how often to look for shards while others hold the leases")
@@ -84,7 +93,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "batches with --routes naming only providers)")
     p.set_defaults(func=cmd_worker)
 
-    p = command("status", "progress of a job version (or a list of jobs)")
+
+@COMMANDS
+def _status(sub: Subcommands) -> None:
+    p = store_command(sub, "status", "progress of a job version (or a list of jobs)")
     p.add_argument("version", nargs="?", metavar="VERSION")
     p.add_argument("--json", action="store_true")
     p.add_argument("--watch", action="store_true",
@@ -92,51 +104,75 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="how often --watch redraws")
     p.set_defaults(func=cmd_status)
 
-    p = command("dead-letters", "records that ended as dead letters, with their errors")
+
+@COMMANDS
+def _dead_letters(sub: Subcommands) -> None:
+    p = store_command(sub, "dead-letters", "records that ended as dead letters, with their errors")
     p.add_argument("version", metavar="VERSION")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_dead_letters)
 
-    p = command("export", "write a version's results with each record's ACL; a published NAME with "
-                          "--format parquet writes a dataset per version and flips NAME/CURRENT (a folder, "
-                          "or an s3:// or gs:// prefix)")
+
+@COMMANDS
+def _export(sub: Subcommands) -> None:
+    p = store_command(sub, "export", "write a version's results with each record's ACL; a published NAME with "
+                                     "--format parquet writes a dataset per version and flips NAME/CURRENT (a folder, "
+                                     "or an s3:// or gs:// prefix)")
     p.add_argument("target", metavar="VERSION|NAME")
-    p.add_argument("--format", choices=("jsonl", "parquet", "openai-batch"), default="jsonl",
-                   help="openai-batch: OpenAI's batch output file (--out) and error file (--errors), one "
-                        "line per input line, in the input's order")
+    from batchline.registry import EXPORTS
+
+    formats = {name: entry.load() for name, entry in EXPORTS.items()}
+    p.add_argument("--format", choices=tuple(formats), default=next(iter(formats)),
+                   help="; ".join(f"{name}: {f.help}" for name, f in formats.items()))
     p.add_argument("--out", default=None, metavar="PATH|URL",
                    help="a file or folder, or an s3:// or gs:// URL (jsonl and parquet)")
+    with_errors = " or ".join(name for name, f in formats.items() if f.errors_file)
     p.add_argument("--errors", type=Path, default=None, metavar="PATH",
-                   help="with --format openai-batch: the error file (default: --out with .errors.jsonl)")
+                   help=f"with --format {with_errors}: the error file (default: --out with .errors.jsonl)")
     p.add_argument("--partial", action="store_true",
                    help="export a version that is not finished yet (refused without it)")
     p.set_defaults(func=cmd_export)
 
-    p = command("validate", "check a sealed version: coverage, schema, dead letters, drift, evaluation")
+
+@COMMANDS
+def _validate(sub: Subcommands) -> None:
+    p = store_command(sub, "validate", "check a sealed version: coverage, schema, dead letters, drift, evaluation")
     p.add_argument("version", metavar="VERSION")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
 
-    p = command("publish", "point the job's name (and its view) at a validated version")
+
+@COMMANDS
+def _publish(sub: Subcommands) -> None:
+    p = store_command(sub, "publish", "point the job's name (and its view) at a validated version")
     p.add_argument("version", metavar="VERSION")
     p.add_argument("--force", action="store_true", help="publish without a passing validation")
     p.add_argument("--reason", default=None, help="why, recorded with a forced publish")
     p.set_defaults(func=cmd_publish)
 
-    p = command("rollback", "point NAME back at the version published before the current one")
+
+@COMMANDS
+def _rollback(sub: Subcommands) -> None:
+    p = store_command(sub, "rollback", "point NAME back at the version published before the current one")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--reason", default=None, help="why, recorded in the history")
     p.set_defaults(func=cmd_rollback)
 
-    p = command("cancel", "end a version nobody will publish: its shards are no longer claimed and its "
-                          "workers leave it (not the published version, nor the one a rollback returns to)")
+
+@COMMANDS
+def _cancel(sub: Subcommands) -> None:
+    p = store_command(sub, "cancel", "end a version nobody will publish: its shards are no longer claimed and its "
+                                     "workers leave it (not the published version, nor the one a rollback returns to)")
     p.add_argument("version", metavar="VERSION")
     p.add_argument("--reason", default=None, help="why, recorded with the cancellation")
     p.set_defaults(func=cmd_cancel)
 
-    p = command("resume", "lift the halt of a version whose dead letters passed shards.abort_dead_letter_rate, "
-                          "under that bound or a new one the store keeps for it; its workers may claim its shards "
-                          "again")
+
+@COMMANDS
+def _resume(sub: Subcommands) -> None:
+    p = store_command(sub, "resume", "lift the halt of a version whose dead letters passed shards.abort_dead_letter_rate, "
+                                     "under that bound or a new one the store keeps for it; its workers may claim its shards "
+                                     "again")
     p.add_argument("version", metavar="VERSION")
     p.add_argument("--abort-dead-letter-rate", type=float, default=None, metavar="RATE",
                    help="the new bound: a share of the outcomes it computed, at least its "
@@ -146,19 +182,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--reason", default=None, help="why, recorded with the resumption")
     p.set_defaults(func=cmd_resume)
 
-    p = command("delete", "remove the rows of a cancelled version, or of a sealed one that is not published, "
-                          "not what a rollback returns to and not read by a version not sealed yet")
+
+@COMMANDS
+def _delete(sub: Subcommands) -> None:
+    p = store_command(sub, "delete", "remove the rows of a cancelled version, or of a sealed one that is not published, "
+                                     "not what a rollback returns to and not read by a version not sealed yet")
     p.add_argument("version", metavar="VERSION")
     p.set_defaults(func=cmd_delete)
 
-    p = command("history", "every publish and rollback of NAME: when, who, which version, why, and the "
-                           "validation figures")
+
+@COMMANDS
+def _history(sub: Subcommands) -> None:
+    p = store_command(sub, "history", "every publish and rollback of NAME: when, who, which version, why, and the "
+                                      "validation figures")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_history)
 
-    p = command("search", "the records of NAME's published version nearest a query, among those whose ACL "
-                          "names one of the caller's groups (the job's output.index)")
+
+@COMMANDS
+def _search(sub: Subcommands) -> None:
+    p = store_command(sub, "search", "the records of NAME's published version nearest a query, among those whose ACL "
+                                     "names one of the caller's groups (the job's output.index)")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--query", required=True, metavar="TEXT", help="embedded with the job's own pinned model")
     p.add_argument("--groups", action="append", default=[], metavar="G1,G2",
@@ -169,10 +214,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_search)
 
+
+@COMMANDS
+def _spec_schema(sub: Subcommands) -> None:
     p = sub.add_parser("spec-schema", help="print the job spec's JSON Schema, for editors that complete and check "
                                            "job files", description="print the job spec's JSON Schema, for editors "
                                            "that complete and check job files")
     p.set_defaults(func=cmd_spec_schema)
+
+register = COMMANDS.register
 
 
 def cmd_spec_schema(args: argparse.Namespace) -> int:
@@ -422,7 +472,7 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     rows = Jobs(_store(args)).dead_letters(args.version)
     if args.json:
         print(json.dumps([{"id": r.record_id, "kind": r.kind, "error": r.error, "attempts": r.attempts,
-                           "shard": r.shard_no, "acl": r.acl, **({} if r.carry is None else {"carry": r.carry})}
+                           "shard": r.shard_no, "acl": None if r.acl is None else r.acl.to_list(), **({} if r.carry is None else {"carry": r.carry})}
                           for r in rows], indent=2))
         return 0
     for r in rows:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from batchline.digests import verify_weights
+from batchline.errors import EngineFatal
 from batchline.spec import DecodingSpec, ModelSpec
 
 
@@ -149,3 +151,18 @@ def torch_device_computes_on(device: str) -> str:
     if device == "cpu":
         return "the CPU"
     return "a GPU" if device.startswith("cuda") else f"the {device} device"
+
+
+def loaded(weights: Path | None, digest: str | None, *packages: str, missing: str) -> list[Any]:
+    """What every engine's `load` opens with: its weights checked against the job's pinned digest
+    (`weights` None: none to check), then the packages it runs on imported, each module in the
+    order named; `EngineFatal` with `missing` (the line that says which extra brings them) where
+    one is not installed."""
+    import importlib
+
+    if weights is not None:
+        verify_weights(weights, digest)
+    try:
+        return [importlib.import_module(name) for name in packages]
+    except ImportError:
+        raise EngineFatal(missing) from None

@@ -18,13 +18,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from batchline.digests import verify_weights
 from batchline.engines.base import (
     EngineConfig,
     EngineOutcome,
     EngineRequest,
     RequestSource,
     batches,
+    loaded,
     torch_device_computes_on,
 )
 from batchline.engines.models import MINILM_PACKAGE, resolve_model_path
@@ -63,22 +63,17 @@ class EmbeddingEngine:
 
     def load(self) -> None:
         path = self.local_weights(self.config.model)
-        verify_weights(path, self.config.model.digest)
         # Weights are local and pinned: the hub must never be asked for anything.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        try:
-            import torch
-            from sentence_transformers import SentenceTransformer
-        except ImportError:
-            raise EngineFatal(
-                "the embedding engine needs sentence-transformers (install batchline's 'embedding' extra)"
-            ) from None
+        torch, sentence_transformers = loaded(
+            path, self.config.model.digest, "torch", "sentence_transformers",
+            missing="the embedding engine needs sentence-transformers (install batchline's 'embedding' extra)")
         device = self.device_option
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         try:
-            self.model = SentenceTransformer(str(path), device=device, local_files_only=True)
+            self.model = sentence_transformers.SentenceTransformer(str(path), device=device, local_files_only=True)
         except (OSError, ValueError) as exc:
             raise EngineFatal(f"sentence-transformers cannot load {path}: {' '.join(str(exc).split())}") from None
 

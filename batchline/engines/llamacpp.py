@@ -52,12 +52,12 @@ from typing import Any
 
 import numpy as np
 
-from batchline.digests import verify_weights
 from batchline.engines.base import (
     EngineConfig,
     EngineOutcome,
     EngineRequest,
     RequestSource,
+    loaded,
     one_at_a_time,
     plain_chat_prompt,
 )
@@ -149,13 +149,8 @@ class LlamaCppEngine:
 
     def load(self) -> None:
         path = self.local_weights(self.config.model)
-        verify_weights(path, self.config.model.digest)
-        try:
-            import llama_cpp
-        except ImportError:
-            raise EngineFatal(
-                "the llamacpp engine needs llama-cpp-python (install batchline's 'llamacpp' extra)"
-            ) from None
+        [llama_cpp] = loaded(path, self.config.model.digest, "llama_cpp",
+                             missing="the llamacpp engine needs llama-cpp-python (install batchline's 'llamacpp' extra)")
         try:
             self._llm = llama_cpp.Llama(
                 model_path=str(path),

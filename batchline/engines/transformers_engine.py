@@ -66,7 +66,6 @@ from typing import Any
 
 import numpy as np
 
-from batchline.digests import verify_weights
 from batchline.engines.base import (
     EngineConfig,
     EngineOutcome,
@@ -75,6 +74,7 @@ from batchline.engines.base import (
     batches,
     hf_chat_prompt,
     hf_templated,
+    loaded,
     torch_device_computes_on,
 )
 from batchline.engines.decoding import TokenPenalties, cut_at_stop, stop_window
@@ -107,15 +107,10 @@ GROW_COLUMNS = 64
 KEPT_PREFIXES = 4
 
 
-def _import_torch() -> tuple[Any, Any]:
-    try:
-        import torch
-        import transformers
-    except ImportError:
-        raise EngineFatal(
-            "the transformers engine needs torch and transformers "
-            "(install batchline's 'transformers' extra)"
-        ) from None
+def _import_torch(weights: Path | None = None, digest: str | None = None) -> tuple[Any, Any]:
+    """torch and transformers, after the weights (where given) are checked."""
+    torch, transformers = loaded(weights, digest, "torch", "transformers", missing=(
+        "the transformers engine needs torch and transformers (install batchline's 'transformers' extra)"))
     return torch, transformers
 
 
@@ -193,8 +188,7 @@ class TransformersEngine:
 
     def load(self) -> None:
         path = self.local_weights(self.config.model)
-        verify_weights(path, self.config.model.digest)
-        torch, transformers = _import_torch()
+        torch, transformers = _import_torch(path, self.config.model.digest)
         device = self._pick_device(torch)
         dtype = self._pick_dtype(torch, device)
         kwargs: dict[str, Any] = {"dtype": dtype}

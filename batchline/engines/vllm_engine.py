@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchline.digests import verify_weights
 from batchline.engines.base import (
     EngineConfig,
     EngineOutcome,
@@ -55,6 +54,7 @@ from batchline.engines.base import (
     RequestSource,
     hf_chat_prompt,
     hf_templated,
+    loaded,
 )
 from batchline.engines.models import resolve_model_path
 from batchline.errors import EngineCrashed, EngineFatal
@@ -203,14 +203,9 @@ class VllmEngine:
 
     def load(self) -> None:
         path = self.local_weights(self.config.model)
-        verify_weights(path, self.config.model.digest)
-        try:
-            import vllm
-        except ImportError:
-            raise EngineFatal(
-                "the vllm engine needs vLLM: run the worker from the vLLM environment (make vllm-env for "
-                "vLLM's CPU build, the image container/Containerfile.vllm-cuda on NVIDIA GPUs)"
-            ) from None
+        [vllm] = loaded(path, self.config.model.digest, "vllm", missing=(
+            "the vllm engine needs vLLM: run the worker from the vLLM environment (make vllm-env for "
+            "vLLM's CPU build, the image container/Containerfile.vllm-cuda on NVIDIA GPUs)"))
         args = engine_kwargs(self.config, path)
         from vllm.config import StructuredOutputsConfig
         from vllm.platforms import current_platform

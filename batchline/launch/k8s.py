@@ -476,22 +476,6 @@ def header(o: K8sOptions) -> str:
     return "".join(f"# {line}\n" for line in lines)
 
 
-def render(o: K8sOptions) -> list[dict[str, Any]]:
-    if o.workers < 1:
-        raise BatchlineError("--workers must be at least 1")
-    if o.preemption_notice not in ("none", "aws", "gcp"):
-        raise BatchlineError(f"--preemption-notice must be aws, gcp or none, not {o.preemption_notice!r}")
-    common = [*(kueue_sample(o) if o.kueue_sample else []), priority_class(o), service_account(o),
-              *(pod_reader_role(o) if o.take_back else [])]
-    if o.schedule is None:
-        from batchline.launch.k8s_pacer import pacer_objects
-
-        paid = pacer_objects(o) if o.fallback is not None else []
-        return [*common, *(worker_job(o, i) for i in range(o.workers)), *paid]
-    check_cron(o.schedule.cron)
-    return [*common, spec_config_map(o), *(scheduled_job(o, i) for i in range(o.workers))]
-
-
 def check_cron(cron: str) -> None:
     fields = cron.split()
     if cron.strip() in CRON_MACROS or (len(fields) == 5 and all(re.fullmatch(r"[-*/,0-9A-Za-z?]+", f)

@@ -167,11 +167,10 @@ def spec_reference() -> str:
 
 def registry_members() -> str:
     """Every member of the registry's tables: its name, the module that provides it, its extra."""
-    from batchline.registry import ENGINES, PROVIDERS, SOURCES, TARGETS
+    from batchline.registry import TABLES
 
     lines = ["| table | name | module | extra |", "| --- | --- | --- | --- |"]
-    for table, members in (("ENGINES", ENGINES), ("PROVIDERS", PROVIDERS), ("SOURCES", SOURCES),
-                           ("TARGETS", TARGETS)):
+    for table, members in TABLES.items():
         for member in members.values():
             module = member.target.split(":")[0]
             path = module.replace(".", "/") + ".py"

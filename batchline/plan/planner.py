@@ -20,21 +20,19 @@ from batchline.snapshot import (
     Record,
     ScannedRecord,
     Slice,
-    input_sources,
-    parquet_row_groups,
     parquet_slice_digest,
     pinned_snapshot,
-    read_bytes,
     read_slice,
     scan,
     scan_with_header,
     shared_columns,
     stored_input,
     text_hash,
-    unruled_acl_array,
 )
-from batchline.sources import Snapshot, Source, StoredRows, snapshot_digest, stored_pins
-from batchline.spec import LOCAL_ROUTE, STORED, JobSpec, ModelSpec, stored_spec
+from batchline.snapshot.formats import InputFormat, input_format
+from batchline.snapshot.order import RENUMBERED, Occurrences
+from batchline.sources import RowSource, Snapshot, Source, snapshot_digest, stored_pins
+from batchline.spec import LOCAL_ROUTE, ROWS, STORED, JobSpec, ModelSpec, stored_spec
 from batchline.store import (
     DeadLetterRow,
     DuplicateRecord,
@@ -178,30 +176,18 @@ def _auto_shard_size(spec: JobSpec, store: Store, base: str | None, sources: lis
     return replace(spec, shards=replace(sh, size=size, size_auto=False))
 
 
-ESTIMATE_SAMPLE_BYTES = 1 << 20
-
-
 def estimate_records(source: Source, fmt: str) -> int:
-    """A cheap count for sizing: Parquet metadata; lines of a local text file; for an
-    object, the lines of its first MiB scaled to its size (one ranged read, not two
-    whole reads of every object)."""
-    if fmt == "parquet":
-        return sum(parquet_row_groups(source))
-    if fmt == STORED:
-        rows: StoredRows = source  # type: ignore[assignment]  # a source of format `store` is one
+    """A cheap count for sizing: the format's own (Parquet metadata; lines of a text file, or of
+    an object's first MiB scaled to its size); every row of an input with no files."""
+    if fmt in (STORED, ROWS):
+        rows: RowSource = source  # type: ignore[assignment]  # a source of a row input is one
         return sum(1 for _ in rows.rows())
-    pin = source.slice_pin()  # an object's pin, taken once at planning
-    if pin is not None:
-        size = pin.size
-        sample = source.read(0, min(size, ESTIMATE_SAMPLE_BYTES))
-        if not sample:
-            return 0
-        return round(sample.count(b"\n") * size / len(sample)) or 1
-    lines = 0
-    with source.stream() as f:
-        while chunk := f.read(1 << 22):
-            lines += chunk.count(b"\n")
-    return lines
+    return input_format(fmt).count(source)
+
+
+def file_format(spec: JobSpec) -> InputFormat | None:
+    """The format the input's files are read in; None for an input with no files."""
+    return None if spec.input.format in (STORED, ROWS) else input_format(spec.input.format)
 
 
 def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[Source], *,
@@ -213,24 +199,25 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
     shard_no = records = dead_total = 0
     slices: dict[int, Slice] = {}
     per_route: dict[str, int] = {}
-    parquet = spec.input.format == "parquet"
+    fmt = file_format(spec)
     stored = spec.input.format == STORED  # kept in the version's own records, for its workers
 
     pieces = 0
-    # A CSV job's ACL cells read as one group each are checked for JSON arrays.
-    unruled = (spec.input.format == "csv" and spec.input.acl_field is not None and not spec.input.acl_json
-               and spec.input.acl_separator is None)
-    occurrences = _Occurrences() if spec.input.ids == "content" else None
+    # Records its format would refuse (a CSV job's ACL cells read as one group each holding a
+    # list), checked where the format says its job needs it.
+    checked = fmt is not None and fmt.checks_records(spec.input)
+    occurrences = Occurrences() if spec.input.ids == "content" else None
     for source in sources:
-        groups = parquet_row_groups(source) if parquet else None
+        groups = fmt.row_groups(source) if fmt is not None else None
         header, scanned = scan_with_header(source, spec.input)
         for route, chunk in _route_chunks(scanned, spec, groups):
             if occurrences is not None:
                 chunk = occurrences.number(chunk)
             first, last = chunk[0], chunk[-1]
             batch = [s.record for s in chunk]
-            for r in batch if unruled else ():
-                refusal = unruled_acl_array(r, spec.input, source.location)
+            for r in batch if checked else ():
+                assert fmt is not None
+                refusal = fmt.refusal(r, spec.input, source.location)
                 if refusal:
                     raise InputError(refusal)
             over = {r.id for r in batch if surely_too_long(r, byte_bound)}
@@ -331,14 +318,14 @@ def preview(spec: JobSpec, store: ReaderStore | None, *, log: Callable[[str], No
     cap = spec.input.max_input_tokens
     byte_bound = cap * spec.input.max_bytes_per_token if cap else None
     counts = dict.fromkeys(("records", "carried", "acl_changed", "new", "changed", "retried", "matched", "dead"), 0)
-    unruled = (spec.input.format == "csv" and spec.input.acl_field is not None and not spec.input.acl_json
-               and spec.input.acl_separator is None)
+    fmt = file_format(spec)
+    refuses = fmt if fmt is not None and fmt.checks_records(spec.input) else None
     with tempfile.TemporaryDirectory(prefix="batchline-dry-run-") as scratch:
         # Ids seen so far, on disk: a duplicate is refused as planning refuses it, in any size of input.
         seen = sqlite3.connect(f"{scratch}/seen.db", isolation_level=None)
         seen.execute("PRAGMA journal_mode = OFF")
         seen.execute("CREATE TABLE seen (id TEXT PRIMARY KEY) WITHOUT ROWID")
-        occurrences = _Occurrences() if spec.input.ids == "content" else None
+        occurrences = Occurrences() if spec.input.ids == "content" else None
         for source in snapshot.files:
             pending: list[ScannedRecord] = []
             for scanned in scan(source, spec.input):
@@ -346,12 +333,12 @@ def preview(spec: JobSpec, store: ReaderStore | None, *, log: Callable[[str], No
                 if len(pending) == chunk_size:
                     chunk = occurrences.number(pending) if occurrences is not None else pending
                     _preview_chunk([c.record for c in chunk], spec, store, base, byte_bound, counts, seen,
-                                   source.location, unruled)
+                                   source.location, refuses)
                     pending = []
             if pending:
                 chunk = occurrences.number(pending) if occurrences is not None else pending
                 _preview_chunk([c.record for c in chunk], spec, store, base, byte_bound, counts, seen,
-                               source.location, unruled)
+                               source.location, refuses)
         seen.close()
     if counts["records"] == 0:
         raise InputError(f"no records in {spec.input.describe()} (empty input)")
@@ -362,13 +349,15 @@ def preview(spec: JobSpec, store: ReaderStore | None, *, log: Callable[[str], No
 
 
 def _preview_chunk(chunk: list[Record], spec: JobSpec, store: ReaderStore | None, base: str | None,
-                   byte_bound: int | None, counts: dict[str, int], seen: Any, location: str, unruled: bool) -> None:
+                   byte_bound: int | None, counts: dict[str, int], seen: Any, location: str,
+                   refuses: InputFormat | None) -> None:
     import sqlite3
 
-    for r in chunk if unruled else ():
-        refusal = unruled_acl_array(r, spec.input, location)
-        if refusal:
-            raise InputError(refusal)
+    if refuses is not None:
+        for r in chunk:
+            refusal = refuses.refusal(r, spec.input, location)
+            if refusal:
+                raise InputError(refusal)
     try:
         seen.execute("BEGIN")
         seen.executemany("INSERT INTO seen (id) VALUES (?)", [(r.id,) for r in chunk])
@@ -407,14 +396,15 @@ def _digests(source: Source, chunk: list[ScannedRecord], spec: JobSpec, first_no
     size = -(-len(chunk) // PIECES_PER_SHARD)
     groups = [chunk[i:i + size] for i in range(0, len(chunk), size)]
     digest_of: Callable[[list[ScannedRecord]], str]
-    if spec.input.format in ("parquet", STORED):
+    fmt = file_format(spec)
+    if fmt is None or fmt.by_rows:
         def digest_of(items: list[ScannedRecord]) -> str:
             return parquet_slice_digest([s.record for s in items])
     elif spec.routing is None:
         digest_of = _streamed_digest
     else:
         # A route's range holds other routes' records too, so it is read again (once a shard).
-        data = read_bytes(source, chunk[0].start, chunk[-1].end)
+        data = source.read(chunk[0].start, chunk[-1].end)
         base = chunk[0].start
 
         def digest_of(items: list[ScannedRecord]) -> str:
@@ -422,7 +412,7 @@ def _digests(source: Source, chunk: list[ScannedRecord], spec: JobSpec, first_no
     return digest_of(chunk), tuple(
         Piece(first_no + i, g[0].start, g[-1].end, g[0].record.line, digest_of(g), len(g),
               sum(1 for s in g if s.record.id in over),
-              {str(s.record.line): s.record.id for s in g if _RENUMBERED in s.record.id})
+              {str(s.record.line): s.record.id for s in g if RENUMBERED in s.record.id})
         for i, g in enumerate(groups))
 
 
@@ -434,58 +424,6 @@ def _streamed_digest(chunk: list[ScannedRecord]) -> str:
     for item in chunk[1:]:
         h.update(item.raw)
     return "sha256:" + h.hexdigest()
-
-
-_RENUMBERED = "~"  # content id ~ occurrence: a row identical to an earlier one
-
-
-def snapshot_records(spec: JobSpec, store_url: str | None = None,
-                     sources: list[Source] | None = None) -> Iterator[Record]:
-    """Every record of the snapshot in input order, with the ids the planner gives them
-    (ids from content numbered as planning numbers them): what an export in input order
-    and a check of coverage read."""
-    occurrences = _Occurrences() if spec.input.ids == "content" else None
-    for source in input_sources(spec.input, store_url) if sources is None else sources:
-        pending: list[ScannedRecord] = []
-        for scanned in scan(source, spec.input):
-            pending.append(scanned)
-            if len(pending) == 5000:
-                yield from (s.record for s in (occurrences.number(pending) if occurrences else pending))
-                pending = []
-        yield from (s.record for s in (occurrences.number(pending) if occurrences and pending else pending))
-
-
-class _Occurrences:
-    """Numbers rows identical to an earlier row of the snapshot (ids from content): the
-    second gets `~2`, the third `~3`. Counted in a scratch SQLite file, so planning's
-    memory does not grow with the snapshot."""
-
-    def __init__(self) -> None:
-        import sqlite3
-        import tempfile
-
-        self._dir = tempfile.TemporaryDirectory(prefix="batchline-ids-")
-        self.db = sqlite3.connect(f"{self._dir.name}/seen.db", isolation_level=None)
-        self.db.execute("PRAGMA journal_mode = OFF")
-        self.db.execute("CREATE TABLE seen (id TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID")
-
-    def number(self, chunk: list[ScannedRecord]) -> list[ScannedRecord]:
-        ids = sorted({s.record.id for s in chunk})
-        counts: dict[str, int] = {}
-        for i in range(0, len(ids), 500):
-            part = ids[i:i + 500]
-            counts.update(self.db.execute(
-                f"SELECT id, n FROM seen WHERE id IN ({','.join('?' * len(part))})", part).fetchall())
-        out = []
-        for s in chunk:
-            n = counts.get(s.record.id, 0) + 1
-            counts[s.record.id] = n
-            out.append(s if n == 1 else replace(s, record=replace(s.record, id=f"{s.record.id}{_RENUMBERED}{n}")))
-        self.db.execute("BEGIN")
-        self.db.executemany("INSERT INTO seen (id, n) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET n = excluded.n",
-                            [(i, counts[i]) for i in ids])
-        self.db.execute("COMMIT")
-        return out
 
 
 def _route_chunks(items: Iterator[ScannedRecord], spec: JobSpec,

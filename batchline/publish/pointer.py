@@ -11,8 +11,8 @@ from typing import Any
 from batchline.errors import BatchlineError, StoreError
 from batchline.publish.upstream import UpstreamLag, readers_behind
 from batchline.sources import versions_read
-from batchline.spec import stored_spec
-from batchline.store import PublisherStore, require_job
+from batchline.spec import JobVersion, stored_spec
+from batchline.store import PublisherStore
 from batchline.store.model import JobInfo, Publication, rollback_target
 from batchline.targets import PublicationTarget, targets_for
 
@@ -65,12 +65,14 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
     shown, and the store records what each shows as it moves the pointer. A store
     that refuses puts the targets back. The version published already is left as it
     is, and nothing is recorded (the result's `changed` is False): each target is staged
-    again, which writes back what was removed from under it (`restaged`)."""
-    info = require_job(store, version)
+    again, which writes back what was removed from under it (`restaged`). The version's
+    record and spec are read once, here, and each target is handed them."""
+    job = JobVersion.of(store, version)
+    info = job.info
     if info.state == "cancelled":
         raise BatchlineError(f"{version} was cancelled: a cancelled version is never published")
     if targets is None:
-        targets = targets_for(stored_spec(info), store.url)
+        targets = targets_for(job.spec, store.url)
     if info.state != "sealed":
         raise BatchlineError(f"{version} is not sealed: only a finished, validated version is published")
     if force and not reason:
@@ -90,10 +92,10 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
         # staged again, which writes nothing where the version is there (a table removed
         # meanwhile is written back, so publishing again repairs it).
         store.publish(info.name, version, who(), None, None, expected=history[-1].id)
-        restaged = tuple(t.describe() for t in targets if t.stage(store, version))
+        restaged = tuple(t.describe() for t in targets if t.stage(store, job))
         return PublishResult(info.name, version, version, (), restaged=restaged)
     for target in targets:
-        target.stage(store, version)
+        target.stage(store, job)
     # What the name's history is before any target moves: the store records this publish
     # only if it is still its latest publication when the pointer moves, so two
     # publishers of one name never leave the targets showing one version and the store
@@ -111,7 +113,7 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
         raise
     removed: tuple[str, ...] = ()
     if previous != version:  # the store says `version` itself when another publisher published it meanwhile
-        removed = prune(store, info.name, stored_spec(info).retention.versions, log=log, targets=targets)
+        removed = prune(store, info.name, job.spec.retention.versions, log=log, targets=targets)
     return PublishResult(info.name, version, previous, removed,
                          tuple(f"{t.describe()}: {_state_line(shown.get(t.key))}" for t in targets),
                          readers_behind=tuple(readers_behind(store, info.name, version)))
@@ -136,8 +138,9 @@ def rollback(store: PublisherStore, name: str, reason: str | None = None,
     back_to = rollback_target(history, current)
     if current is None or back_to is None or not targets:
         return store.rollback(name, who(), reason, expected=expected)  # refused there, in the store's words
+    returning = JobVersion.of(store, back_to)
     for target in targets:
-        target.stage(store, back_to)  # staged when it was published, unless the target is new
+        target.stage(store, returning)  # staged when it was published, unless the target is new
     recorded = _recorded(history)
     shown = _show(name, back_to, targets, recorded)
     try:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batchline.acl import admits
+from batchline.acl import Groups, admits
 from batchline.errors import StoreError
 from batchline.sources import published_read
 from batchline.store import JobInfo, ReaderStore, ResultChanges
@@ -153,9 +153,9 @@ class CurrentAcls:
                 at = job
         return cls(info.version, levels, store) if levels else None
 
-    def admitted(self, record_ids: Sequence[str], groups: Sequence[str]) -> set[str]:
+    def admitted(self, record_ids: Sequence[str], groups: Groups) -> set[str]:
         """The records among `record_ids` that every upstream's current publication holds
-        under an ACL admitting `groups` (checked by `acl.caller_groups`)."""
+        under an ACL admitting `groups`."""
         left = list(dict.fromkeys(record_ids))
         for level in self.levels:
             if not left:

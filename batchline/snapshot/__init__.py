@@ -1,4 +1,4 @@
-"""Input snapshots: records, the formats they are read from, and the slices shards read.
+"""Input snapshots: records, the port of the formats they are read in, and the slices shards read.
 
 The names other modules use are taken from here.
 """
@@ -14,20 +14,17 @@ from batchline.snapshot.reading import (
     file_digest,
     input_pins,
     input_sources,
-    parquet_row_groups,
     parquet_slice_digest,
     pinned_snapshot,
     pinned_sources,
-    read_bytes,
     read_slice,
     scan,
     scan_with_header,
     shared_columns,
     stored_input,
     text_hash,
-    unruled_acl_array,
 )
 
 __all__ = ["PIECES_PER_SHARD", "Piece", "Record", "ScannedRecord", "Slice", "StoredReader", "content_hash", "file_digest", "input_pins", "input_sources",
-           "parquet_row_groups", "parquet_slice_digest", "pinned_snapshot", "pinned_sources", "read_bytes", "read_slice", "scan",
-           "scan_with_header", "shared_columns", "stored_input", "text_hash", "unruled_acl_array"]
+           "parquet_slice_digest", "pinned_snapshot", "pinned_sources", "read_slice", "scan",
+           "scan_with_header", "shared_columns", "stored_input", "text_hash"]

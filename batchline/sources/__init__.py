@@ -10,31 +10,27 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from batchline.errors import BatchlineError
-from batchline.registry import SOURCES
+import batchline.registry as registry
+from batchline.registry import SOURCES, is_remote
 from batchline.sources.base import (
     DatasetName,
     InputSource,
     KeyedFamily,
     LocationFamily,
-    ParseContext,
     Pin,
+    RowSource,
     Snapshot,
     Source,
     SourceContext,
     SourceFamily,
     StoreDatasets,
     StoredRow,
-    StoredRows,
     location_dataset,
 )
-
-if TYPE_CHECKING:
-    from batchline.spec.reader import SpecReader
+from batchline.spec.ports import FileSet, expand_paths, pin_version
 
 __all__ = [
     "DatasetName",
@@ -42,16 +38,16 @@ __all__ = [
     "InputSource",
     "KeyedFamily",
     "LocationFamily",
-    "ParseContext",
     "Pin",
+    "RowSource",
     "Snapshot",
     "Source",
     "SourceContext",
     "SourceFamily",
     "StoreDatasets",
     "StoredRow",
-    "StoredRows",
     "delete",
+    "expand_paths",
     "families",
     "is_remote",
     "keyed_families",
@@ -70,7 +66,7 @@ __all__ = [
 def families() -> list[SourceFamily]:
     """Every family of the table, in its order (each module is batchline's own, and imports
     what its extra brings only when used, so listing them needs no extra)."""
-    return [entry.load() for entry in SOURCES.values()]
+    return registry.loaded(SOURCES)
 
 
 def keyed_families() -> dict[str, KeyedFamily]:
@@ -80,21 +76,9 @@ def keyed_families() -> dict[str, KeyedFamily]:
 
 def location_family(location: str) -> LocationFamily:
     """The family that opens `location`: the one whose scheme it starts with (the longest),
-    else the one that opens plain paths."""
-    best: tuple[int, LocationFamily] | None = None
-    for f in families():
-        if isinstance(f, LocationFamily):
-            for scheme in f.schemes:
-                if location.startswith(scheme) and (best is None or len(scheme) > best[0]):
-                    best = (len(scheme), f)
-    if best is None:
-        raise BatchlineError(f"{location}: no input source opens it")
-    return best[1]
-
-
-def is_remote(location: str) -> bool:
-    """Whether `location` is reached over the network (an object), not a path on this machine."""
-    return "" not in location_family(location).schemes
+    else the one that opens plain paths (`batchline.registry.location_family`)."""
+    family: LocationFamily = registry.location_family(location)
+    return family
 
 
 def open_source(location: str, storage: Mapping[str, Any] | None = None, pin: Pin | None = None) -> Source:
@@ -152,50 +136,7 @@ def stored_pins(snapshot: Snapshot) -> list[dict[str, Any]]:
             for f, p in zip(snapshot.files, snapshot.pins, strict=True)]
 
 
-def pin_version(pin: Mapping[str, Any] | None) -> str | None:
-    """The version lineage gives a file or object read at `pin`: its object version or
-    generation, else its ETag, else its content digest."""
-    if pin is None:
-        return None
-    for key in ("version", "etag", "digest"):
-        if pin.get(key):
-            return str(pin[key])
-    return None
 
 
-@dataclass(frozen=True)
-class FileSet:
-    """An input that is a list of files or objects (`input.path`, or a family's list such as
-    a manifest's), each pinned by the family that opens it."""
-
-    locations: tuple[str, ...]
-    format: str | None = None
-
-    def describe(self) -> str:
-        return ", ".join(self.locations)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": list(self.locations)}
-
-    def datasets(self, pins: Sequence[Mapping[str, Any]], store: StoreDatasets) -> list[DatasetName]:
-        by_location = {str(p.get("location")): p for p in pins}
-        return [location_dataset(location, pin_version(by_location.get(location))) for location in self.locations]
-
-    def snapshot(self, ctx: SourceContext) -> Snapshot:
-        files = [open_source(location, ctx.input.storage) for location in self.locations]
-        pins = [s.pin() for s in files]
-        return Snapshot(self, files, pins, lambda: all(s.still(p) for s, p in zip(files, pins, strict=True)))
 
 
-def expand_paths(value: Any, r: SpecReader, ctx: ParseContext) -> FileSet:
-    """`input.path` (one location or a list), each expanded by the family that opens it;
-    a stored spec's are taken as they are."""
-    items = value if isinstance(value, list) else [value]
-    if not items:
-        r.fail("input.path", "is empty")
-    locations: list[str] = []
-    for i, item in enumerate(items):
-        where = f"input.path[{i}]" if isinstance(value, list) else "input.path"
-        text = r.string(item, where)
-        locations.extend([text] if ctx.resolved else location_family(text).expand(text, where, r, ctx))
-    return FileSet(tuple(locations))

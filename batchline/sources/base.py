@@ -17,135 +17,90 @@ Two kinds of plug-in make up the `SOURCES` table (batchline.registry), each a
 A source contributes to the job version only through its pins (the snapshot
 digest), never through how its section is written, so moving a key into a
 plug-in moves no version.
+
+The types a parsed section is (`InputSource`, and what it reads: `Source`, `Pin`,
+`Snapshot`) belong to the spec layer (`batchline.spec.ports`), which holds them; they are
+taken from there.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Protocol
 
+from batchline.errors import InputError
+from batchline.spec.ports import (
+    DatasetName,
+    InputSource,
+    Pin,
+    Snapshot,
+    Source,
+    SourceContext,
+    StoreDatasets,
+    location_dataset,
+)
+
+__all__ = [
+    "DatasetName",
+    "InputSource",
+    "KeyedFamily",
+    "LocationFamily",
+    "Pin",
+    "RowSource",
+    "RowsNotBytes",
+    "Snapshot",
+    "Source",
+    "SourceContext",
+    "SourceFamily",
+    "StoreDatasets",
+    "StoredRow",
+    "WithColumns",
+    "location_dataset",
+]
+
 if TYPE_CHECKING:
-    from batchline.spec.model import InputSpec
-    from batchline.spec.reader import Fields, SpecReader
+    from batchline.acl import Acl
+    from batchline.spec.reader import Fields, ParseContext, SpecReader
 
 
-@dataclass(frozen=True)
-class Pin:
-    """What a source guarantees about its content at planning time. It goes into the
-    snapshot digest (and so the job version), and reads are checked against it."""
-
-    name: str  # the location's last part, as it goes into the digest
-    size: int
-    digest: str | None = None  # a local file: the sha256 of its bytes
-    etag: str | None = None  # an object: its ETag
-    version: str | None = None  # an object: its version id or generation
-    changed_at: int | None = None  # a local file: its modification time (a cheap check, not in the digest)
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in (("name", self.name), ("size", self.size), ("etag", self.etag),
-                                  ("version", self.version)) if v is not None}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Pin:
-        return cls(str(data["name"]), int(data["size"]), etag=data.get("etag"), version=data.get("version"))
-
-    def material(self) -> str:
-        if self.digest is not None:
-            return f"{self.name}\0{self.digest}\n"
-        return f"{self.name}\0{self.size}\0{self.etag or ''}\0{self.version or ''}\n"
 
 
-@dataclass(frozen=True)
-class DatasetName:
-    """A dataset as lineage names it (OpenLineage's naming: the namespace is the datasource, a
-    scheme and authority; the name its path or table), and the version read or written."""
-
-    namespace: str
-    name: str
-    version: str | None = None
-    # An input whose fields are not the spec's input fields (the results of a job read with
-    # input.job): what it calls the record's id, text, ACL, and the prefix of a carried field.
-    fields: tuple[tuple[str, str], ...] = ()
-
-    def field(self, role: str, default: str) -> str:
-        return dict(self.fields).get(role, default)
 
 
-def location_dataset(location: str, version: str | None = None) -> DatasetName:
-    """A file or object by its location: `s3://bucket` or `gs://bucket` with the key as its
-    name, and `file` with an absolute path for a local one."""
-    for scheme in ("s3://", "gs://"):
-        if location.startswith(scheme):
-            bucket, _, key = location[len(scheme):].partition("/")
-            return DatasetName(f"{scheme}{bucket}", key, version)
-    path = location[len("file://"):] if location.startswith("file://") else location
-    return DatasetName("file", str(Path(path).absolute()), version)
 
 
-@dataclass(frozen=True)
-class StoreDatasets:
-    """How the job's store names its own datasets for lineage: a published name's results
-    (the store's view) read through the store (`namespace`, names after `prefix`)."""
-
-    namespace: str
-    prefix: str = ""
-
-    def of(self, name: str, version: str | None = None) -> DatasetName:
-        return DatasetName(self.namespace, f"{self.prefix}{name}", version)
 
 
-class Source(Protocol):
-    """One input file or object. Every read refuses, with an InputError naming the
-    location, a source that is gone or unreadable."""
-
-    location: str
-
-    def pin(self) -> Pin:
-        """Reads what the source guarantees about itself now."""
-        ...
-
-    def stream(self) -> BinaryIO:
-        """The whole content, front to back (planning scans it once)."""
-        ...
-
-    def read(self, start: int, end: int) -> bytes:
-        """Bytes [start, end); an InputError if the source is now shorter than `end`."""
-        ...
-
-    def random_access(self) -> BinaryIO:
-        """A seekable file object (Parquet reads its footer, then row groups). An object's
-        also has `prefetch(start, end)`, which fetches a span in one request."""
-        ...
-
-    def still(self, pin: Pin) -> bool:
-        """Whether what was read since `pin` was taken is what `pin` describes."""
-        ...
-
-    def slice_pin(self) -> Pin | None:
-        """The pin a shard's slice carries, so a worker's reads are conditional on it
-        (None for a local file: its slices' digests are checked instead)."""
-        ...
 
 
 @dataclass(frozen=True)
 class StoredRow:
-    """A record of an input read from the store (a job over a published job), as its
-    source hands it to the planner."""
+    """A record of an input with no files, as its source hands it (`RowSource`)."""
 
     id: str
     text: str | None  # None: the record has none to read (`missing` says why)
-    acl: Any
+    acl: Acl | None
     missing: str | None = None
     carried: Mapping[str, Any] | None = None  # output.carry's fields, as the source holds them
 
 
-class StoredRows(Protocol):
-    """A source whose records are rows the store holds (its `format` is `store`): the
-    planner reads them in order, copies them into the version's own records, and a
-    worker reads its shard's from there."""
+class RowSource(Protocol):
+    """The rows port: an input with no files, whose source hands its records as rows (a
+    published job's results, a warehouse query). Its `InputSource` says so by its `format`:
+
+    - `store` (`spec.STORED`): planning reads the rows in order (`rows`) and copies
+      them into the version's own records, and a worker reads its shard's from there, so the
+      version never depends on the source again (a published job's results may be pruned);
+    - `rows` (`spec.ROWS`): planning reads the rows in order and pins what they were (their
+      ids and content hashes, a shard's digest), and a worker reads its shard's rows again
+      from the source itself (`rows_between`), checked against that digest, so a source
+      that changed since planning is refused per shard as a changed file is.
+
+    Either way the snapshot's digest is the source's own pins (`InputSource.snapshot`), and
+    its `location` names it in messages."""
 
     location: str
 
@@ -153,69 +108,47 @@ class StoredRows(Protocol):
         """Every record, in the input's order."""
         ...
 
-
-@dataclass(frozen=True)
-class ParseContext:
-    """What a family's parser needs besides its own section."""
-
-    base_dir: Path  # relative paths in a spec are relative to its file
-    storage: Mapping[str, Any]  # input.storage: where the object store is
-    # The spec is a planned job's stored form: locations are already resolved, listed and
-    # expanded, and are taken as they are (nothing is read again).
-    resolved: bool = False
-
-
-@dataclass(frozen=True)
-class SourceContext:
-    """What pinning or reopening a snapshot needs besides the source's own section."""
-
-    input: InputSpec  # the fields records are read by (a table checks that its columns hold them)
-    store_url: str | None = None  # the store's database, where a catalog may live
-
-
-@dataclass
-class Snapshot:
-    """A source as planning pinned it: the locations it is read from, in order, and what
-    the snapshot's digest is taken over."""
-
-    source: InputSource  # as pinned (a table's snapshot id written in)
-    files: list[Source]
-    pins: list[Pin]
-    # Whether what was read since the pins were taken is still what they describe.
-    still: Callable[[], bool] = field(default=lambda: True)
-
-
-class InputSource(Protocol):
-    """The part of a job's `input` section that says where its snapshot is."""
-
-    @property
-    def locations(self) -> tuple[str, ...]:
-        """The files or objects it names, where the section names them (a table's data
-        files are known only once its snapshot is read)."""
+    def rows_between(self, start: int, end: int) -> Sequence[StoredRow]:
+        """The records at positions [start, end) of the input's order (`rows` format only)."""
         ...
 
-    @property
-    def format(self) -> str | None:
-        """The format its files are always read in (a table's Parquet), or None: the spec's
-        `input.format`, or else the files' suffixes, decide."""
-        ...
 
-    def describe(self) -> str: ...
 
-    def to_dict(self) -> dict[str, Any]:
-        """Its keys of the stored input section: what `parse` reads back, resolved."""
-        ...
 
-    def snapshot(self, ctx: SourceContext) -> Snapshot:
-        """Reads and pins the snapshot (at planning), or reopens the one the stored
-        section names (an export's re-read, a check of coverage)."""
-        ...
 
-    def datasets(self, pins: Sequence[Mapping[str, Any]], store: StoreDatasets) -> list[DatasetName]:
-        """What lineage names as the run's inputs: each dataset the snapshot read, at the
-        version planning pinned (`pins`: the stored pins of its files, in order, where the
-        version kept them; empty for a version planned before pins were kept)."""
-        ...
+
+
+
+class RowsNotBytes:
+    """What a row source answers where a reader of files would ask it for bytes: it has none.
+    A row source is handed where a snapshot's files are (`Snapshot.files`), so it answers a
+    file's questions too; one that can pin itself (a database file's digest) says so by
+    overriding `pin` and `still`."""
+
+    location: str
+    # What its records are, as a refusal says it.
+    rows_are: ClassVar[str] = "its records are rows, not a file"
+
+    def _no_bytes(self) -> InputError:
+        return InputError(f"{self.location}: {self.rows_are}")
+
+    def pin(self) -> Pin:
+        raise self._no_bytes()
+
+    def stream(self) -> BinaryIO:
+        raise self._no_bytes()
+
+    def read(self, start: int, end: int) -> bytes:
+        raise self._no_bytes()
+
+    def random_access(self) -> BinaryIO:
+        raise self._no_bytes()
+
+    def still(self, pin: Pin) -> bool:
+        return True
+
+    def slice_pin(self) -> Pin | None:
+        return None
 
 
 class SourceFamily:

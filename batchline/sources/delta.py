@@ -30,7 +30,6 @@ from batchline.lake import lake_settings
 from batchline.sources.base import (
     DatasetName,
     KeyedFamily,
-    ParseContext,
     Pin,
     Snapshot,
     SourceContext,
@@ -41,7 +40,7 @@ from batchline.sources.base import (
 
 if TYPE_CHECKING:
     from batchline.spec.model import InputSpec
-    from batchline.spec.reader import Fields, SpecReader
+    from batchline.spec.reader import Fields, ParseContext, SpecReader
 
 FIELDS: Fields = {
     "uri": {"type": "string", "minLength": 1, "description": "The table's folder, or its s3:// or gs:// URL"},

@@ -38,7 +38,6 @@ from batchline.lake import LakeSettings, lake_settings
 from batchline.sources.base import (
     DatasetName,
     KeyedFamily,
-    ParseContext,
     Pin,
     Snapshot,
     SourceContext,
@@ -47,7 +46,7 @@ from batchline.sources.base import (
 
 if TYPE_CHECKING:
     from batchline.spec.model import InputSpec
-    from batchline.spec.reader import Fields, SpecReader
+    from batchline.spec.reader import Fields, ParseContext, SpecReader
 
 STORE_CATALOG = "store"  # a table's catalog named so: a SQL catalog in the job's own store database
 _SECRET_QUERY_KEYS = ("password", "secret", "token", "credential", "key")

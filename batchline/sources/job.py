@@ -36,14 +36,14 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from batchline.errors import InputError, SpecError
 from batchline.sources.base import (
     DatasetName,
     KeyedFamily,
-    ParseContext,
     Pin,
+    RowsNotBytes,
     Snapshot,
     SourceContext,
     StoreDatasets,
@@ -53,7 +53,7 @@ from batchline.spec.model import NAME_PATTERN, STORED
 
 if TYPE_CHECKING:
     from batchline.spec.model import InputSpec
-    from batchline.spec.reader import Fields, SpecReader
+    from batchline.spec.reader import Fields, ParseContext, SpecReader
     from batchline.store import JobInfo, ReaderStore
 
 FIELD_PATTERN = re.compile(r"^output(\.[A-Za-z0-9_][A-Za-z0-9_-]*)+$")
@@ -100,8 +100,10 @@ def field_value(output: Any, field: str) -> tuple[str | None, str | None]:
     return value, None
 
 
-class UpstreamRecords:
+class UpstreamRecords(RowsNotBytes):
     """The upstream version's results as rows of text: the one location of a job input."""
+
+    rows_are: ClassVar[str] = "a job's records are read from the store, not as a file"
 
     def __init__(self, store_url: str, version: str, field: str, carry: tuple[str, ...] = ()) -> None:
         self.store_url = store_url
@@ -109,6 +111,10 @@ class UpstreamRecords:
         self.field = field
         self.carry = carry  # output.carry: fields of the upstream's carried input, each row's
         self.location = f"job:{version}"
+
+    def rows_between(self, start: int, end: int) -> Sequence[StoredRow]:
+        # A job's records are copied into the version's own at planning (its format is `store`).
+        raise InputError(f"{self.location}: a job's records are read from the version's own, not the upstream's")
 
     def rows(self) -> Iterator[StoredRow]:
         with closing(_store(self.store_url, self.location)) as store:
@@ -122,27 +128,6 @@ class UpstreamRecords:
                 yield StoredRow(result.record_id, text, result.acl,
                                 None if why is None else f"{self.field} {why} in {self.version}", carried)
 
-    # What a location of a file would be read through: a job's records are rows, never bytes.
-    def _no_bytes(self) -> InputError:
-        return InputError(f"{self.location}: a job's records are read from the store, not as a file")
-
-    def pin(self) -> Pin:
-        raise self._no_bytes()
-
-    def stream(self) -> BinaryIO:
-        raise self._no_bytes()
-
-    def read(self, start: int, end: int) -> bytes:
-        raise self._no_bytes()
-
-    def random_access(self) -> BinaryIO:
-        raise self._no_bytes()
-
-    def still(self, pin: Pin) -> bool:
-        return True
-
-    def slice_pin(self) -> Pin | None:
-        return None
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 from urllib.parse import unquote, urlsplit
 
 from batchline.errors import InputError
-from batchline.sources.base import LocationFamily, ParseContext, Pin
+from batchline.sources.base import LocationFamily, Pin
 
 if TYPE_CHECKING:
-    from batchline.spec.reader import SpecReader
+    from batchline.spec.reader import ParseContext, SpecReader
 
 _CHUNK = 1 << 20
 

@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, NoReturn, TypeVar, ca
 
 from batchline.errors import InputError, SourceUnavailable, missing_extra, one_line
 from batchline.lake import LakeSettings, lake_settings
-from batchline.sources.base import InputSource, KeyedFamily, LocationFamily, ParseContext, Pin
+from batchline.sources.base import InputSource, KeyedFamily, LocationFamily, Pin
 
 if TYPE_CHECKING:
     from obstore.store import GCSStore, S3Store
 
-    from batchline.spec.reader import Fields, SpecReader
+    from batchline.spec.reader import Fields, ParseContext, SpecReader
 
     ObjectStore = S3Store | GCSStore
 

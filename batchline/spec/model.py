@@ -22,19 +22,20 @@ from batchline.registry import ENGINES, PROVIDERS
 from batchline.store import DeadLetterBound
 
 if TYPE_CHECKING:
-    from batchline.sources.base import InputSource
     from batchline.spec.deadline import Deadline, FallbackSpec
-    from batchline.targets.base import TargetSpec
+    from batchline.spec.ports import InputSource, TargetSpec
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-TEXT_FORMATS = ("jsonl", "csv")
-# openai-batch: OpenAI batch input lines (JSONL, read in byte ranges like jsonl), never
-# guessed from a suffix since such a file is also plain JSONL.
+# The chat input (the FORMATS table's openai-batch: OpenAI batch request lines): its lines carry
+# their own conversations, so a job over it has no prompt of its own, and its prompt version is
+# this name.
 OPENAI_BATCH = "openai-batch"
-FORMATS = (*TEXT_FORMATS, "parquet", OPENAI_BATCH)
-# Records read from the store itself (a job over a published job): a source that reads
-# so says it (`InputSource.format`); it is never written in a spec.
+# An input with no files (the rows port, batchline.sources.base.RowSource): records read from
+# the store itself, copied there at planning (a job over a published job), or read by range
+# from their source (a warehouse query). A source that reads so says it (`InputSource.format`);
+# neither is ever written in a spec.
 STORED = "store"
+ROWS = "rows"
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip", ".snappy")
 
 # The planner's cheap length bound: a record whose UTF-8 text is longer than
@@ -55,10 +56,9 @@ class InputSpec:
     # What a missing or null ACL means; None: a record without one is refused at planning,
     # since a reader downstream would take a missing ACL for "open to all".
     acl_missing: tuple[str, ...] | None = None
-    # How a CSV cell holds several groups: a JSON array in every cell (`acl_json`), or groups
-    # between a separator. Neither: the cell is one group, as CSV jobs planned before read it.
-    acl_json: bool = False
-    acl_separator: str | None = None
+    # The options of its format (FORMATS), as the format parsed them: only those set, such as
+    # CSV's rule for ACL cells (acl_json, acl_separator).
+    format_options: Mapping[str, Any] = field(default_factory=dict)
     # "field": the id is the record's `id_field`; "content": a digest of the whole row,
     # stable across snapshots (identical rows numbered by their order).
     ids: str = "field"
@@ -383,8 +383,7 @@ class JobSpec:
                 "max_bytes_per_token": self.input.max_bytes_per_token,
                 # New keys enter only when set, so no existing version's hash moves.
                 **({"acl_missing": list(self.input.acl_missing)} if self.input.acl_missing is not None else {}),
-                **({"acl_json": True} if self.input.acl_json else {}),
-                **({"acl_separator": self.input.acl_separator} if self.input.acl_separator is not None else {}),
+                **self.input.format_options,
                 **({"ids": self.input.ids} if self.input.ids != "field" else {}),
             },
             "model": model,
@@ -458,10 +457,7 @@ class JobSpec:
             out["input"]["acl_field"] = self.input.acl_field
         if self.input.acl_missing is not None:
             out["input"]["acl_missing"] = list(self.input.acl_missing)
-        if self.input.acl_json:
-            out["input"]["acl_json"] = True
-        if self.input.acl_separator is not None:
-            out["input"]["acl_separator"] = self.input.acl_separator
+        out["input"].update(self.input.format_options)
         if self.input.ids != "field":
             out["input"]["ids"] = self.input.ids
             del out["input"]["id_field"]

@@ -12,26 +12,33 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn, Protocol
 
 import jsonschema
 import yaml
 
-from batchline.acl import acl_entry_refusal
+from batchline.acl import Acl, AclUnreadable
 from batchline.errors import EngineFatal, SpecError, one_line
 from batchline.lake import STORAGE_FIELDS, check_storage_options
 from batchline.prompts.examples import DEFAULT_EXAMPLE_CHARS, Example
-from batchline.registry import ENGINES, PROVIDERS, unhonoured_knob
-from batchline.sources import ParseContext, expand_paths, is_remote
-from batchline.sources import keyed_families as source_keys
+from batchline.registry import (
+    ENGINES,
+    FORMATS,
+    PROVIDERS,
+    SOURCES,
+    TARGETS,
+    is_remote,
+    loaded,
+    unhonoured_knob,
+)
+from batchline.registry import keyed as keyed_members
 from batchline.spec.deadline import FALLBACK_FIELDS, parse_deadline, parse_fallback
 from batchline.spec.model import (
     COMPRESSED_SUFFIXES,
     DEFAULT_ABORT_MIN_OUTCOMES,
     DEFAULT_MAX_BYTES_PER_TOKEN,
-    FORMATS,
     LOCAL_ROUTE,
     MAX_STOP_SEQUENCES,
     NAME_PATTERN,
@@ -39,6 +46,7 @@ from batchline.spec.model import (
     PENALTY_DEFAULTS,
     REPRODUCE_ON,
     ROUTE_NAME,
+    ROWS,
     STORED,
     ChatRules,
     DecodingSpec,
@@ -56,8 +64,9 @@ from batchline.spec.model import (
     ShardSpec,
     ValidateSpec,
 )
-from batchline.spec.reader import Fields, SpecReader
-from batchline.targets import keyed_families as target_keys
+from batchline.spec.ports import expand_paths
+from batchline.spec.reader import Fields, ParseContext, SpecReader
+from batchline.store import JobInfo, ReaderStore, require_job
 
 # --- each section's fields ---------------------------------------------------------------
 
@@ -102,9 +111,6 @@ INPUT_FIELDS: Fields = {
     "text_field": _doc(_STR, "The field holding the text the prompt shows (messages for openai-batch)", "text"),
     "acl_field": _doc(_STR, "A list of groups (or one) on every record, copied onto its result or dead letter"),
     "acl_missing": _doc(_STRS, "What a missing ACL means; without it a record without one stops planning"),
-    "acl_json": _doc(_BOOL, "CSV: every ACL cell is a JSON array of groups, such as [\"a\", \"b\"]", False),
-    "acl_separator": _doc({"type": "string", "minLength": 1, "maxLength": 8},
-                          "CSV: every ACL cell is groups between this separator, such as ;"),
     "ids": _doc({"enum": ["field", "content"]}, "field: the id_field; content: a digest of each whole row", "field"),
     "max_input_tokens": _doc({**_INT, "minimum": 1}, "A record over this many tokens is a dead letter, uncharged"),
     "max_bytes_per_token": _doc({**_INT, "minimum": 1}, "The planner's cheap bound: longer than max_input_tokens "
@@ -254,18 +260,21 @@ PRICES_FIELDS: Fields = {
 
 
 def input_fields() -> dict[str, Mapping[str, Any]]:
-    """The input section's fields: the core's, and each source family's keys and options."""
+    """The input section's fields: the core's, each source family's keys and options, and each
+    format's options."""
     out: dict[str, Mapping[str, Any]] = dict(INPUT_FIELDS)
-    for family in source_keys().values():
+    for family in keyed_members(SOURCES).values():
         out.update(family.keys)
         out.update(family.options)
+    for fmt in loaded(FORMATS):
+        out.update(fmt.options)
     return out
 
 
 def output_fields() -> dict[str, Mapping[str, Any]]:
     """The output section's fields: the core's, and each target family's keys."""
     out: dict[str, Mapping[str, Any]] = dict(OUTPUT_FIELDS)
-    for family in target_keys().values():
+    for family in keyed_members(TARGETS).values():
         out.update(family.keys)
     return out
 
@@ -330,7 +339,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     if prompt_spec.examples is not None and label_field is None:
         r.fail("prompt.examples", "needs output.label_field: the output field an example's label answers")
     ctx = ParseContext(base_dir, input_spec.storage, resolved)
-    targets = target_keys()
+    targets = keyed_members(TARGETS)
     # In the order the section names them: publish stages and shows them in that order.
     named = tuple(targets[key].parse(key, out, r, ctx) for key in out if key in targets and out[key] is not None)
     shards = _parse_shards(r, top.get("shards", {}) or {})
@@ -349,7 +358,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     ret = r.section(top.get("retention", {}) or {}, "retention", RETENTION_FIELDS)
     retention = RetentionSpec(versions=r.integer(ret.get("versions", RetentionSpec.versions), "retention.versions", 2))
     routing = _parse_routing(r, top["routing"]) if top.get("routing") is not None else None
-    if routing is not None and input_spec.format == STORED:
+    if routing is not None and input_spec.format in (STORED, ROWS):
         r.fail("routing", f"is not supported with {input_spec.describe()} yet: its records have no class field")
     for provider in routing.providers if routing is not None else ():
         refusal = unhonoured_knob(PROVIDERS[provider.api], decoding.knobs(), "provider")
@@ -383,7 +392,7 @@ def _parse_carry(r: SpecReader, value: Any, chat: bool) -> tuple[str, ...]:
 
 
 def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved: bool) -> InputSpec:
-    keyed = source_keys()
+    keyed = keyed_members(SOURCES)
     inp = r.section(top["input"], "input", input_fields())
     storage = check_storage_options(inp.get("storage"), r.where)
     given = [key for key in ("path", *keyed) if inp.get(key) is not None]
@@ -412,7 +421,8 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         fmt = _format_of(r, source.locations)
     elif fmt not in FORMATS:
         r.fail("input.format", f"{fmt!r} is not one of {', '.join(FORMATS)}")
-    chat = fmt == OPENAI_BATCH
+    reader = FORMATS[fmt].load() if fmt in FORMATS else None  # none for an input with no files
+    chat = reader is not None and bool(reader.chat)
     if chat:
         _check_chat_input(r, inp, top)
     elif top.get("prompt") is None:
@@ -428,10 +438,11 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         if acl_field is None:
             r.fail("input.acl_missing", "says what a missing ACL means; it needs input.acl_field")
         acl_missing = tuple(r.string_list(inp["acl_missing"], "input.acl_missing"))
-        refusal = acl_entry_refusal(acl_missing)
-        if refusal is not None:
-            r.fail("input.acl_missing", refusal)
-    acl_json, acl_separator = _acl_rule(r, inp, fmt, acl_field)
+        try:
+            Acl.read(list(acl_missing))
+        except AclUnreadable as exc:
+            r.fail("input.acl_missing", str(exc))
+    format_options = _format_options(r, inp, fmt, reader, acl_field)
     return InputSpec(
         source=source,
         ids=ids,
@@ -442,8 +453,7 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         text_field=r.string(inp.get("text_field", "messages" if chat else INPUT_FIELDS["text_field"]["default"]),
                             "input.text_field"),
         acl_field=acl_field,
-        acl_json=acl_json,
-        acl_separator=acl_separator,
+        format_options=format_options,
         max_input_tokens=r.optional_int(inp.get("max_input_tokens"), "input.max_input_tokens", 1),
         max_bytes_per_token=r.integer(
             inp.get("max_bytes_per_token", DEFAULT_MAX_BYTES_PER_TOKEN), "input.max_bytes_per_token", 1
@@ -453,24 +463,19 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
     )
 
 
-def _acl_rule(r: SpecReader, inp: Mapping[str, Any], fmt: str, acl_field: str | None) -> tuple[bool, str | None]:
-    """How a CSV cell holds several groups: a CSV cell is text, so the spec says how to read a
-    list from it (JSON and Parquet inputs hold lists themselves)."""
-    acl_json = r.boolean(inp.get("acl_json", False), "input.acl_json")
-    separator = r.optional_string(inp.get("acl_separator"), "input.acl_separator")
-    for key, given in (("acl_json", acl_json), ("acl_separator", separator is not None)):
-        if not given:
+def _format_options(r: SpecReader, inp: Mapping[str, Any], fmt: str, reader: Any,
+                    acl_field: str | None) -> dict[str, Any]:
+    """The options of the input's format, as it parses them; an option of another format is
+    refused in that format's words (a value equal to the option's default is not set)."""
+    for other in loaded(FORMATS):
+        if other is reader:
             continue
-        if fmt != "csv":
-            r.fail(f"input.{key}", f"says how a CSV cell holds several groups; a {fmt} input holds a list itself")
-        if acl_field is None:
-            r.fail(f"input.{key}", "says how ACL cells are read; it needs input.acl_field")
-    if acl_json and separator is not None:
-        r.fail("input.acl_separator", "goes without input.acl_json: a cell is a JSON array or groups between a "
-                                      "separator, not both")
-    if separator is not None and (separator != separator.strip() or len(separator) > 8):
-        r.fail("input.acl_separator", f"{separator!r} must be 1 to 8 characters, not starting or ending in a space")
-    return acl_json, separator
+        for key, schema in other.options.items():
+            value = inp.get(key)
+            if value is not None and not ("default" in schema and value == schema["default"]):
+                r.fail(f"input.{key}", other.foreign_option(key, fmt))
+    options: dict[str, Any] = reader.parse_options(inp, acl_field, r) if reader is not None else {}
+    return options
 
 
 def _parse_model(r: SpecReader, raw: Any, base_dir: Path, resolved: bool) -> ModelSpec:
@@ -809,10 +814,12 @@ def _format_of(r: SpecReader, locations: tuple[str, ...]) -> str:
     formats: set[str] = set()
     for p in locations:
         suffix = PurePosixPath(p).suffix.lower()
-        fmt = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}.get(suffix)
+        by_suffix = {s: f.name for f in loaded(FORMATS) for s in f.suffixes}
+        fmt = by_suffix.get(suffix)
         if fmt is None:
+            guessed = list(dict.fromkeys(by_suffix.values()))
             r.fail("input.path", f"{p}: cannot tell the format from {suffix or 'no suffix'!r}; "
-                                 "set input.format to jsonl, csv or parquet")
+                                 f"set input.format to {', '.join(guessed[:-1])} or {guessed[-1]}")
         formats.add(fmt)
     if len(formats) > 1:
         r.fail("input.path", f"mixes formats {sorted(formats)}; one job reads one format")
@@ -862,3 +869,27 @@ def stored_spec(job: _PlannedJob) -> JobSpec:
     """The spec of a planned job (a store's JobInfo), as every reader of it should see it:
     parsed, with every default applied once, here."""
     return spec_from_store(job.spec)
+
+
+@dataclass(frozen=True)
+class JobVersion:
+    """A planned version as every reader past planning is handed it: its record in the store
+    and its spec, parsed once (`of`), so a publish does not read and parse it again for each
+    target."""
+
+    info: JobInfo
+    spec: JobSpec
+
+    @property
+    def version(self) -> str:
+        return self.info.version
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @classmethod
+    def of(cls, store: ReaderStore, version: str) -> JobVersion:
+        """The version as the store holds it now (`NoSuchVersion`, exit 66, when it does not)."""
+        info = require_job(store, version)
+        return cls(info, stored_spec(info))

@@ -4,15 +4,28 @@ error, for the core's sections and for each plug-in's own (a source's, a target'
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 from batchline.errors import SpecError, one_line
 
-__all__ = ["Fields", "SpecReader", "one_line"]
+__all__ = ["Fields", "ParseContext", "SpecReader", "one_line"]
 
 # A section's fields, each with the JSON Schema of its value: the parser allows exactly these
 # keys, and the spec's JSON Schema (batchline.spec.schema) is made from the same mapping.
 Fields = Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class ParseContext:
+    """What a family's parser (a source's, a target's) needs besides its own section."""
+
+    base_dir: Path  # relative paths in a spec are relative to its file
+    storage: Mapping[str, Any]  # input.storage: where the object store is
+    # The spec is a planned job's stored form: locations are already resolved, listed and
+    # expanded, and are taken as they are (nothing is read again).
+    resolved: bool = False
 
 
 class SpecReader:

@@ -16,15 +16,14 @@ Mixed into `StoreCore`; the SQL is each backend's (the same statement names).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import functools
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
+from batchline.acl import Acl
+from batchline.store.base import Row, StoreBase, Tx
 from batchline.store.model import ResultChanges
-
-T = TypeVar("T")
-Row = Sequence[Any]
 
 # The kinds of a planned record against its base: new, its text (or class) changed, its
 # ACL alone changed, unchanged.
@@ -50,29 +49,20 @@ def record_kind(base: BaseRecord | None, content_hash: str, text_hash: str | Non
     return "acl" if base.text_hash == (text_hash or content_hash) else "text"
 
 
-class VersionChanges:
+class VersionChanges(StoreBase):
     """Keyed reads of what differs between two versions of the store."""
 
-    q: ModuleType
-
-    # StoreCore's, which this is mixed into.
-    _read: Callable[..., Any]
-    _by_ids: Callable[[str, str, Sequence[str]], list[Row]]
-    _list: Callable[[Sequence[Any]], Any]
-
-    def result_acls(self, version: str, record_ids: Sequence[str]) -> dict[str, Any]:
+    def result_acls(self, version: str, record_ids: Sequence[str]) -> dict[str, Acl | None]:
         """Each result's ACL, by record id, for those of `record_ids` the version has a result for."""
-        from batchline.store.core import acl_value
-
-        return {str(r[0]): acl_value(r[1]) for r in self._by_ids(self.q.RESULT_ACLS, version, record_ids)}
+        return {str(r[0]): Acl.from_json(r[1]) for r in self._by_ids(self.q.RESULT_ACLS, version, record_ids)}
 
     def result_changes(self, old: str, new: str) -> ResultChanges:
         """How the results of `new` differ from those of `old`: records it has that `old` has
         not, records both have whose result (the version that computed it) or ACL differ,
         and records of `old` it has not."""
         p = {"old": old, "new": new}
-        row = self._read(lambda tx: tx.one(self.q.RESULT_CHANGES, p))
-        removed = self._read(lambda tx: tx.one(self.q.RESULTS_REMOVED, p))
+        row = self._row(self.q.RESULT_CHANGES, p)
+        removed = self._row(self.q.RESULTS_REMOVED, p)
         return ResultChanges(int(row[0] or 0), int(row[1] or 0), int(removed[0] or 0))
 
     def result_rows_changed(self, old: str, new: str, page_size: int = 20_000) -> Iterator[str]:
@@ -90,7 +80,7 @@ class VersionChanges:
         last = ""
         while True:
             page = {**params, "after": last, "n": page_size}
-            rows = self._read(lambda tx, page=page: tx.all(stmt, page))
+            rows: list[Row] = self._read(functools.partial(_all, stmt=stmt, params=page))
             if not rows:
                 return
             yield from rows
@@ -113,5 +103,9 @@ class VersionChanges:
 
     def record_total(self, version: str) -> int:
         """The version's planned records."""
-        row = self._read(lambda tx: tx.one(self.q.COUNT_RECORDS, {"v": version}))
+        row = self._row(self.q.COUNT_RECORDS, {"v": version})
         return int(row[0])
+
+
+def _all(tx: Tx, *, stmt: str, params: Mapping[str, Any]) -> list[Row]:
+    return tx.all(stmt, params)

@@ -14,11 +14,11 @@ Mixed into `StoreCore`; the SQL is each backend's (the same statement names).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-Row = Sequence[Any]
+from batchline.store.base import StoreBase, stored_dead_letter, stored_result
 
 
 @dataclass(frozen=True)
@@ -52,13 +52,8 @@ def unit_identity(version: str, shard_no: int, slice_: Mapping[str, Any], first_
     return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
-class ShardOutcomes:
-    q: Any
-
-    # StoreCore's, which this is mixed into.
-    _read: Callable[..., Any]
-    _unjson: Callable[[Any], Any]
-    _carrying: Callable[[str, str], str]
+class ShardOutcomes(StoreBase):
+    """Each shard's outcomes as a target lays its rows out (`files: per-shard`)."""
 
     def shard_units(self, version: str) -> list[ShardUnit]:
         """The version's shards, in order, each with its identity and what its outcomes are."""
@@ -71,8 +66,6 @@ class ShardOutcomes:
     def shard_outcomes(self, version: str, shard_no: int, *, computed_only: bool = False) -> tuple[list[Any], list[Any]]:
         """The shard's results (only those computed in this version, with `computed_only`: what
         its worker may read) and dead letters, each in id order."""
-        from batchline.store.core import stored_dead_letter, stored_result
-
         results_stmt = self._carrying(version, "COMPUTED_RESULTS_OF_SHARD" if computed_only else "RESULTS_OF_SHARD")
         dead_stmt = self._carrying(version, "DEAD_LETTERS_OF_SHARD")
         params = {"v": version, "s": shard_no}

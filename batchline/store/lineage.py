@@ -22,12 +22,11 @@ made from it and the version's stored spec when it is sent (`batchline.lineage`)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
-Row = Sequence[Any]
+from batchline.store.base import Row, StoreBase
 
 # Transitions of a version's computation run, and the runs of publication.
 START, COMPLETE, FAIL, ABORT = "start", "complete", "fail", "abort"
@@ -56,16 +55,8 @@ class OutboxRow:
         return "sent" if self.sent_at is not None else "given up" if self.given_up_at is not None else "pending"
 
 
-class LineageOutbox:
+class LineageOutbox(StoreBase):
     """Writing transitions into the outbox (inside the store's own transactions) and draining it."""
-
-    q: ModuleType
-
-    # StoreCore's, which this is mixed into.
-    _read: Callable[..., Any]
-    _write: Callable[..., Any]
-    _json: Callable[[Any], Any]
-    _unjson: Callable[[Any], Any]
 
     # --- written by the transitions, in their transaction -----------------------------------
 

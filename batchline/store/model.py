@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchline.acl import Acl
 from batchline.errors import StoreError
 
 # Rows written in one transaction at most: large enough to amortise the commit,
@@ -171,7 +172,7 @@ class PlannedRecord:
     # record changed only its ACL, under the new ACL.
     text_hash: str | None = None
     # The record's ACL, kept where an incremental plan may carry a result under it.
-    acl: Any = None
+    acl: Acl | None = None
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ class InputRecord:
 
     record_id: str
     text: str | None
-    acl: Any
+    acl: Acl | None
     content_hash: str
     position: int
 
@@ -205,7 +206,7 @@ class InputRecord:
 class ResultRow:
     record_id: str
     output: str  # JSON text, validated against the version's schema
-    acl: Any = None
+    acl: Acl | None = None
     attempt: int = 1
     input_tokens: int | None = None
     output_tokens: int | None = None
@@ -219,7 +220,7 @@ class DeadLetterRow:
     record_id: str
     kind: str  # crash | hang | engine_error | invalid_output | truncated | too_long | provider_*
     error: str
-    acl: Any = None
+    acl: Acl | None = None
     attempts: int = 0
     piece: int | None = None
 
@@ -228,7 +229,7 @@ class DeadLetterRow:
 class StoredResult:
     record_id: str
     output: str
-    acl: Any
+    acl: Acl | None
     shard_no: int
     worker: str
     epoch: int
@@ -260,7 +261,7 @@ class StoredDeadLetter:
     shard_no: int
     kind: str
     error: str
-    acl: Any
+    acl: Acl | None
     attempts: int
     worker: str | None
     created_at: float

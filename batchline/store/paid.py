@@ -21,12 +21,11 @@ Mixed into `StoreCore`; the SQL is each backend's (the same statement names).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
-Row = Sequence[Any]
+from batchline.store.base import Row, StoreBase
 
 
 @dataclass(frozen=True)
@@ -69,17 +68,8 @@ def restart_overhead(slots: Sequence[PaidSlot]) -> float | None:
     return statistics.median(spans) if spans else None
 
 
-class PaidSlots:
+class PaidSlots(StoreBase):
     """Paid slots of a version: their starts, heartbeats, stops and spend."""
-
-    q: ModuleType
-
-    # StoreCore's, which this is mixed into.
-    _read: Callable[..., Any]
-    _write: Callable[..., Any]
-    _json: Callable[[Any], Any]
-    _unjson: Callable[[Any], Any]
-    _event: Callable[..., None]
 
     def _paid(self, r: Row) -> PaidSlot:
         def at(v: Any) -> float | None:
@@ -137,5 +127,5 @@ class PaidSlots:
     def paid_spend_seconds(self, version: str) -> float:
         """Paid worker-seconds the version has used: each start's, from its worker's first
         heartbeat to its stop, or to now while it runs."""
-        row = self._read(lambda tx: tx.one(self.q.PAID_SPEND, {"v": version}))
+        row = self._row(self.q.PAID_SPEND, {"v": version})
         return float(row[0] or 0.0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+from batchline.acl import Acl
 from batchline.store.changes import BaseRecord
 from batchline.store.files import ShardUnit
 from batchline.store.lineage import OutboxRow
@@ -128,7 +129,7 @@ class OutcomeWriter(Protocol):
         """Put-if-absent, fenced; returns how many were new."""
         ...
 
-    def charge_attempt(self, lease: Lease, record_id: str, kind: str, error: str, acl: Any,
+    def charge_attempt(self, lease: Lease, record_id: str, kind: str, error: str, acl: Acl | None,
                        max_attempts: int, piece: int | None = None) -> ChargeResult:
         """One more failed attempt for the record; a dead letter at `max_attempts`. Nothing
         (attempts 0) for a record already answered or of a piece split off to another shard."""
@@ -294,7 +295,7 @@ class PlannerStore(StoreHandle, Protocol):
 class ChangeReader(Protocol):
     """What differs between two versions, read by keys (batchline.store.changes)."""
 
-    def result_acls(self, version: str, record_ids: Sequence[str]) -> dict[str, Any]:
+    def result_acls(self, version: str, record_ids: Sequence[str]) -> dict[str, Acl | None]:
         """Each result's ACL, by record id, for those of `record_ids` the version has a result for."""
         ...
 

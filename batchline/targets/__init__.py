@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import batchline.registry as registry
 from batchline.registry import TARGETS
 from batchline.targets.base import PublicationTarget, TargetFamily, TargetSpec
 
@@ -16,12 +17,12 @@ __all__ = ["PublicationTarget", "TargetFamily", "TargetSpec", "families", "keyed
 
 
 def families() -> list[TargetFamily]:
-    return [entry.load() for entry in TARGETS.values()]
+    return registry.loaded(TARGETS)
 
 
 def keyed_families() -> dict[str, TargetFamily]:
     """Each output key a family owns, and the family."""
-    return {key: f for f in families() for key in f.keys}
+    return registry.keyed(TARGETS)
 
 
 def targets_for(spec: JobSpec, store_url: str | None) -> list[PublicationTarget]:

@@ -8,7 +8,8 @@ with each publication, what the target showed readers after it
 (`Publication.targets`, by the target's `key`, which never changes for a target
 once it has been recorded):
 
-- `stage` writes a sealed version there, where readers do not see it yet
+- `stage` writes a sealed version there (handed its record and its parsed spec,
+  `JobVersion`, resolved once by the publisher), where readers do not see it yet
   (idempotent: a version staged before is not written again), and says whether
   it wrote anything: a publish of the version published already stages it again,
   so a target whose data was removed is written back;
@@ -34,78 +35,45 @@ write) still never disagrees with the store once both publishers return.
 Each member of the TARGETS table (batchline.registry) is a `TargetFamily`: it owns
 keys of the job's `output` section, parses them into a `TargetSpec`, and builds
 the `PublicationTarget` from it.
+
+Two more ports a family may fill:
+
+- **search** (`Searchable`): a target whose readers search a published version's
+  vectors behind each record's ACL. `batchline search` and `Jobs.search` find it
+  among the targets the published version's spec names (`searchable`), embed the
+  query with the version's own pinned engine, and hand it the caller's checked
+  `Groups` and an `Admit` check of the upstream's current ACLs; the target ranks.
+- **export** (`FileExport`, the EXPORTS table): a file a version's results are
+  written to on demand (`batchline export --format NAME`, `Jobs.export`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from batchline.spec.ports import PublicationTarget, TargetSpec
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from batchline.sources.base import DatasetName, ParseContext, StoreDatasets
+    from batchline.acl import Groups
     from batchline.spec.model import JobSpec
-    from batchline.spec.reader import Fields, SpecReader
+    from batchline.spec.reader import Fields, ParseContext, SpecReader
     from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
 
 
-class PublicationTarget(Protocol):
-    @property
-    def key(self) -> str:
-        """Names the target in the store's publication records (no credentials in it)."""
-        ...
-
-    def describe(self) -> str: ...
-
-    def stage(self, store: ReaderStore, version: str) -> bool:
-        """Writes the version where readers do not see it yet; False: it was there already."""
-        ...
-
-    def show(self, name: str, version: str, recorded: dict[str, Any] | None) -> dict[str, Any]: ...
-
-    def restore(self, name: str, recorded: dict[str, Any] | None, shown: dict[str, Any]) -> None: ...
-
-    def forget(self, name: str, version: str) -> None: ...
 
 
-class TargetSpec(Protocol):
-    """The part of a job's `output` section that names one target."""
 
-    def describe(self) -> str: ...
 
-    def to_dict(self) -> dict[str, Any]:
-        """Its keys of the stored output section: what its family's `parse` reads back."""
-        ...
-
-    def target(self, store_url: str | None, storage: Mapping[str, Any]) -> PublicationTarget:
-        """The target, reached with the store URL the command was given (a catalog in the
-        store's database) and the job's lake settings (`input.storage`)."""
-        ...
-
-    def check(self, spec: JobSpec, store_url: str | None) -> None:
-        """Refuses, at planning, a job whose results this target could not take (a table
-        whose columns the output schema would change), so nothing is run for nothing."""
-        ...
-
-    def dataset(self, name: str, store: StoreDatasets, state: Mapping[str, Any] | None) -> DatasetName:
-        """What lineage names as the publication's output here: the table, dataset or index
-        of the job `name`, at the version `state` (what `show` returned) says readers see."""
-        ...
-
-    def shard_files(self) -> str | None:
-        """Where the workers of a version write each completed shard's file for this target
-        (`files: per-shard`), or None: the publisher writes every file itself."""
-        ...
-
-    def write_shard_file(self, spec: JobSpec, version: str, shard_no: int, epoch: int,
-                         results: Sequence[StoredResult], dead_letters: Sequence[StoredDeadLetter],
-                         storage: Mapping[str, Any]) -> dict[str, Any]:
-        """Writes what a worker computed of its shard (its results and dead letters, in this
-        target's columns) as one file named by the version, the shard and the lease epoch,
-        whole or not at all; returns what the store records of it (`path`, `rows`, `pin`)."""
-        ...
+__all__ = [
+    "Admit", "Answer", "ExportResult", "FileExport", "Hit", "PublicationTarget", "PublisherWritten", "Searchable",
+    "TargetFamily", "TargetSpec", "searchable",
+]
 
 
 class PublisherWritten:
@@ -130,6 +98,8 @@ class TargetFamily(ABC):
     # The output keys that name it (a job may name several targets), each with the JSON
     # Schema of its value.
     keys: ClassVar[Fields]
+    # Whether the targets it builds are searched (`Searchable`): a refused search names its keys.
+    searchable: ClassVar[bool] = False
 
     @abstractmethod
     def parse(self, key: str, section: Mapping[str, Any], r: SpecReader, ctx: ParseContext) -> TargetSpec:
@@ -143,3 +113,89 @@ class TargetFamily(ABC):
     def pod_refusal(self, section: Mapping[str, Any], where: str) -> str | None:
         """Why a scheduled job's pods could not publish into this part of a raw spec, or None."""
         return None
+
+
+# --- search -----------------------------------------------------------------------------------
+
+# Of a batch of candidate record ids, those that may be served now.
+Admit = Callable[[list[str]], set[str]]
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result: the record, how near it is (cosine similarity, 1 is the same
+    direction), its chosen fields, and the version it was answered from."""
+
+    record_id: str
+    score: float
+    fields: dict[str, Any]
+    version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.record_id, "score": self.score, "fields": self.fields, "version": self.version}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A search's hits (nearest first), the way it ranked (a name its target gives: `exact`,
+    `ivf_pq`, `fallback`, ...), and how many candidates its `admit` check withheld."""
+
+    hits: list[Hit]
+    path: str
+    withheld: int = 0
+
+
+class Searchable(ABC):
+    """The search port: a `TargetSpec` whose target readers search. The caller's groups come
+    checked (`batchline.acl.Groups`), and the target serves only rows whose ACL admits them
+    (`batchline.acl`'s rule: exact equality); `admit`, where given, is checked of every
+    candidate before it is served, and a withheld candidate is replaced by a further one."""
+
+    @abstractmethod
+    def query_vector(self, output: str) -> list[float]:
+        """The vector in an engine's output for a query (the job's engine, given the query's
+        text as a record's), read as a row's vector is read."""
+
+    @abstractmethod
+    def search(self, name: str, version: str, vector: Sequence[float], groups: Groups, k: int, *,
+               storage: Mapping[str, Any], admit: Admit | None = None) -> Answer:
+        """The `k` rows of `version` (published as `name`) nearest `vector` that `groups` may
+        see, nearest first; `storage`: the job's lake settings (`input.storage`)."""
+
+
+def searchable(spec: JobSpec) -> Searchable | None:
+    """The target of a version's spec that readers search, or None."""
+    for target in spec.targets:
+        if isinstance(target, Searchable):
+            return target
+    return None
+
+
+# --- export -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    version: str
+    count: int  # results written (openai-batch: lines of the output file)
+    path: Path | str | None  # an object URL as a string; None: to stdout
+    errors: int = 0  # openai-batch: lines of the error file
+    errors_path: Path | None = None
+    pending: int = 0  # openai-batch with partial: records without an outcome yet
+    current: Path | str | None = None  # a published name's Parquet dataset: the CURRENT file naming the version
+
+
+class FileExport(ABC):
+    """A member of the EXPORTS table: a file format a version's results are exported in."""
+
+    name: ClassVar[str]
+    help: ClassVar[str]  # one line for `batchline export --help`
+    # Whether it writes an error file beside its output (`--errors`).
+    errors_file: ClassVar[bool] = False
+
+    @abstractmethod
+    def export(self, store: ReaderStore, target: str, out: str | None, errors: str | None,
+               partial: bool) -> ExportResult:
+        """Writes the results of `target` (a version, or the version published under a name)
+        to `out` (None: its default), whole or not at all; a version not sealed yet only with
+        `partial`."""

@@ -88,9 +88,9 @@ def acl_values(rows: Sequence[Any], as_text: bool = False) -> list[Any]:
     """The `acl` column's values: each record's groups, or with `as_text` (an Iceberg table
     made before ACLs were lists, which keeps its column's type) their JSON text."""
     if not as_text:
-        return [r.acl for r in rows]
+        return [None if r.acl is None else r.acl.to_list() for r in rows]
     dumps = json.dumps
-    return [None if r.acl is None else dumps(r.acl, sort_keys=True) for r in rows]
+    return [None if r.acl is None else dumps(r.acl.to_list(), sort_keys=True) for r in rows]
 
 
 CARRY_COLUMN = "carry"

@@ -10,7 +10,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchline.errors import BatchlineError
 from batchline.store import JobInfo, ReaderStore, StoredResult, require_job
@@ -28,6 +28,9 @@ from batchline.targets.columns import (
     output_values,
     provenance_values,
 )
+
+if TYPE_CHECKING:
+    from batchline.spec import JobVersion
 
 PARQUET_ROWS_PER_GROUP = 50_000
 
@@ -56,7 +59,8 @@ def export_jsonl(store: ReaderStore, version: str, out: Path | None) -> int:
     def write(f: Any) -> int:
         n = 0
         for r in _rows(store, version):
-            row = {"id": r.record_id, "output": json.loads(r.output), "acl": r.acl, "model": r.model}
+            row = {"id": r.record_id, "output": json.loads(r.output), "acl": None if r.acl is None else r.acl.to_list(),
+                   "model": r.model}
             if r.carry is not None:
                 row["carry"] = r.carry
             if provenance:
@@ -100,12 +104,18 @@ def parquet_schema(output_schema: Mapping[str, Any], carry: Sequence[str] = (), 
 
 
 def export_parquet(store: ReaderStore, version: str, out: Path) -> int:
+    """The results of `version` as one Parquet file at `out` (see `write_parquet`)."""
+    from batchline.spec import JobVersion
+
+    return write_parquet(store, JobVersion.of(store, version), out)
+
+
+def write_parquet(store: ReaderStore, job: JobVersion, out: Path) -> int:
+    """The results of `job`'s version as one Parquet file at `out`, typed by its output schema,
+    written beside it and renamed into place; the rows written."""
     import pyarrow.parquet as pq
 
-    from batchline.spec import stored_spec
-
-    info = require_job(store, version)
-    spec = stored_spec(info)
+    version, spec = job.version, job.spec
     output_schema = spec.output_schema
     schema = parquet_schema(output_schema, spec.input.carry, spec.provenance)
     convert = converter(output_node(output_schema))
@@ -136,6 +146,13 @@ def refuse_folder(out: str, flag: str = "--out") -> None:
     if not is_remote(out) and Path(out).is_dir():
         raise BatchlineError(f"{flag} {out} is a folder: a version's export is one file, so name the file "
                              "(only a published NAME with --format parquet exports into a folder)")
+
+
+def local_or_url(location: str) -> Path | str:
+    """A local path as a Path; an object URL as itself."""
+    from batchline.sources import is_remote
+
+    return location if is_remote(location) else Path(location)
 
 
 def export_to(out: str, write: Callable[[Path], int]) -> int:

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from batchline.errors import BatchlineError, SpecError, one_line
-from batchline.sources.base import DatasetName, ParseContext, StoreDatasets
+from batchline.sources.base import DatasetName, StoreDatasets
 from batchline.sources.iceberg import (
     STORE_CATALOG,
     TABLE_FIELDS,
@@ -61,9 +61,9 @@ from batchline.sources.iceberg import (
     table_refusal,
     table_schema,
 )
-from batchline.spec import JobSpec, canonical_json, stored_spec
-from batchline.spec.reader import Fields, SpecReader
-from batchline.store import ReaderStore, StoredDeadLetter, StoredResult, require_job
+from batchline.spec import JobSpec, JobVersion, canonical_json
+from batchline.spec.reader import Fields, ParseContext, SpecReader
+from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
 from batchline.store.files import ShardUnit
 from batchline.targets.base import TargetFamily
 from batchline.targets.files import shard_file_location, shard_file_problem, write_shard_file
@@ -116,9 +116,8 @@ class IcebergTable:
 
     # --- stage ---------------------------------------------------------------------
 
-    def stage(self, store: ReaderStore, version: str) -> bool:
-        info = require_job(store, version)
-        spec = stored_spec(info)
+    def stage(self, store: ReaderStore, job: JobVersion) -> bool:
+        version, spec = job.version, job.spec
         with open_catalog(self.ref, self.store_url, self.storage) as catalog:
             written: dict[str, list[Any]] = {}  # files of this version written so far, kept across tries
             for attempt in range(COMMIT_TRIES):
@@ -131,7 +130,7 @@ class IcebergTable:
                         table.append(_empty(table), snapshot_properties={BASELINE: "true"})
                         continue
                     layout = self._layout(table, store, version, spec, written)
-                    layout.commit(table, {VERSION_PROPERTY: version, "batchline.name": info.name})
+                    layout.commit(table, {VERSION_PROPERTY: version, "batchline.name": job.name})
                     self._remove_orphans(version, layout, spec.shards.lease_seconds)
                     return True
                 except _commit_failed() as exc:

@@ -64,17 +64,27 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
 
-from batchline.acl import MAX_K, caller_groups, check_k
+from batchline.acl import MAX_K, Groups, check_k, group_filter
 from batchline.errors import BatchlineError, SpecError, missing_extra, one_line
 from batchline.sources.base import location_dataset
-from batchline.store import ReaderStore, StoredResult, require_job
-from batchline.targets.base import PublisherWritten, TargetFamily
-from batchline.targets.columns import PROVENANCE, PROVENANCE_COLUMN, arrow_type, provenance_values
+from batchline.store import ReaderStore, StoredResult
+from batchline.targets.base import Admit, Answer, Hit, PublisherWritten, Searchable, TargetFamily
+from batchline.targets.columns import (
+    ACL as ACL_COLUMN,
+)
+from batchline.targets.columns import (
+    PROVENANCE,
+    PROVENANCE_COLUMN,
+    acl_values,
+    arrow_type,
+    provenance_values,
+)
 
 if TYPE_CHECKING:
-    from batchline.sources.base import DatasetName, ParseContext, StoreDatasets
+    from batchline.sources.base import DatasetName, StoreDatasets
+    from batchline.spec import JobVersion
     from batchline.spec.model import JobSpec
-    from batchline.spec.reader import Fields, SpecReader
+    from batchline.spec.reader import Fields, ParseContext, SpecReader
 
 BATCH_ROWS = 10_000
 # Columns of every row; a chosen field may not take one of these names.
@@ -99,35 +109,9 @@ class IndexMissing(BatchlineError):
     """The version's table is not in the index (pruned meanwhile, or never staged)."""
 
 
-# Of a batch of candidate record ids, those that may be served now.
-Admit = Callable[[list[str]], set[str]]
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One search result: the record, how near it is (cosine similarity, 1 is the same
-    direction), its chosen fields, and the version it was answered from."""
-
-    record_id: str
-    score: float
-    fields: dict[str, Any]
-    version: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.record_id, "score": self.score, "fields": self.fields, "version": self.version}
-
-
 def table_name(table: str, version: str) -> str:
     """The Lance table a version's rows are in: the index's table name and the version's hash."""
     return f"{table}-{version.rsplit('@', 1)[-1]}"
-
-
-def group_filter(groups: Sequence[str]) -> str:
-    """The prefilter a caller of `groups` searches under: SQL string literals, quotes doubled,
-    each group exactly as `caller_groups` took it (which refuses control characters, so
-    nothing but a quote needs escaping)."""
-    quoted = ", ".join("'" + g.replace("'", "''") + "'" for g in caller_groups(groups))
-    return f"{ACL} IS NOT NULL AND array_has_any({ACL}, [{quoted}])"
 
 
 # The ways a search ranks: the vector index, every visible row, or every visible row after
@@ -139,22 +123,13 @@ REFILL_FACTOR = 4
 CHECKED_MARGIN = 2
 
 
-@dataclass(frozen=True)
-class Answer:
-    """A search's hits (nearest first), the way it ranked (IVF_PQ, EXACT or FALLBACK), and
-    how many candidates its `admit` check withheld."""
-
-    hits: list[Hit]
-    path: str
-    withheld: int = 0
-
-
 # --- the index ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class IndexOutput(PublisherWritten):
-    """`output.index`: where the versions' tables are and what their rows hold."""
+class IndexOutput(PublisherWritten, Searchable):
+    """`output.index`: where the versions' tables are and what their rows hold; searched
+    through the search port (`Searchable`)."""
 
     uri: str
     table: str | None = None  # default: the job's name
@@ -225,6 +200,18 @@ class IndexOutput(PublisherWritten):
     def table_for(self, name: str) -> str:
         return self.table or name
 
+    def query_vector(self, output: str) -> list[float]:
+        """The vector in the engine's output for a query, as a row's is read."""
+        vector = orjson.loads(output).get(self.vector_field)
+        if not isinstance(vector, list) or not vector:
+            raise BatchlineError(f"the job's engine gave no {self.vector_field!r} vector for the query")
+        return [float(v) for v in vector]
+
+    def search(self, name: str, version: str, vector: Sequence[float], groups: Groups, k: int, *,
+               storage: Mapping[str, Any], admit: Admit | None = None) -> Answer:
+        """The published version's nearest rows the groups may see (see the module's doc)."""
+        return LanceIndex(self, storage).search(name, version, vector, groups, k, admit=admit)
+
 
 def _arrow_type(schema: Any) -> tuple[Any, bool]:
     """The column type of a field, and whether it holds JSON text."""
@@ -280,13 +267,10 @@ class LanceIndex:
 
     # --- stage ---------------------------------------------------------------------
 
-    def stage(self, store: ReaderStore, version: str) -> bool:
-        from batchline.spec import stored_spec
-
-        info = require_job(store, version)
-        spec = stored_spec(info)
+    def stage(self, store: ReaderStore, job: JobVersion) -> bool:
+        version, spec = job.version, job.spec
         db = self.connect()
-        name = self.output.table_for(info.name)
+        name = self.output.table_for(job.name)
         tag = version_tag(version)
         table = _open(db, name)
         if table is not None and tag in table.tags.list():
@@ -409,7 +393,7 @@ class LanceIndex:
                     values = [None if v is None else json.dumps(v, ensure_ascii=False, sort_keys=True)
                               for v in values]
                 arrays.append(pa.array(values, kind))
-            arrays.append(pa.array([_acl(r.acl) for r in rows], pa.list_(pa.string())))
+            arrays.append(pa.array(acl_values(rows), arrow_type(ACL_COLUMN)))
             arrays.append(pa.array([version] * len(rows), pa.string()))
             if spec.provenance:
                 arrays.append(pa.array(provenance_values(rows, version), arrow_type(PROVENANCE)))
@@ -479,13 +463,13 @@ class LanceIndex:
 
     # --- search ----------------------------------------------------------------------
 
-    def search(self, name: str, version: str, vector: Sequence[float], groups: Sequence[str],
+    def search(self, name: str, version: str, vector: Sequence[float], groups: Groups,
                k: int, *, exact: bool = False, admit: Admit | None = None) -> Answer:
         """The k rows of `version` nearest `vector` among those the groups may see; `exact`:
         compared with every visible row even where the approximate index is; `admit`: of a
         batch of candidate ids, those that may be served now (others are withheld and
         replaced by further candidates)."""
-        where = group_filter(groups)
+        where = group_filter(groups, ACL)
         k = check_k(k)
         missing = IndexMissing(f"{self.describe()} has no version of {version} in table "
                                f"{self.output.table_for(name)!r}: publish it again (batchline publish {version} "
@@ -735,13 +719,6 @@ def _schema_dims(schema: Any) -> int:
     return 1
 
 
-def _acl(acl: Any) -> list[str] | None:
-    """A result's ACL as the `acl` column holds it: its groups exactly as stored."""
-    if acl is None:
-        return None
-    return [acl] if isinstance(acl, str) else list(acl)
-
-
 # --- the family ------------------------------------------------------------------------------
 
 INDEX_FIELDS: Fields = {
@@ -770,6 +747,7 @@ class LanceDBOutput(TargetFamily):
     """A LanceDB index of a version's vectors, searched behind each record's ACL."""
 
     name = "lancedb"
+    searchable = True
     keys: ClassVar[Fields] = {"index": {
         "type": "object", "properties": dict(INDEX_FIELDS), "required": ["uri"], "additionalProperties": False,
         "description": "A LanceDB index of the output's vectors, each row behind its record's ACL",
@@ -817,27 +795,6 @@ class LanceDBOutput(TargetFamily):
         if index and not is_remote(str(index.get("uri", ""))):
             return f"output.index.uri: {index.get('uri')} is a folder on this machine; give an s3:// or gs:// prefix"
         return None
-
-    @staticmethod
-    def index_of(spec: JobSpec) -> IndexOutput:
-        found = [t for t in spec.targets if isinstance(t, IndexOutput)]
-        if not found:
-            raise BatchlineError(f"{spec.name} has no output.index: nothing of it is searched")
-        return found[0]
-
-    def query_vector(self, spec: JobSpec, output: str) -> list[float]:
-        """The vector in the engine's output for a query, as a row's is read."""
-        index = self.index_of(spec)
-        vector = orjson.loads(output).get(index.vector_field)
-        if not isinstance(vector, list) or not vector:
-            raise BatchlineError(f"the job's engine gave no {index.vector_field!r} vector for the query")
-        return [float(v) for v in vector]
-
-    def search(self, name: str, version: str, vector: Sequence[float], groups: Sequence[str], *,
-               k: int, spec: JobSpec, admit: Admit | None = None) -> Answer:
-        """The published version's nearest rows the groups may see (see the module's doc)."""
-        return LanceIndex(self.index_of(spec), spec.input.storage).search(name, version, vector, groups, k,
-                                                                          admit=admit)
 
 
 LANCEDB = LanceDBOutput()

@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from batchline.errors import BatchlineError
 from batchline.sources.base import location_dataset
 from batchline.store import ReaderStore
-from batchline.targets.base import PublisherWritten, TargetFamily
+from batchline.targets.base import ExportResult, FileExport, PublisherWritten, TargetFamily
 
 if TYPE_CHECKING:
     from batchline.lake import LakeSettings
-    from batchline.sources.base import DatasetName, ParseContext, StoreDatasets
+    from batchline.sources.base import DatasetName, StoreDatasets
+    from batchline.spec import JobVersion
     from batchline.spec.model import JobSpec
-    from batchline.spec.reader import Fields, SpecReader
+    from batchline.spec.reader import Fields, ParseContext, SpecReader
 
 PART = "part-00000.parquet"
 
@@ -93,19 +94,17 @@ class ParquetDataset(_Dataset):
     def folder(self, name: str, version: str) -> Path:
         return self.root / name / version_folder(version)
 
-    def stage(self, store: ReaderStore, version: str) -> bool:
-        from batchline.targets.files import as_umask_allows, export_parquet
+    def stage(self, store: ReaderStore, job: JobVersion) -> bool:
+        from batchline.targets.files import as_umask_allows, write_parquet
 
-        info = store.job(version)
-        assert info is not None
-        folder = self.folder(info.name, version)
+        folder = self.folder(job.name, job.version)
         if folder.exists():
             return False
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         try:
             as_umask_allows(staging, folder=True)
-            export_parquet(store, version, staging / PART)
+            write_parquet(store, job, staging / PART)
             os.replace(staging, folder)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -144,19 +143,17 @@ class ObjectDataset(_Dataset):
     def folder(self, name: str, version: str) -> str:
         return f"{self.root}/{name}/{version_folder(version)}"
 
-    def stage(self, store: ReaderStore, version: str) -> bool:
+    def stage(self, store: ReaderStore, job: JobVersion) -> bool:
         from batchline.sources.objects import object_exists, upload
-        from batchline.targets.files import export_parquet
+        from batchline.targets.files import write_parquet
 
-        info = store.job(version)
-        assert info is not None
-        part = f"{self.folder(info.name, version)}/{PART}"
+        part = f"{self.folder(job.name, job.version)}/{PART}"
         # Its one object is written whole or not at all, so a version already there is complete.
         if object_exists(part, self.settings):
             return False
         with tempfile.TemporaryDirectory(prefix="batchline-export-") as scratch:
             local = Path(scratch) / PART
-            export_parquet(store, version, local)
+            write_parquet(store, job, local)
             upload(local, part, self.settings)
         return True
 
@@ -266,17 +263,47 @@ class ParquetOutput(TargetFamily):
         return None
 
 
-    def export(self, store: ReaderStore, name: str, root: Path | str) -> tuple[str, str]:
-        """The published version of `name` as a dataset under `root`, with CURRENT naming it:
-        an export on demand, not a publication, so CURRENT follows the store's pointer,
-        whatever it named before. Returns the version and its folder."""
-        version = store.resolve_name(name)
-        if version is None:
-            raise BatchlineError(f"nothing is published under {name!r} in {store.where()}")
-        dataset = dataset_at(root)
-        dataset.stage(store, version)
-        dataset.show(name, version, None)
-        return version, str(dataset.folder(name, version))
+def export_dataset(store: ReaderStore, name: str, root: Path | str) -> tuple[str, str]:
+    """The published version of `name` as a dataset under `root`, with CURRENT naming it:
+    an export on demand, not a publication, so CURRENT follows the store's pointer,
+    whatever it named before. Returns the version and its folder."""
+    from batchline.spec import JobVersion
+
+    version = store.resolve_name(name)
+    if version is None:
+        raise BatchlineError(f"nothing is published under {name!r} in {store.where()}")
+    dataset = dataset_at(root)
+    dataset.stage(store, JobVersion.of(store, version))
+    dataset.show(name, version, None)
+    return version, str(dataset.folder(name, version))
 
 
 PARQUET = ParquetOutput()
+
+
+class ParquetFile(FileExport):
+    """`export --format parquet`: a version's results as one Parquet file (typed as the Iceberg
+    table types them); a published NAME, unless `out` ends in `.parquet`, as a dataset of a
+    folder per version under `out` (default `exports`) with NAME/CURRENT naming it."""
+
+    name: ClassVar[str] = "parquet"
+    help: ClassVar[str] = ("one Parquet file; a published NAME: a folder per version under --out with "
+                           "NAME/CURRENT naming it, unless --out ends in .parquet")
+
+    def export(self, store: ReaderStore, target: str, out: str | None, errors: str | None,
+               partial: bool) -> ExportResult:
+        from batchline.store import job_or_published
+        from batchline.targets.files import export_parquet, export_to, finished, local_or_url
+
+        if store.job(target) is None and not str(out or "").endswith(".parquet"):
+            job_or_published(store, target)  # neither a version nor a published name: exit 66
+            version, folder = export_dataset(store, target, out if out is not None else "exports")
+            return ExportResult(version, store.status(version).results, local_or_url(folder),
+                                current=local_or_url(folder.rsplit("/", 1)[0] + "/CURRENT"))
+        version = job_or_published(store, target).version
+        finished(store, version, partial)
+        dest = out if out is not None else f"{version.replace('@', '-')}.parquet"
+        return ExportResult(version, export_to(dest, lambda p: export_parquet(store, version, p)), local_or_url(dest))
+
+
+PARQUET_FILE = ParquetFile()

@@ -17,8 +17,7 @@ from batchline.errors import SpecError
 from batchline.targets.base import TargetFamily, TargetSpec
 
 if TYPE_CHECKING:
-    from batchline.sources.base import ParseContext
-    from batchline.spec.reader import Fields, SpecReader
+    from batchline.spec.reader import Fields, ParseContext, SpecReader
 
 
 class StoreView(TargetFamily):

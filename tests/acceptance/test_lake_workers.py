@@ -116,7 +116,7 @@ def test_workers_killed_and_stalled_over_s3_objects_leave_one_outcome_per_record
         stalled_row = wait_for(lambda: partly_done(store, version, not_owner=killed_row.owner),
                                what="the other worker's shard partly done")
         stalled = next(p for p in procs if p.pid == owner_pid(stalled_row.owner))
-        with stopped(stalled.pid):
+        with stopped(stalled.pid, store):
             rescue_stalled_shard(store, store_url, version, stalled_row.shard_no, procs, tmp_path / "rescuer.log")
         sealed_and_gone(store, version, stalled)
     finally:
@@ -157,7 +157,7 @@ def test_a_worker_killed_over_an_iceberg_snapshot_in_s3_leaves_one_outcome_per_r
         stop_all(procs)
     results, dead = check_invariants(store, version, spec)
     assert dead == set() and len(results) == N
-    assert {r.acl[0] for r in store.iter_results(version)} == {"group-0", "group-1", "group-2"}
+    assert {r.acl.groups[0] for r in store.iter_results(version)} == {"group-0", "group-1", "group-2"}
     [taken] = store.events(version, ["take_back"])
     assert (taken.shard_no, taken.worker, taken.detail["proof"]["pid"]) == (
         victim_row.shard_no, victim_row.owner, victim)

@@ -27,6 +27,7 @@ from tests.helpers import (
     run_to_seal,
     start_worker,
     stop_all,
+    stop_group,
     wait_for,
 )
 
@@ -93,8 +94,7 @@ def test_a_stopped_worker_is_alive_and_keeps_its_lease(job_factory: Any, store: 
     procs = [stopped]
     try:
         wait_for(lambda: store.status(version).results >= 5, what="the first worker under way")
-        for pid in [stopped.pid, *_children(stopped.pid)]:
-            os.kill(pid, signal.SIGSTOP)
+        group = stop_group(stopped.pid, store)
         held = {h.shard_no: (h.owner, h.epoch) for h in store.leases(version)}
         procs.append(start_worker(store_url, version, tmp_path / "other.log"))
         # The other worker does all it can (the ready shard, and the stopped one's
@@ -109,21 +109,13 @@ def test_a_stopped_worker_is_alive_and_keeps_its_lease(job_factory: Any, store: 
         assert held and all(now.get(shard) == holder for shard, holder in held.items()), (held, now)
         assert all(owner != held_owner for shard, (owner, _e) in now.items() if shard not in held
                    for held_owner, _ in held.values())
-        for pid in [stopped.pid, *_children(stopped.pid)]:
+        for pid in group:
             os.kill(pid, signal.SIGCONT)
         wait_for(lambda: store.job(version).state == "sealed", timeout=120,  # type: ignore[union-attr]
                  what="the job to seal")
     finally:
         stop_all(procs)
     check_invariants(store, version, spec)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(c) for c in text.split()]
 
 
 def test_a_take_back_forced_on_a_live_worker_loses_nothing(job_factory: Any, store: Store, store_url: str,
@@ -173,9 +165,11 @@ def test_an_idle_worker_splits_off_a_slow_workers_tail(job_factory: Any, store: 
     assert len(results) == records and not dead
     splits = store.events(version, ["split"])
     assert splits and all(e.detail["by"] != e.worker for e in splits)
-    # Unsplit, the slow worker alone would take left * per_record * slowdown.
-    alone = left * per_record * slowdown
-    assert took < 0.5 * alone, f"{took:.1f}s with splitting, {alone:.1f}s for the slow worker alone"
+    # Unsplit, the slow worker would answer everything that was left; split, the idle worker,
+    # six times faster, takes most of it (counted, not timed: a loaded machine stretches time).
+    fast_worker = procs[1].pid
+    by_fast = sum(int(r.worker.split(":")[1]) == fast_worker for r in store.iter_results(version))
+    assert by_fast >= left / 2, f"the idle worker answered {by_fast} of the {left} left ({took:.1f}s)"
 
 
 def test_a_shard_re_leased_after_its_tail_was_split_computes_none_of_the_split_off_tail(

@@ -21,7 +21,7 @@ from batchline.publish.pointer import publish, rollback
 from batchline.publish.upstream import CurrentAcls
 from batchline.spec import load_spec, stored_spec
 from batchline.store import Store
-from batchline.targets.lancedb_index import EXACT, IVF_PQ, IndexOutput, LanceIndex, table_name
+from batchline.targets.lancedb_index import EXACT, IVF_PQ, IndexOutput, LanceIndex
 from tests.acceptance.test_job_over_job import OFFLINE, example
 from tests.acceptance.test_lake_workers import partly_done
 from tests.acceptance.test_worker_faults import owner_pid, sealed
@@ -89,7 +89,9 @@ def test_a_tightened_acl_is_served_nowhere_once_the_upstream_publishes_it(
     assert len(results) == N and dead == set() and store.events(d1, ["take_back"])
     published(store, d1)
     [output] = [t for t in spec.targets if isinstance(t, IndexOutput)]
-    table = LanceIndex(output).connect().open_table(table_name("ticket-summaries", d1))
+    opened = LanceIndex(output)._version("ticket-summaries", d1)  # the job's table at d1's tagged version
+    assert opened is not None
+    table = opened[0]
     assert "IvfPq" in {ix.index_type for ix in table.list_indices()}
 
     # A ticket both groups may see, whose own summary ranks it first for the desk today.

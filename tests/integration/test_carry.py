@@ -16,11 +16,11 @@ import yaml
 
 from batchline.check.validate import validate
 from batchline.errors import InputError, SpecError
-from batchline.publish.export import export_openai_batch, openai_errors_path
 from batchline.publish.pointer import publish
 from batchline.spec import load_spec, stored_spec
 from batchline.store import Store
 from batchline.targets.files import export_jsonl, export_parquet
+from batchline.targets.openai_batch import export_openai_batch, openai_errors_path
 from tests.helpers import Database, make_records, planned, run_to_seal, write_jsonl
 from tests.iceberg_support import duckdb_iceberg, metadata_location, with_table
 

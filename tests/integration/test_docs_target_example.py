@@ -18,8 +18,7 @@ import pytest
 from batchline.check.validate import validate
 from batchline.errors import BatchlineError
 from batchline.publish.pointer import publish, rollback
-from batchline.sources.base import ParseContext
-from batchline.spec.reader import SpecReader
+from batchline.spec.reader import ParseContext, SpecReader
 from batchline.store import Store
 from tests.helpers import planned, run_to_seal
 
@@ -55,8 +54,9 @@ def sealed(job_factory: Any, store: Store, n: int) -> str:
 
 def test_the_docs_example_target_follows_publish_and_rollback_and_refuses_a_moved_latest(
         example: ModuleType, job_factory: Any, store: Store, tmp_path: Path) -> None:
-    output = example.JSONL.parse("jsonl", {"jsonl": "exports"}, SpecReader("job.yaml"), ParseContext(tmp_path, {}))
-    assert output.to_dict() == {"jsonl": str(tmp_path / "exports")}
+    output = example.JSONL_FOLDER.parse("jsonl_folder", {"jsonl_folder": "exports"}, SpecReader("job.yaml"),
+                                        ParseContext(tmp_path, {}))
+    assert output.to_dict() == {"jsonl_folder": str(tmp_path / "exports")}
     target = output.target(None, {})
     first, second = sealed(job_factory, store, 20), sealed(job_factory, store, 30)
 

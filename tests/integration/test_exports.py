@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from batchline.publish.export import export_openai_batch, openai_errors_path
+from batchline.spec import JobVersion
 from batchline.store import Store
 from batchline.targets.files import export_jsonl, export_parquet
+from batchline.targets.openai_batch import export_openai_batch, openai_errors_path
 from batchline.targets.parquet import dataset_at
 from tests.helpers import make_records, planned, run_to_seal
 
@@ -40,7 +41,7 @@ def test_exports_are_as_readable_as_the_umask_makes_new_files_not_private_to_the
     export_parquet(store, version, out / "results.parquet")
     export_openai_batch(store, version, out / "batch.jsonl", openai_errors_path(out / "batch.jsonl"))
     dataset = dataset_at(tmp_path / "warehouse")
-    dataset.stage(store, version)
+    dataset.stage(store, JobVersion.of(store, version))
     dataset.show("test-job", version, None)
     folder = dataset.folder("test-job", version)
     files = [out / "results.jsonl", out / "results.parquet", out / "batch.jsonl", out / "batch.errors.jsonl",
@@ -143,12 +144,12 @@ def test_a_dataset_folder_staged_before_is_never_rewritten_whatever_its_format(
     dataset = dataset_at(tmp_path / "warehouse")
     old_part = tmp_path / "warehouse" / "test-job" / version_folder(old) / PART
     text_format_part(old_part, old)
-    dataset.stage(store, new)
+    dataset.stage(store, JobVersion.of(store, new))
     new_part = Path(dataset.folder("test-job", new)) / PART
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (old_part, new_part)}
 
     for version in (old, new, old, new):
-        dataset.stage(store, version)
+        dataset.stage(store, JobVersion.of(store, version))
         dataset.show("test-job", version, None)
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (old_part, new_part)} == before
     # Each folder says its own format: none (JSON text), or typed.

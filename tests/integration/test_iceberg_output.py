@@ -18,7 +18,7 @@ from batchline.check.validate import validate
 from batchline.errors import BatchlineError, PublicationMoved, SpecError, StoreError
 from batchline.plan.planner import plan
 from batchline.publish.pointer import publish, rollback
-from batchline.spec import load_spec
+from batchline.spec import JobVersion, load_spec
 from batchline.store import Store, open_store
 from batchline.targets.iceberg import IcebergTable
 from batchline.targets.iceberg_schema import node_of
@@ -74,7 +74,7 @@ def test_publish_writes_a_branch_then_moves_main_and_rollback_moves_it_back(
     assert table.metadata.snapshot_by_name(v1).summary.additional_properties["batchline.version"] == v1
 
     # Staged but not published: on its branch, not on main.
-    IcebergTable(load_spec_of(store, v2).targets[0].ref, store_url).stage(store, v2)
+    IcebergTable(load_spec_of(store, v2).targets[0].ref, store_url).stage(store, JobVersion.of(store, v2))
     assert main_versions(store_url) == {v1: 30}
     assert v2 in pyiceberg_table(store_url, TABLE).metadata.refs
 
@@ -219,7 +219,7 @@ def published_then_staged(job_factory: Any, store: Store, store_url: str, wh: Pa
     versions = [sealed(job_factory, store, wh, make_records(n, f"v{i}-")) for i, n in enumerate(sizes)]
     publish(store, versions[0])
     for v in versions[1:]:
-        IcebergTable(load_spec_of(store, v).targets[0].ref, store_url).stage(store, v)
+        IcebergTable(load_spec_of(store, v).targets[0].ref, store_url).stage(store, JobVersion.of(store, v))
     return versions
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from batchline.acl import Acl
 from batchline.api import Jobs
 from batchline.check.validate import validate
 from batchline.errors import InputError, SpecError, StoreError, VersionHalted
@@ -152,7 +153,7 @@ def seal_with_outputs(store: Store, version: str, outputs: dict[str, dict[str, A
     read = read_slice(Slice.from_json(lease.slice), stored_spec(store.job(version)).input, None,  # type: ignore[arg-type]
                       lambda start, end: store.input_records(version, start, end))
     pieces = {r.id: r.piece for r in read}
-    store.put_results(lease, [ResultRow(rid, json.dumps(out), acl=["g"], piece=pieces[rid])
+    store.put_results(lease, [ResultRow(rid, json.dumps(out), acl=Acl(["g"]), piece=pieces[rid])
                               for rid, out in outputs.items()])
     store.complete(lease)
 

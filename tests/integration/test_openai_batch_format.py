@@ -14,10 +14,10 @@ from batchline.engines.base import EngineConfig, EngineRequest, chat_prompt, pla
 from batchline.engines.openai_engine import OpenAIEngine
 from batchline.errors import InputError, SpecError
 from batchline.plan.planner import plan
-from batchline.publish.export import openai_errors_path
 from batchline.snapshot import file_digest, scan
 from batchline.spec import DecodingSpec, ModelSpec, load_spec, spec_from_store
 from batchline.store import Store
+from batchline.targets.openai_batch import openai_errors_path
 from tests.helpers import SIMPLE_SCHEMA
 
 DECODING = {"temperature": 0, "max_tokens": 64, "seed": 0, "top_p": 1.0}

@@ -203,10 +203,11 @@ def test_a_crash_mid_plan_leaves_no_partial_job(job_factory: Any, store: Store, 
 
 
 def test_content_hashes_follow_text_and_acl_only(tmp_path: Path) -> None:
+    from batchline.acl import Acl
     from batchline.snapshot import content_hash
 
-    assert content_hash("x", ["a"]) == content_hash("x", ["a"])
-    assert content_hash("x", ["a"]) != content_hash("x", ["b"])
+    assert content_hash("x", Acl(["a"])) == content_hash("x", Acl(["a"]))
+    assert content_hash("x", Acl(["a"])) != content_hash("x", Acl(["b"]))
     assert content_hash("x", None) != content_hash("y", None)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from batchline.acl import Acl
 from batchline.api import Jobs
 from batchline.check.validate import validate
 from batchline.cli import main
@@ -32,7 +33,7 @@ from batchline.errors import (
 )
 from batchline.plan.planner import plan
 from batchline.publish.pointer import publish, rollback
-from batchline.spec import load_spec, stored_spec
+from batchline.spec import JobVersion, load_spec, stored_spec
 from batchline.store import Store, StoredResult, open_store
 from batchline.targets.lancedb_index import (
     EXACT,
@@ -244,9 +245,9 @@ BAD_GROUPS: list[Any] = [[" hr"], ["hr "], ["\thr"], ["\u3000hr"], ["hr\x1f"], [
 
 def test_padded_control_character_and_bare_string_groups_are_refused_by_the_api_before_the_model_loads(
         shared: Shared, monkeypatch: pytest.MonkeyPatch) -> None:
-    import batchline.api
+    import batchline.publish.search
 
-    monkeypatch.setattr(batchline.api, "_ENGINES", {})
+    monkeypatch.setattr(batchline.publish.search, "_ENGINES", {})
     for groups in BAD_GROUPS:
         with pytest.raises(ArgumentError) as refused:
             Jobs(shared.store_url).search("tickets-index", "printer", groups, k=5)
@@ -254,7 +255,7 @@ def test_padded_control_character_and_bare_string_groups_are_refused_by_the_api_
     for k in (0, -3, 100_001, 2**63):
         with pytest.raises(ArgumentError, match="k must be a whole number from 1 to 100,000"):
             Jobs(shared.store_url).search("tickets-index", "printer", ["hr"], k=k)
-    assert batchline.api._ENGINES == {}  # nothing was embedded for a refused search
+    assert batchline.publish.search._ENGINES == {}  # nothing was embedded for a refused search
 
 
 @pytest.mark.parametrize("argv", [["--groups", " hr"], ["--groups", "hr,"], ["--groups", "hr\x1f"],
@@ -285,20 +286,20 @@ def test_a_name_nothing_is_published_under_is_exit_66_for_search(
 
 def test_a_search_from_another_engine_runtime_than_the_versions_is_refused_before_it_embeds(
         shared: Shared, monkeypatch: pytest.MonkeyPatch) -> None:
-    import batchline.api
     import batchline.engines
+    import batchline.publish.search
 
     with contextlib.closing(open_store(shared.store_url)) as s:
         pinned = s.pinned_runtime(shared.version)
     assert pinned is not None and "sentence-transformers" in pinned
-    monkeypatch.setattr(batchline.api, "_ENGINES", {})
+    monkeypatch.setattr(batchline.publish.search, "_ENGINES", {})
     monkeypatch.setattr(batchline.engines, "engine_runtime", lambda _name: "sentence-transformers 0.0.1, torch 0.1")
     with pytest.raises(BatchlineError) as refused:
         Jobs(shared.store_url).search("tickets-index", "printer", ["staff"], k=3)
     assert refused.value.exit_code == 5
     assert f"computed with the engine runtime {pinned}" in str(refused.value)
     assert "sentence-transformers 0.0.1" in str(refused.value)
-    assert batchline.api._ENGINES == {}  # refused before any model was loaded
+    assert batchline.publish.search._ENGINES == {}  # refused before any model was loaded
 
 
 def test_the_probed_partitions_holding_too_few_visible_rows_fall_back_to_an_exact_search(tmp_path: Path) -> None:
@@ -315,7 +316,7 @@ def test_the_probed_partitions_holding_too_few_visible_rows_fall_back_to_an_exac
     output = IndexOutput(str(tmp_path / "index"), nprobes=1, refine_factor=1)
     index = LanceIndex(output)
     spec = load_spec(index_job(tmp_path, [{"id": "a", "text": "x", "acl": ["g"]}], engine="synthetic"))
-    rows = [StoredResult(f"r{i:05d}", json.dumps({"embedding": v.tolist()}), ["few"] if i % 12 == 0 else ["many"],
+    rows = [StoredResult(f"r{i:05d}", json.dumps({"embedding": v.tolist()}), Acl(["few"]) if i % 12 == 0 else Acl(["many"]),
                          0, "w", 1, 1, 0.0, None, None) for i, v in enumerate(vectors)]
     version = "tickets-index@00000000000000fb"
     schema, batches = index.rows(spec, version, iter(rows))
@@ -339,7 +340,7 @@ def test_a_row_whose_acl_is_null_is_never_returned(tmp_path: Path) -> None:
     index = LanceIndex(output)
     spec = load_spec(index_job(tmp_path, [{"id": "a", "text": "x", "acl": ["g"]}], engine="synthetic"))
     rows = [StoredResult(rid, json.dumps({"embedding": [1.0, 0.0, 0.0, 0.0]}), acl, 0, "w", 1, 1, 0.0, None, None)
-            for rid, acl in (("open", ["g"]), ("nulled", None), ("empty", []))]
+            for rid, acl in (("open", Acl(["g"])), ("nulled", None), ("empty", Acl([])))]
     version = "tickets-index@0123456789abcdef"
     schema, batches = index.rows(spec, version, iter(rows))
     write_table(lancedb.connect(output.uri), table_name("tickets-index", version), schema, batches)
@@ -398,7 +399,7 @@ def test_a_version_staged_and_not_published_is_not_seen_by_searches(
     [output] = stored_spec(store.job(v2)).targets  # type: ignore[arg-type]
     assert isinstance(output, IndexOutput)
     index = LanceIndex(output)
-    assert index.stage(store, v2) is True
+    assert index.stage(store, JobVersion.of(store, v2)) is True
     assert tagged(index, "tickets-index") == {version_tag(v1), version_tag(v2)}
     answered, ids = search(store_url, "tickets-index", "x", ["group-0"], k=50)
     assert answered == v1 and len(ids) == 10 and all(i.startswith("a") for i in ids)
@@ -597,7 +598,7 @@ def test_each_hit_carries_its_chosen_fields_typed_as_the_output_schema_says(tmp_
     version = "tickets-index@00000000000000aa"
     outputs = {"near": {"embedding": [1.0, 0.1], "summary": "printer jam", "priority": 2, "entities": ["printer"]},
                "far": {"embedding": [0.0, 1.0], "summary": "vpn", "priority": 1, "entities": []}}
-    rows = [StoredResult(rid, json.dumps(out), ["g"], 0, "w", 1, 1, 0.0, None, None) for rid, out in outputs.items()]
+    rows = [StoredResult(rid, json.dumps(out), Acl(["g"]), 0, "w", 1, 1, 0.0, None, None) for rid, out in outputs.items()]
     table_schema, batches = index.rows(spec, version, iter(rows))
     write_table(lancedb.connect(output.uri), table_name("tickets-index", version), table_schema, batches)
     near, far = index.search("tickets-index", version, [1.0, 0.0], ["g"], 2).hits
@@ -605,7 +606,7 @@ def test_each_hit_carries_its_chosen_fields_typed_as_the_output_schema_says(tmp_
         ("near", {"summary": "printer jam", "priority": 2, "entities": ["printer"]}, version)
     assert far.fields == {"summary": "vpn", "priority": 1, "entities": []} and near.score > far.score
     # A vector of another length than the first record's is refused by its id.
-    rows.append(StoredResult("odd", json.dumps({"embedding": [1.0, 0.0, 0.0]}), ["g"], 0, "w", 1, 1, 0.0, None, None))
+    rows.append(StoredResult("odd", json.dumps({"embedding": [1.0, 0.0, 0.0]}), Acl(["g"]), 0, "w", 1, 1, 0.0, None, None))
     with pytest.raises(BatchlineError, match="record 'odd': its embedding has 3 values, not 2"):
         list(index.rows(spec, version, iter(rows))[1])
 

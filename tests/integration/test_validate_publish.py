@@ -17,7 +17,7 @@ from batchline.errors import BatchlineError, PublicationMoved, StoreError
 from batchline.publish.pointer import publish, rollback
 from batchline.store import Store, open_store
 from batchline.targets.files import export_jsonl, export_parquet
-from batchline.targets.parquet import PARQUET
+from batchline.targets.parquet import export_dataset
 from tests.helpers import (
     Database,
     before_the_store_records,
@@ -333,7 +333,7 @@ def test_acl_travels_into_the_view_every_export_carried_rows_and_dead_letters(
     same([(d["id"], d["acl"]) for d in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())])
     export_parquet(store, v2, tmp_path / "out.parquet")
     same([(r["id"], r["acl"]) for r in pq.read_table(tmp_path / "out.parquet").to_pylist()])
-    _, folder = PARQUET.export(store, spec.name, tmp_path / "warehouse")
+    _, folder = export_dataset(store, spec.name, tmp_path / "warehouse")
     same([(r["id"], r["acl"]) for r in pq.read_table(folder).to_pylist()])
     same([(d.record_id, d.acl) for d in store.iter_dead_letters(v2)])
     same([(r.record_id, r.acl) for r in store.iter_results(v2) if r.origin is not None])

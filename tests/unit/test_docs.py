@@ -107,10 +107,20 @@ def test_the_defaults_the_reference_shows_are_the_ones_the_parser_applies(tmp_pa
     where = {"input": spec.input, "decoding": spec.decoding, "shards": spec.shards, "validate": spec.validate,
              "validate.drift": spec.validate.drift, "validate.eval": spec.validate.eval,
              "retention": spec.retention, "routing.providers.*": spec.routing.providers[0] if spec.routing else None}
+    from batchline.registry import FORMATS, loaded
+    from batchline.spec.reader import SpecReader
+
+    # A format's options are its own: given as its default, an option is as if not given.
+    format_options = {key: fmt for fmt in loaded(FORMATS) for key in fmt.options}
     checked = 0
     for field, schema in declared_fields():
         section, _, key = field.rpartition(".")
-        if "default" in schema and section in where:
+        if "default" in schema and section == "input" and key in format_options:
+            reader = format_options[key]
+            assert reader.parse_options({key: schema["default"]}, "acl", SpecReader("t")) == \
+                reader.parse_options({}, "acl", SpecReader("t")), field
+            checked += 1
+        elif "default" in schema and section in where:
             assert getattr(where[section], key) == schema["default"], field
             checked += 1
     assert checked >= 25
@@ -132,5 +142,58 @@ def test_the_readme_is_what_a_newcomer_reads_first_and_links_into_the_docs() -> 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 250
     links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
-    assert "docs/getting-started.md" in links and "docs/reference/cli.md" in links
+    assert "docs/index.md" in links
     assert [link for link in links if not (ROOT / link).exists()] == []
+
+
+def nav_pages() -> list[str]:
+    """Every page of the site's navigation (mkdocs.yml), as its path under docs/."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    # mkdocs.yml may hold !!python/name tags a safe loader refuses; the nav needs none of them.
+    Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)  # a safe loader
+
+    def walk(items: Any) -> list[str]:
+        out: list[str] = []
+        for item in items:
+            value = next(iter(item.values())) if isinstance(item, dict) else item
+            out += walk(value) if isinstance(value, list) else [str(value)]
+        return out
+
+    return walk(config["nav"])
+
+
+def test_the_docs_index_is_the_one_table_of_contents_every_page_of_the_site_is_in() -> None:
+    # The README points to the index instead of keeping its own list, so there is one to keep.
+    index = (DOCS / "index.md").read_text()
+    linked = set(re.findall(r"\]\(([\w./-]+\.md)(?:#[\w-]+)?\)", index))
+    assert [page for page in nav_pages() if page != "index.md" and page not in linked] == []
+    readme = (ROOT / "README.md").read_text()
+    assert re.findall(r"^\s*[-*] \[[^]]*\]\(docs/", readme, re.MULTILINE) == []  # no list of its own
+
+
+def test_the_python_reference_renders_every_public_name_of_the_api() -> None:
+    import batchline.api
+
+    page = (DOCS / "reference" / "python.md").read_text()
+    rendered = set(re.findall(r"^::: ([\w.]+)$", page, re.MULTILINE))
+    shown = {name.rsplit(".", 1)[-1] for name in rendered}
+    assert [name for name in batchline.api.__all__ if name not in shown] == []
+
+
+def test_getting_started_names_every_extra_and_every_method_of_the_api() -> None:
+    import inspect
+    import tomllib
+
+    import batchline.api
+
+    page = (DOCS / "getting-started.md").read_text()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [name for name in extras if name != "dev" and f"| `{name}` |" not in page] == []
+    methods = [name for name, _ in inspect.getmembers(batchline.api.Jobs, inspect.isfunction)
+               if not name.startswith("_") and name not in ("resolve", "validate_and_publish")]
+    assert [name for name in methods if f"`{name}`" not in page] == []

@@ -13,9 +13,9 @@ import yaml
 from batchline.engines import create_engine
 from batchline.engines.base import EngineConfig, EngineRequest
 from batchline.engines.llamacpp import LlamaCppEngine
-from batchline.publish.export import export_openai_batch
 from batchline.spec import DecodingSpec, ModelSpec
 from batchline.store import Store
+from batchline.targets.openai_batch import export_openai_batch
 from tests.helpers import planned, run_to_seal
 from tests.integration.engines.support import EXAMPLES, ListSource
 

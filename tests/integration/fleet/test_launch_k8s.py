@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from batchline.errors import BatchlineError
-from batchline.launch.k8s import K8sOptions, render, to_yaml
+from batchline.launch.k8s import K8sOptions, to_yaml
+from batchline.launch.manifests import render
 
 kubernetes = pytest.importorskip("kubernetes")
 
@@ -66,7 +67,7 @@ def test_exit_75_is_replaced_not_finished_and_a_broken_job_fails_at_once(objects
     rules = {(r.action, tuple(r.on_exit_codes.values) if r.on_exit_codes else None,
               tuple(c.type for c in r.on_pod_conditions or ())) for r in job.spec.pod_failure_policy.rules}
     assert ("Ignore", (75,), ()) in rules
-    assert ("FailJob", (2, 3, 5, 7, 66), ()) in rules
+    assert ("FailJob", (2, 3, 5, 7, 66, 73), ()) in rules
     assert ("Ignore", None, ("DisruptionTarget",)) in rules
 
 

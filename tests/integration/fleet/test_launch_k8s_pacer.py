@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from batchline.cli import main
-from batchline.launch.k8s import K8sOptions, PaidPool, render, to_yaml
+from batchline.launch.k8s import K8sOptions, PaidPool, to_yaml
 from batchline.launch.k8s_pacer import (
     GENERATION_LABEL,
     SLOT_LABEL,
@@ -22,6 +22,7 @@ from batchline.launch.k8s_pacer import (
     paid_job,
     paid_job_template,
 )
+from batchline.launch.manifests import render
 from batchline.launch.pacer import Pacer
 from batchline.sizing.pacing import Mode
 from batchline.store import Store

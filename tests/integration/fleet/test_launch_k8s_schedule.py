@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from batchline.errors import BatchlineError, SpecError
-from batchline.launch.k8s import SPEC_DIR, K8sOptions, render, scheduled_spec, to_yaml
+from batchline.launch.k8s import SPEC_DIR, K8sOptions, scheduled_spec, to_yaml
+from batchline.launch.manifests import render
 from batchline.store import Store
 from tests.helpers import ROOT, SIMPLE_SCHEMA, make_records
 from tests.integration.fleet.test_launch_k8s import parse as parse_known
@@ -81,7 +82,7 @@ def test_each_slot_is_a_cronjob_of_its_own_at_the_lowest_priority_queued_through
         assert (job.spec.suspend, job.spec.parallelism, job.spec.completions) == (True, 1, 1)
         rules = {(r.action, tuple(r.on_exit_codes.values) if r.on_exit_codes else None)
                  for r in job.spec.pod_failure_policy.rules}
-        assert {("Ignore", (75,)), ("FailJob", (2, 3, 5, 7, 66))} <= rules
+        assert {("Ignore", (75,)), ("FailJob", (2, 3, 5, 7, 66, 73))} <= rules
         pod = job.spec.template.spec
         assert pod.priority_class_name == parsed[0].metadata.name and parsed[0].value < 0
         assert pod.termination_grace_period_seconds >= 7 + 10

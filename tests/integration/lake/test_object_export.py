@@ -14,6 +14,7 @@ from batchline.check.validate import validate
 from batchline.errors import BatchlineError
 from batchline.lake import lake_settings
 from batchline.publish.pointer import publish, rollback
+from batchline.spec import JobVersion
 from batchline.store import Store
 from batchline.targets.parquet import ObjectDataset, version_folder
 from tests.helpers import make_records, planned, run_to_seal
@@ -84,7 +85,7 @@ def test_two_exporters_cannot_interleave_on_current(job_factory: Any, store: Sto
     _, v2 = published(job_factory, store, make_records(11, "y"))
     first = ObjectDataset(root, lake_settings())
     for v in (v1, v2):
-        first.stage(store, v)
+        first.stage(store, JobVersion.of(store, v))
     # Absent CURRENT: If-None-Match. The other exporter creates it first; this one is refused.
     with pytest.raises(BatchlineError, match=rf"{root}/{name}/CURRENT changed while this export replaced it"):
         _SlowExporter(root, first, name, v1).show(name, v2, None)

@@ -18,12 +18,12 @@ import pytest
 
 from batchline.errors import InputError, SourceUnavailable, SpecError
 from batchline.plan.planner import plan
-from batchline.publish.export import export_openai_batch
 from batchline.snapshot import Slice, file_digest, read_slice, scan
 from batchline.sources import open_source
 from batchline.sources.objects import STREAM_CHUNK
 from batchline.spec import JobSpec, parse_spec
 from batchline.store import Store
+from batchline.targets.openai_batch import export_openai_batch
 from tests.helpers import make_records, run_to_seal
 from tests.integration.lake.support import FaultProxy, GCSStandIn, S3StandIn
 

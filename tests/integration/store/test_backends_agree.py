@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from batchline.acl import Acl
 from batchline.errors import StoreError
 from batchline.store import (
     DeadLetterRow,
@@ -41,12 +42,12 @@ def script(store: Store) -> list[Any]:
                        PlannedShard(2, {"n": 2}, 2)])
     writer.add_records([PlannedRecord(f"s{s}-{i}", s, "h") for s, n in ((0, 3), (1, 2), (2, 2))
                         for i in range(n)])
-    writer.add_dead_letters(2, [DeadLetterRow("s2-1", "too_long", "over the cap", ["g"])])
+    writer.add_dead_letters(2, [DeadLetterRow("s2-1", "too_long", "over the cap", Acl(["g"]))])
     writer.commit(7, 3)
     first = store.claim("w1", routes=["local"])
     assert first is not None
     seen.append(("claim", first.shard_no, first.epoch, first.route))
-    seen.append(attempt(lambda: store.put_results(first, [ResultRow("s0-0", OUT, ["a"], 1, 10, 3, "a"),
+    seen.append(attempt(lambda: store.put_results(first, [ResultRow("s0-0", OUT, Acl(["a"]), 1, 10, 3, "a"),
                                                           ResultRow("s0-0", OUT)])))
     seen.append(attempt(lambda: store.complete(first)))
     seen.append(attempt(lambda: store.charge_attempt(first, "s0-1", "engine_error", "boom", None, 2)))

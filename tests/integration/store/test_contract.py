@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from batchline.acl import Acl
 from batchline.errors import StoreError
 from batchline.store import (
     DeadLetterRow,
@@ -103,7 +104,7 @@ def test_duplicate_ids_are_refused_at_planning(store: Store) -> None:
 def test_records_planned_with_their_input_are_read_back_by_position_in_their_version_only(store: Store) -> None:
     # An input the store holds (a job over a published job): a worker reads its shard's records
     # by position, text and ACL as planned (a record without text as None), and nothing of another version.
-    rows = [InputRecord(f"r{i}", None if i == 3 else f"text {i}", [f"g{i % 2}"] if i % 4 else None, f"h{i}", i)
+    rows = [InputRecord(f"r{i}", None if i == 3 else f"text {i}", Acl([f"g{i % 2}"]) if i % 4 else None, f"h{i}", i)
             for i in range(6)]
     for version in ("job@1", "job@2"):
         writer = store.begin_plan(version, "job", {"name": "job", "shards": {"lease_seconds": LEASE}})
@@ -239,10 +240,10 @@ def test_charged_attempts_dead_letter_at_the_maximum(store: Store) -> None:
     assert lease is not None
     rid = ids[0][0]
     for expected in (1, 2):
-        r = store.charge_attempt(lease, rid, "engine_error", f"fail {expected}", ["g"], 3)
+        r = store.charge_attempt(lease, rid, "engine_error", f"fail {expected}", Acl(["g"]), 3)
         assert (r.attempts, r.dead_lettered) == (expected, False)
     assert store.attempts("job@1", ids[0]) == {rid: 2}
-    r = store.charge_attempt(lease, rid, "engine_error", "fail 3", ["g"], 3)
+    r = store.charge_attempt(lease, rid, "engine_error", "fail 3", Acl(["g"]), 3)
     assert (r.attempts, r.dead_lettered) == (3, True)
     [dead] = list(store.iter_dead_letters("job@1"))
     assert (dead.record_id, dead.kind, dead.error, dead.attempts, dead.acl) == (rid, "engine_error", "fail 3", 3, ["g"])
@@ -264,11 +265,11 @@ def test_results_keep_worker_attempt_and_time(store: Store) -> None:
     ids = plan_version(store, shards=1)
     lease = store.claim("w1")
     assert lease is not None
-    store.put_results(lease, [ResultRow(ids[0][0], OUT, acl={"groups": ["x"]}, attempt=2,
+    store.put_results(lease, [ResultRow(ids[0][0], OUT, acl=Acl(["x", "o'brien"]), attempt=2,
                                           input_tokens=5, output_tokens=7)])
     [r] = list(store.iter_results("job@1"))
     assert (r.worker, r.epoch, r.attempt, r.acl, r.input_tokens, r.output_tokens) == (
-        "w1", lease.epoch, 2, {"groups": ["x"]}, 5, 7)
+        "w1", lease.epoch, 2, Acl(["x", "o'brien"]), 5, 7)
     assert abs(r.created_at - store.now()) < 5
 
 

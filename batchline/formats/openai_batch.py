@@ -1,4 +1,5 @@
-"""The OpenAI batch file format: request lines in, response and error lines out.
+"""The OpenAI batch file format (`input.format: openai-batch`): request lines in, response and
+error lines out (the `openai-batch` export writes these).
 
 An input line is what OpenAI's Batch API and ``vllm run-batch`` take::
 
@@ -20,10 +21,20 @@ import hashlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from pathlib import Path
+from typing import Any, ClassVar, NoReturn
 
 from batchline.errors import InputError
-from batchline.spec import PENALTY_DEFAULTS, ChatRules, canonical_json, stop_sequences
+from batchline.formats.jsonl import JsonlFormat
+from batchline.snapshot.reading import Record, content_hash
+from batchline.spec import (
+    OPENAI_BATCH,
+    PENALTY_DEFAULTS,
+    ChatRules,
+    InputSpec,
+    canonical_json,
+    stop_sequences,
+)
 
 ENDPOINT = "/v1/chat/completions"
 ROLES = ("system", "developer", "user", "assistant")
@@ -230,3 +241,20 @@ def response_line(version: str, custom_id: str, content: str, created: float, mo
 def error_line(version: str, custom_id: str, code: str, message: str) -> dict[str, Any]:
     return {"id": f"batch_req_{_stable('line', version, custom_id)}", "custom_id": custom_id,
             "response": None, "error": {"code": code, "message": message}}
+
+
+class OpenAIBatchFormat(JsonlFormat):
+    """Request lines of OpenAI's Batch API: JSONL read in byte ranges, each line a conversation
+    (its messages), never guessed from a suffix since such a file is also plain JSONL."""
+
+    name: ClassVar[str] = OPENAI_BATCH
+    suffixes: ClassVar[tuple[str, ...]] = ()
+    chat: ClassVar[bool] = True
+
+    def record(self, obj: dict[str, Any], path: Path | str, line_no: int, spec: InputSpec) -> Record:
+        req = parse_request(obj, f"{path}:{line_no}", spec.chat_rules)
+        return Record(req.custom_id, req.text, None, content_hash(messages_hash_text(req.messages), None),
+                      line_no, messages=req.messages)
+
+
+OPENAI_BATCH_FILES = OpenAIBatchFormat()

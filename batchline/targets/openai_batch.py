@@ -1,9 +1,9 @@
-"""Exports of a version as OpenAI's batch output and error files (JSONL and Parquet files of
-a version are `batchline.targets.files`; a published name as a Parquet dataset is the
-Parquet target's).
+"""The `openai-batch` export: a version as OpenAI's batch output and error files, one line per
+line of the job's input, in the input's order (whatever the job's input format: custom_id is
+the record's id).
 
-Files are written beside their destination and renamed into place, so a
-reader never sees a partial export.
+Both files are written beside their destination and renamed into place, so a reader never
+sees a partial export; they go side by side on local disk.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Any
 
 from batchline.errors import BatchlineError, InputError
 from batchline.registry import ENGINES
-from batchline.store import ReaderStore
-from batchline.targets.files import atomic_write, finished
+from batchline.store import ReaderStore, job_or_published
+from batchline.targets.base import ExportResult, FileExport
+from batchline.targets.files import atomic_write, finished, refuse_folder
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,9 @@ def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Pat
     """OpenAI's batch output file (one response line per result) and error file (one line
     per dead letter), both in the order of the job's input, for any job: custom_id is the
     record's id. The input is streamed and results are fetched a page of ids at a time."""
-    from batchline.plan.planner import snapshot_records
+    from batchline.formats.openai_batch import error_line, response_line
     from batchline.snapshot import pinned_sources
-    from batchline.snapshot.openai_batch import error_line, response_line
+    from batchline.snapshot.order import snapshot_records
     from batchline.sources import snapshot_digest
     from batchline.spec import stored_spec
 
@@ -150,5 +151,30 @@ class _DeadLetterIndex:
         self.db.close()
 
 
+class OpenAIBatchFiles(FileExport):
+    name = "openai-batch"
+    help = ("OpenAI's batch output file (--out) and error file (--errors), one line per input line, in the "
+            "input's order")
+    errors_file = True
+
+    def export(self, store: ReaderStore, target: str, out: str | None, errors: str | None,
+               partial: bool) -> ExportResult:
+        from batchline.sources import is_remote
+
+        if out is None:
+            raise BatchlineError("--format openai-batch needs --out FILE (the error file goes beside it)")
+        if is_remote(out):
+            raise BatchlineError("--format openai-batch writes two files side by side on local disk; "
+                                 "--out must be a local file (copy them to object storage afterwards)")
+        out_path = Path(out)
+        refuse_folder(str(out_path))
+        errors_path = Path(errors) if errors is not None else openai_errors_path(out_path)
+        refuse_folder(str(errors_path), "--errors")
+        if errors_path.resolve() == out_path.resolve():
+            raise BatchlineError(f"--errors {errors_path} is the output file itself; name another file")
+        version = job_or_published(store, target).version
+        done = export_openai_batch(store, version, out_path, errors_path, partial=partial)
+        return ExportResult(version, done.responses, out_path, done.errors, errors_path, done.pending)
 
 
+OPENAI_BATCH_FILES = OpenAIBatchFiles()
