@@ -13,12 +13,14 @@ indexes brought up to them by Lance's optimize (no training again) and tagged. M
 the bench's own work, timed and taken out. Bytes written are what each version adds under the
 index's folder. Then --queries seeded random queries as the group `all` against each version:
 exact, and approximate as the target searches (recall@k: the share of the exact top k the
-approximate search returns), with each version's unindexed rows.
+approximate search returns), with each version's unindexed rows; at each --refine-factor given
+(the target's default, 30, unless told), the same for both versions.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -35,8 +37,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from retrieval_index import Stopwatch, folder_bytes, percentile, recall, spec_for, unit_vectors  # noqa: E402
 
+from batchline.acl import Acl  # noqa: E402
 from batchline.store import StoredResult  # noqa: E402
 from batchline.targets.lancedb_index import (  # noqa: E402
+    DEFAULT_REFINE_FACTOR,
     IndexOutput,
     LanceIndex,
     apply_changes,
@@ -44,6 +48,8 @@ from batchline.targets.lancedb_index import (  # noqa: E402
     version_tag,
     write_table,
 )
+
+ALL = Acl(["all"])  # every row's ACL
 
 FULL, NIGHTLY = "bench@0000000000000001", "bench@0000000000000002"
 CHUNK = 10_000
@@ -54,8 +60,32 @@ def results(ids: list[int], dims: int, seed: int) -> Any:
     for start in range(0, len(ids), CHUNK):
         block = ids[start:start + CHUNK]
         for i, vector in zip(block, unit_vectors(rng, len(block), dims), strict=True):
-            yield StoredResult(f"r{i:08d}", json.dumps({"embedding": vector.tolist()}), ["all"], 0, "bench", 1, 1,
+            yield StoredResult(f"r{i:08d}", json.dumps({"embedding": vector.tolist()}), ALL, 0, "bench", 1, 1,
                                0.0, None, None)
+
+
+def searched(index: LanceIndex, version: str, qs: Any, k: int) -> dict[str, Any]:
+    """recall@k and latency of the version's approximate search against its exact one, and
+    its indexes' unindexed rows."""
+    opened = index._version("bench", version)
+    assert opened is not None
+    checked_out = opened[0]
+    unindexed = {ix.name: checked_out.index_stats(ix.name).num_unindexed_rows  # type: ignore[union-attr]
+                 for ix in checked_out.list_indices()}
+    found: dict[bool, tuple[list[float], list[list[str]]]] = {}
+    for exact in (True, False):
+        index.search("bench", version, qs[0].tolist(), ["all"], k, exact=exact)  # warm the caches
+        times, ids = [], []
+        for q in qs:
+            t0 = time.perf_counter()
+            hits = index.search("bench", version, q.tolist(), ["all"], k, exact=exact).hits
+            times.append(time.perf_counter() - t0)
+            ids.append([h.record_id for h in hits])
+        found[exact] = (times, ids)
+    return {"unindexed": unindexed, "recall": recall(found[False][1], found[True][1], k),
+            "approx p50 ms": 1000 * statistics.median(found[False][0]),
+            "approx p99 ms": 1000 * percentile(found[False][0], 0.99),
+            "exact p50 ms": 1000 * statistics.median(found[True][0])}
 
 
 def main() -> int:
@@ -66,6 +96,8 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--dims", type=int, default=384)
     parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--refine-factor", type=int, nargs="+", default=[DEFAULT_REFINE_FACTOR],
+                        help="search both versions at each of these refine factors (every partition probed)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-index-nightly-"))
     spec = spec_for(root, args.dims)
@@ -99,40 +131,25 @@ def main() -> int:
           flush=True)
 
     qs = unit_vectors(np.random.default_rng(7), args.queries, args.dims)
-    figures: dict[str, dict[str, Any]] = {}
-    for label, version in (("full", FULL), ("nightly", NIGHTLY)):
-        opened = index._version("bench", version)
-        assert opened is not None
-        checked_out = opened[0]
-        unindexed = {ix.name: checked_out.index_stats(ix.name).num_unindexed_rows  # type: ignore[union-attr]
-                     for ix in checked_out.list_indices()}
-        found: dict[bool, tuple[list[float], list[list[str]]]] = {}
-        for exact in (True, False):
-            index.search("bench", version, qs[0].tolist(), ["all"], args.k, exact=exact)  # warm the caches
-            times, ids = [], []
-            for q in qs:
-                t0 = time.perf_counter()
-                hits = index.search("bench", version, q.tolist(), ["all"], args.k, exact=exact).hits
-                times.append(time.perf_counter() - t0)
-                ids.append([h.record_id for h in hits])
-            found[exact] = (times, ids)
-        figures[label] = {"unindexed": unindexed, "recall": recall(found[False][1], found[True][1], args.k),
-                          "approx p50 ms": 1000 * statistics.median(found[False][0]),
-                          "approx p99 ms": 1000 * percentile(found[False][0], 0.99),
-                          "exact p50 ms": 1000 * statistics.median(found[True][0])}
-        print(f"{label}: {figures[label]}", flush=True)
     print(f"\n{n:,} rows of {args.dims} dimensions, {k_changed:,} changed ({args.where}), {args.queries} queries, "
           f"k {args.k}, every partition probed")
     print(f"time:  nightly {nightly_seconds:.1f} s / full {full_seconds:.1f} s = {nightly_seconds / full_seconds:.3f}")
     print(f"bytes: nightly {nightly_bytes / 1e6:.0f} MB / full {full_bytes / 1e6:.0f} MB = "
-          f"{nightly_bytes / full_bytes:.3f}")
-    for label in ("full", "nightly"):
-        f = figures[label]
-        print(f"{label}: recall@{args.k} {f['recall']:.3f}, approximate p50 {f['approx p50 ms']:.1f} ms "
-              f"(p99 {f['approx p99 ms']:.1f}), exact p50 {f['exact p50 ms']:.1f} ms, unindexed rows {f['unindexed']}")
-    print(f"search p50, nightly over full: {figures['nightly']['approx p50 ms'] / figures['full']['approx p50 ms']:.2f}")
+          f"{nightly_bytes / full_bytes:.3f}", flush=True)
+    for refine in args.refine_factor:
+        searcher = LanceIndex(dataclasses.replace(output, refine_factor=refine))
+        figures = {label: searched(searcher, version, qs, args.k) for label, version in
+                   (("full", FULL), ("nightly", NIGHTLY))}
+        for label in ("full", "nightly"):
+            f = figures[label]
+            print(f"refine {refine}, {label}: recall@{args.k} {f['recall']:.3f}, approximate p50 "
+                  f"{f['approx p50 ms']:.1f} ms (p99 {f['approx p99 ms']:.1f}), exact p50 {f['exact p50 ms']:.1f} ms, "
+                  f"unindexed rows {f['unindexed']}")
+        print(f"refine {refine}, search p50, nightly over full: "
+              f"{figures['nightly']['approx p50 ms'] / figures['full']['approx p50 ms']:.2f}", flush=True)
     print(f"command: python bench/index_nightly.py --rows {n} --changed {args.changed} --where {args.where} "
-          f"--queries {args.queries} --dims {args.dims} --k {args.k}")
+          f"--queries {args.queries} --dims {args.dims} --k {args.k} "
+          f"--refine-factor {' '.join(map(str, args.refine_factor))}")
     return 0
 
 
