@@ -7,7 +7,8 @@ memory, the disk it used and the store's size.
 
 For each size: the input as Parquet on local disk (row groups of 100,000; made once, not timed),
 a PostgreSQL store (a database of its own on the server), the synthetic engine at no cost per
-record (so every second is the pipeline's own), shards of 5,000, and the results published into
+record (so every second is the pipeline's own), `shards.size` 5,000 (a Parquet shard takes whole row groups, so
+its shards hold 100,000 records each), and the results published into
 an Iceberg table whose files the workers write (`files: per-shard`, the SQL catalog in the store's
 database, the warehouse on local disk) and into a Parquet dataset. The phases, each a
 `batchline` command under `/usr/bin/time`: plan, run (`--workers` local workers), validate,
