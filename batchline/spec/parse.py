@@ -167,7 +167,8 @@ OUTPUT_FIELDS: Fields = {
 }
 _SHARD_TYPES = {"int": _INT, "float": _NUM, "bool": _BOOL, "int | None": _INT, "float | None": _NUM}
 _SHARD_DOCS = {
-    "size": "Records per shard, or auto (with interruptions_per_hour, workers and records_per_second)",
+    "size": ("Records per shard, or auto (with interruptions_per_hour, workers and records_per_second); a "
+             "Parquet shard is whole row groups, so it holds at least one row group whatever this says"),
     "max_attempts": "The attempt at which a failing record becomes a dead letter",
     "lease_seconds": "How long a claim holds a shard without a renewal",
     "renew_seconds": "How often a worker renews its lease; shorter than lease_seconds",
