@@ -892,5 +892,9 @@ class JobVersion:
     @classmethod
     def of(cls, store: ReaderStore, version: str) -> JobVersion:
         """The version as the store holds it now (`NoSuchVersion`, exit 66, when it does not)."""
-        info = require_job(store, version)
+        return cls.from_info(require_job(store, version))
+
+    @classmethod
+    def from_info(cls, info: JobInfo) -> JobVersion:
+        """The version of a record already read from the store, its spec parsed."""
         return cls(info, stored_spec(info))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchline.errors import BatchlineError
-from batchline.store import JobInfo, ReaderStore, StoredResult, require_job
+from batchline.store import JobInfo, ReaderStore, StoredResult
 from batchline.targets.columns import (
     ACL,
     CARRY_COLUMN,
@@ -39,22 +39,31 @@ def _rows(store: ReaderStore, version: str) -> Iterator[StoredResult]:
     return store.iter_results(version)
 
 
-def finished(store: ReaderStore, version: str, partial: bool) -> JobInfo:
-    """The version to export: sealed, or with `partial` any version (a half-done job is
-    exported only when asked for by name: a reader of a file cannot tell it is half)."""
-    info = require_job(store, version)
+def finished(store: ReaderStore, info: JobInfo, partial: bool) -> JobVersion:
+    """The version to export, as read from the store: sealed, or with `partial` any version (a
+    half-done job is exported only when asked for by name: a reader of a file cannot tell it
+    is half)."""
+    from batchline.spec import JobVersion
+
     if info.state != "sealed" and not partial:
-        st = store.status(version)
-        raise BatchlineError(f"{version} is not finished ({st.results + st.dead_letters:,} of {st.records:,} "
-                             "records have an outcome): export it once it is sealed, or pass --partial to "
-                             "write the outcomes there are")
-    return info
+        st = store.status(info.version)
+        raise BatchlineError(f"{info.version} is not finished ({st.results + st.dead_letters:,} of "
+                             f"{st.records:,} records have an outcome): export it once it is sealed, or pass "
+                             "--partial to write the outcomes there are")
+    return JobVersion.from_info(info)
 
 
 def export_jsonl(store: ReaderStore, version: str, out: Path | None) -> int:
-    from batchline.spec import stored_spec
+    """The results of `version` as JSONL at `out`, or on standard output (see `write_jsonl`)."""
+    from batchline.spec import JobVersion
 
-    provenance = stored_spec(require_job(store, version)).provenance
+    return write_jsonl(store, JobVersion.of(store, version), out)
+
+
+def write_jsonl(store: ReaderStore, job: JobVersion, out: Path | None) -> int:
+    """The results of `job`'s version, a JSON object a line, at `out` (written beside it and
+    renamed into place) or on standard output; the lines written."""
+    version, provenance = job.version, job.spec.provenance
 
     def write(f: Any) -> int:
         n = 0

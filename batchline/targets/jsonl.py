@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from batchline.store import ReaderStore, job_or_published
 from batchline.targets.base import ExportResult, FileExport
-from batchline.targets.files import export_jsonl, export_to, finished, local_or_url
+from batchline.targets.files import export_to, finished, local_or_url, write_jsonl
 
 
 class JsonlFile(FileExport):
@@ -16,11 +16,10 @@ class JsonlFile(FileExport):
 
     def export(self, store: ReaderStore, target: str, out: str | None, errors: str | None,
                partial: bool) -> ExportResult:
-        version = job_or_published(store, target).version
-        finished(store, version, partial)
+        job = finished(store, job_or_published(store, target), partial)
         if out is None:
-            return ExportResult(version, export_jsonl(store, version, None), None)
-        return ExportResult(version, export_to(out, lambda p: export_jsonl(store, version, p)), local_or_url(out))
+            return ExportResult(job.version, write_jsonl(store, job, None), None)
+        return ExportResult(job.version, export_to(out, lambda p: write_jsonl(store, job, p)), local_or_url(out))
 
 
 JSONL_FILE = JsonlFile()

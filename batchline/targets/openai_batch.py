@@ -18,7 +18,7 @@ from typing import Any
 
 from batchline.errors import BatchlineError, InputError
 from batchline.registry import ENGINES
-from batchline.store import ReaderStore, job_or_published
+from batchline.store import ReaderStore, job_or_published, require_job
 from batchline.targets.base import ExportResult, FileExport
 from batchline.targets.files import atomic_write, finished, refuse_folder
 
@@ -48,10 +48,8 @@ def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Pat
     from batchline.snapshot import pinned_sources
     from batchline.snapshot.order import snapshot_records
     from batchline.sources import snapshot_digest
-    from batchline.spec import stored_spec
-
-    info = finished(store, version, partial)
-    spec = stored_spec(info)
+    job = finished(store, require_job(store, version), partial)
+    spec = job.spec
     # The files follow the input's order, so the input must still be the planned snapshot;
     # the scan below reads each object conditional on the pin checked here.
     sources, pins = pinned_sources(spec.input, store.url)
@@ -89,7 +87,7 @@ def export_openai_batch(store: ReaderStore, version: str, out: Path, errors: Pat
                         counts["errors"] += 1
                     else:
                         counts["pending"] += 1
-        if counts["pending"] and info.state == "sealed":
+        if counts["pending"] and job.info.state == "sealed":
             raise BatchlineError(f"{counts['pending']:,} records of {version} have no outcome although it is "
                                  "sealed; the store does not cover the input")
         return counts["responses"]

@@ -293,17 +293,16 @@ class ParquetFile(FileExport):
     def export(self, store: ReaderStore, target: str, out: str | None, errors: str | None,
                partial: bool) -> ExportResult:
         from batchline.store import job_or_published
-        from batchline.targets.files import export_parquet, export_to, finished, local_or_url
+        from batchline.targets.files import export_to, finished, local_or_url, write_parquet
 
         if store.job(target) is None and not str(out or "").endswith(".parquet"):
             job_or_published(store, target)  # neither a version nor a published name: exit 66
             version, folder = export_dataset(store, target, out if out is not None else "exports")
             return ExportResult(version, store.status(version).results, local_or_url(folder),
                                 current=local_or_url(folder.rsplit("/", 1)[0] + "/CURRENT"))
-        version = job_or_published(store, target).version
-        finished(store, version, partial)
-        dest = out if out is not None else f"{version.replace('@', '-')}.parquet"
-        return ExportResult(version, export_to(dest, lambda p: export_parquet(store, version, p)), local_or_url(dest))
+        job = finished(store, job_or_published(store, target), partial)
+        dest = out if out is not None else f"{job.version.replace('@', '-')}.parquet"
+        return ExportResult(job.version, export_to(dest, lambda p: write_parquet(store, job, p)), local_or_url(dest))
 
 
 PARQUET_FILE = ParquetFile()
