@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,15 +153,29 @@ def start_worker(store_url: str, version: str | None = None, log: Path | None = 
     return subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=run_env, cwd=cwd)
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    """Waits on the store's state (polling), never on a fixed sleep."""
+def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition",
+             workers: Sequence[tuple[subprocess.Popen[bytes], Path]] = ()) -> Any:
+    """Waits on the store's state (polling), never on a fixed sleep. With `workers` (each process
+    and its log), a worker that exits before the condition holds ends the wait at once, and a
+    failure shows the end of each worker's log: the wait's cause is theirs to tell."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
+        if any(p.poll() is not None for p, _ in workers):
+            raise AssertionError(f"a worker exited while waiting for {what}" + _log_tails(workers))
         time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + _log_tails(workers))
+
+
+def _log_tails(workers: Sequence[tuple[subprocess.Popen[bytes], Path]], lines: int = 15) -> str:
+    tails = []
+    for p, log in workers:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        tails.append(f"\n--- worker {p.pid} (exit {p.poll()}), {log.name}:\n"
+                     + "\n".join(text.splitlines()[-lines:]))
+    return "".join(tails)
 
 
 def kill_9(pid: int) -> None:

@@ -79,10 +79,12 @@ def test_a_vllm_job_with_a_worker_killed_mid_shard_loses_and_duplicates_nothing(
         tmp_path: Path) -> None:
     spec, version = planned(vllm_job(job_factory, tiny_llama, 200), store)
     before = engine_core_pids()
-    procs = [start_worker(store_url, version, tmp_path / f"w{i}.log", env=worker_env()) for i in range(2)]
+    logs = [tmp_path / f"w{i}.log" for i in range(2)]
+    procs = [start_worker(store_url, version, log, env=worker_env()) for log in logs]
     try:
-        victim_row = wait_for(lambda: leased_and_started(store, version), timeout=300,
-                              what="a shard partly answered through vLLM")
+        # Two vLLM engines start on a machine the rest of the suite shares: minutes, not seconds.
+        victim_row = wait_for(lambda: leased_and_started(store, version), timeout=900,
+                              what="a shard partly answered through vLLM", workers=list(zip(procs, logs, strict=True)))
         victim = int(victim_row.owner.split(":")[1])
         family = descendants(victim)
         assert set(family) & engine_core_pids(), "the worker's engine started no vLLM engine core"
