@@ -2,19 +2,22 @@
 bytes written, recall@k and search latency of each.
 
     python bench/index_nightly.py [--rows 1000000] [--changed 0.05] [--where random|recent]
-                                  [--queries 100] [--dims 384] [--k 10]
+                                  [--queries 100] [--dims 384] [--k 10] [--refine-factor 30 ...]
+                                  [--rewrite-deleted-share 1 0.03 ...]
 
 Seeded random unit vectors of --dims dimensions, each row's ACL `["all"]`, go through the lancedb
 target's own code: the full version is every row written in one commit, its indexes built (the
-ACL's LABEL_LIST; the IVF_PQ index, every partition probed at search), optimized and tagged; the
+ACL's LABEL_LIST; the IVF_PQ index, every partition probed at search), optimized and tagged; a
 nightly version is the full one's Lance version made the latest again, --changed of the rows given
-new vectors (`--where random`: spread at random; `recent`: the last ones) upserted by id, the
-indexes brought up to them by Lance's optimize (no training again) and tagged. Making the rows is
-the bench's own work, timed and taken out. Bytes written are what each version adds under the
-index's folder. Then --queries seeded random queries as the group `all` against each version:
-exact, and approximate as the target searches (recall@k: the share of the exact top k the
-approximate search returns), with each version's unindexed rows; at each --refine-factor given
-(the target's default, 30, unless told), the same for both versions.
+new vectors (`--where random`: spread at random; `recent`: the last ones) upserted by id, the files
+whose deleted rows reach its `rewrite_deleted_share` rewritten without them, the indexes brought up
+to its rows by Lance's optimize (no training again) and tagged: one nightly version, from the same
+base, for each --rewrite-deleted-share (by default 1, never rewriting, and the target's default).
+Making the rows is the bench's own work, timed and taken out. Bytes written are what each version
+adds under the index's folder. Then --queries seeded random queries as the group `all` against
+each version: exact, and approximate as the target searches (recall@k: the share of the exact top
+k the approximate search returns), with each version's unindexed rows; at each --refine-factor
+given (the target's default, 30, unless told), the same for every version.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from batchline.acl import Acl  # noqa: E402
 from batchline.store import StoredResult  # noqa: E402
 from batchline.targets.lancedb_index import (  # noqa: E402
     DEFAULT_REFINE_FACTOR,
+    DEFAULT_REWRITE_DELETED_SHARE,
     IndexOutput,
     LanceIndex,
     apply_changes,
@@ -51,7 +55,11 @@ from batchline.targets.lancedb_index import (  # noqa: E402
 
 ALL = Acl(["all"])  # every row's ACL
 
-FULL, NIGHTLY = "bench@0000000000000001", "bench@0000000000000002"
+FULL = "bench@0000000000000001"
+
+
+def nightly(i: int) -> str:
+    return f"bench@{i + 2:016d}"
 CHUNK = 10_000
 
 
@@ -97,7 +105,10 @@ def main() -> int:
     parser.add_argument("--dims", type=int, default=384)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--refine-factor", type=int, nargs="+", default=[DEFAULT_REFINE_FACTOR],
-                        help="search both versions at each of these refine factors (every partition probed)")
+                        help="search every version at each of these refine factors (every partition probed)")
+    parser.add_argument("--rewrite-deleted-share", type=float, nargs="+",
+                        default=[1.0, DEFAULT_REWRITE_DELETED_SHARE],
+                        help="a nightly version from the same base for each of these output.index.rewrite_deleted_share")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-index-nightly-"))
     spec = spec_for(root, args.dims)
@@ -119,37 +130,42 @@ def main() -> int:
     k_changed = int(n * args.changed)
     changed = (sorted(np.random.default_rng(3).choice(n, k_changed, replace=False).tolist())
                if args.where == "random" else list(range(n - k_changed, n)))
-    made = Stopwatch(results(changed, args.dims, seed=2))
-    started = time.perf_counter()
-    table = db.open_table("bench")
-    base = int(table.tags.get_version(version_tag(FULL)))
-    apply_changes(table, base, index.rows(spec, NIGHTLY, iter(made)), iter([]))
-    finish_version(table, output, version_tag(NIGHTLY))
-    nightly_seconds = time.perf_counter() - started - made.seconds
-    nightly_bytes = folder_bytes(root / "index") - full_bytes
-    print(f"nightly version: {k_changed:,} rows changed in {nightly_seconds:.1f} s, {nightly_bytes / 1e6:.0f} MB",
-          flush=True)
+    nights: list[tuple[str, str, float, float]] = []  # label, version, seconds, bytes
+    for i, share in enumerate(args.rewrite_deleted_share):
+        version, label = nightly(i), f"nightly, rewrite_deleted_share {share:g}"
+        made = Stopwatch(results(changed, args.dims, seed=2))
+        written = folder_bytes(root / "index")
+        started = time.perf_counter()
+        table = db.open_table("bench")
+        base = int(table.tags.get_version(version_tag(FULL)))
+        apply_changes(table, base, index.rows(spec, version, iter(made)), iter([]))
+        finish_version(table, dataclasses.replace(output, rewrite_deleted_share=share), version_tag(version))
+        seconds = time.perf_counter() - started - made.seconds
+        nights.append((label, version, seconds, folder_bytes(root / "index") - written))
+        print(f"{label}: {k_changed:,} rows changed in {seconds:.1f} s, {nights[-1][3] / 1e6:.0f} MB", flush=True)
 
     qs = unit_vectors(np.random.default_rng(7), args.queries, args.dims)
     print(f"\n{n:,} rows of {args.dims} dimensions, {k_changed:,} changed ({args.where}), {args.queries} queries, "
           f"k {args.k}, every partition probed")
-    print(f"time:  nightly {nightly_seconds:.1f} s / full {full_seconds:.1f} s = {nightly_seconds / full_seconds:.3f}")
-    print(f"bytes: nightly {nightly_bytes / 1e6:.0f} MB / full {full_bytes / 1e6:.0f} MB = "
-          f"{nightly_bytes / full_bytes:.3f}", flush=True)
+    for label, _version, seconds, written in nights:
+        print(f"{label}: time {seconds:.1f} s / full {full_seconds:.1f} s = {seconds / full_seconds:.3f}; "
+              f"bytes {written / 1e6:.0f} MB / full {full_bytes / 1e6:.0f} MB = {written / full_bytes:.3f}")
     for refine in args.refine_factor:
         searcher = LanceIndex(dataclasses.replace(output, refine_factor=refine))
-        figures = {label: searched(searcher, version, qs, args.k) for label, version in
-                   (("full", FULL), ("nightly", NIGHTLY))}
-        for label in ("full", "nightly"):
-            f = figures[label]
+        figures = {label: searched(searcher, version, qs, args.k)
+                   for label, version in [("full", FULL)] + [(label, v) for label, v, _, _ in nights]}
+        for label, f in figures.items():
             print(f"refine {refine}, {label}: recall@{args.k} {f['recall']:.3f}, approximate p50 "
                   f"{f['approx p50 ms']:.1f} ms (p99 {f['approx p99 ms']:.1f}), exact p50 {f['exact p50 ms']:.1f} ms, "
                   f"unindexed rows {f['unindexed']}")
-        print(f"refine {refine}, search p50, nightly over full: "
-              f"{figures['nightly']['approx p50 ms'] / figures['full']['approx p50 ms']:.2f}", flush=True)
+        for label, _, _, _ in nights:
+            print(f"refine {refine}, search p50, {label} over full: "
+                  f"approximate {figures[label]['approx p50 ms'] / figures['full']['approx p50 ms']:.2f}, "
+                  f"exact {figures[label]['exact p50 ms'] / figures['full']['exact p50 ms']:.2f}", flush=True)
     print(f"command: python bench/index_nightly.py --rows {n} --changed {args.changed} --where {args.where} "
           f"--queries {args.queries} --dims {args.dims} --k {args.k} "
-          f"--refine-factor {' '.join(map(str, args.refine_factor))}")
+          f"--refine-factor {' '.join(map(str, args.refine_factor))} "
+          f"--rewrite-deleted-share {' '.join(f'{x:g}' for x in args.rewrite_deleted_share)}")
     return 0
 
 

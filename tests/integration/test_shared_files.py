@@ -119,13 +119,14 @@ SUMMARISED = {"type": "object", "properties": {
     "summary": {"type": "string", "maxLength": 40}}, "required": ["embedding", "summary"]}
 
 
-def indexed(store: Store, tmp_path: Path, rows: list[dict[str, Any]], tag: str, **top: Any) -> str:
+def indexed(store: Store, tmp_path: Path, rows: list[dict[str, Any]], tag: str,
+            index: dict[str, Any] | None = None, **top: Any) -> str:
     import json
 
     from tests.integration.test_retrieval_index import index_job, sealed
 
-    path = index_job(tmp_path, rows, engine="synthetic", tag=tag, base="published", index={"fields": ["summary"]},
-                     **top)
+    path = index_job(tmp_path, rows, engine="synthetic", tag=tag, base="published",
+                     index={"fields": ["summary"], **(index or {})}, **top)
     (path.parent / "schema.json").write_text(json.dumps(SUMMARISED))
     version = sealed(path, store)
     publish(store, version)
@@ -171,3 +172,52 @@ def test_an_index_version_is_its_base_plus_its_changes_and_forgetting_the_base_k
     assert table.count_rows() == N + 1
     again = {h.record_id for h in Jobs(store_url).search("tickets-index", "ticket", ["g"], k=N + 10).hits}
     assert again == set(hits)
+
+
+def deletion_files(table: Any, lance_version: int) -> int:
+    table.checkout(lance_version)
+    return sum(f.deletion_file() is not None for f in table.to_lance().get_fragments())
+
+
+def test_a_nightly_version_that_deletes_a_tenth_of_a_file_rewrites_it_without_them_and_keeps_its_base(
+        store: Store, store_url: str, tmp_path: Path) -> None:
+    from batchline.api import Jobs
+    from batchline.targets.lancedb_index import LanceIndex, version_tag
+
+    data = tmp_path / "index" / "tickets-index.lance" / "data"
+    v1 = indexed(store, tmp_path, vector_rows(), "1")
+    before = {p.name: p.stat().st_size for p in data.iterdir()}
+    changed = set(range(0, N, 10))  # a tenth, spread over the file: over the default share of 0.03
+    v2 = indexed(store, tmp_path, vector_rows(changed=changed), "2")
+    [output] = stored_spec(store.job(v2)).targets  # type: ignore[arg-type]
+    table = LanceIndex(output).connect().open_table("tickets-index")  # type: ignore[arg-type]
+    v2_at = table.tags.get_version(version_tag(v2))
+    assert deletion_files(table, v2_at) == 0  # rewritten without its deleted rows
+    assert table.count_rows() == N
+    assert {ix.name: table.index_stats(ix.name).num_unindexed_rows for ix in table.list_indices()} == \
+        {ix.name: 0 for ix in table.list_indices()}
+    after = {p.name: p.stat().st_size for p in data.iterdir()}
+    assert before.items() <= after.items()  # the base keeps its files while it is kept
+    table.checkout(table.tags.get_version(version_tag(v1)))
+    assert table.count_rows() == N
+    hits = {h.record_id: h for h in Jobs(store_url).search("tickets-index", "ticket", ["g"], k=N + 10).hits}
+    assert len(hits) == N and all(h.version == v2 for h in hits.values())
+    assert all(hits[f"r{i:05d}"].fields["summary"].startswith("new ticket") for i in changed)
+    assert not any(hits[f"r{i:05d}"].fields["summary"].startswith("new") for i in range(N) if i not in changed)
+
+
+def test_rewrite_deleted_share_one_keeps_the_deletions_as_deletion_files_and_copies_nothing(
+        store: Store, store_url: str, tmp_path: Path) -> None:
+    from batchline.targets.lancedb_index import LanceIndex, version_tag
+
+    data = tmp_path / "index" / "tickets-index.lance" / "data"
+    indexed(store, tmp_path, vector_rows(), "1", index={"rewrite_deleted_share": 1})
+    before = folder_size(data)
+    v2 = indexed(store, tmp_path, vector_rows(changed=set(range(0, N, 10))), "2",
+                 index={"rewrite_deleted_share": 1})
+    [output] = stored_spec(store.job(v2)).targets  # type: ignore[arg-type]
+    assert output.rewrite_deleted_share == 1  # type: ignore[attr-defined]
+    table = LanceIndex(output).connect().open_table("tickets-index")  # type: ignore[arg-type]
+    assert deletion_files(table, table.tags.get_version(version_tag(v2))) == 1
+    assert table.count_rows() == N
+    assert 0 < folder_size(data) - before < before / 5  # its 30 changed rows, not a copy
