@@ -173,9 +173,14 @@ class IndexOutput(PublisherWritten, Searchable):
         return location_dataset(f"{self.uri.rstrip('/')}/{self.table or name}", str(at) if at is not None else None)
 
     def check(self, spec: JobSpec, store_url: str | None) -> None:
+        import importlib.util
+
         try:
-            import lance  # noqa: F401  # pylance: the publisher rewrites files without their deletions
             import lancedb  # noqa: F401  # refused before any record is inferred, not at publish
+            # pylance rewrites files without their deletions at publish; found, not imported: it
+            # warns in every process that forks after importing it.
+            if importlib.util.find_spec("lance") is None:
+                raise ImportError("lance")
         except ImportError:
             raise SpecError(f"output.index: {missing_extra('Retrieval indexes', 'lancedb and pylance', 'index')}") from None
         upstream_props: dict[str, Any] = {}
