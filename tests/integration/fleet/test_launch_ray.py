@@ -64,7 +64,11 @@ def test_a_killed_worker_actor_is_replaced_and_nothing_is_lost(
     assert not thread.is_alive(), "the launch did not finish"
     [summary] = outcome
     assert isinstance(summary, LaunchSummary), summary
-    assert summary.exit_code == 0 and summary.actor_deaths == 1 and summary.restarts >= 1
+    # The kill reaches the launcher one of two ways, by which Ray reports first: the actor's death,
+    # or the actor's worker process ended by signal 9 (seen once in a full run). Either way it is
+    # counted once and the worker replaced.
+    assert summary.exit_code == 0 and summary.restarts >= 1
+    assert summary.actor_deaths + summary.exits.get(-9, 0) == 1, summary
     _results, dead = check_invariants(store, version, spec)
     assert dead == {"r000450"}
     assert [d.attempts for d in store.iter_dead_letters(version)] == [3]
