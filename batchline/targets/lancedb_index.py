@@ -630,9 +630,12 @@ def rewrite_deleted(table: Any, share: float) -> None:
     """Lance's compaction of each file whose deleted rows reach `share` of it: rewritten without
     them, their index entries remapped (pylance's optimizer: LanceDB's optimize has no threshold
     to give). The base version's files stay while a kept version uses them."""
-    if share >= 1 or not any(f.deletion_file() is not None for f in table.to_lance().get_fragments()):
+    if share >= 1:
         return
-    table.to_lance().optimize.compact_files(materialize_deletions=True, materialize_deletions_threshold=share)
+    dataset = table.to_lance()
+    if not any(f.deletion_file() is not None for f in dataset.get_fragments()):
+        return
+    dataset.optimize.compact_files(materialize_deletions=True, materialize_deletions_threshold=share)
     table.checkout_latest()
 
 
