@@ -74,13 +74,15 @@ class Acl:
     """A record's ACL: the groups that may read it, in the order written, each exactly as
     written (see the module's doc). Immutable; equal ACLs are equal."""
 
-    __slots__ = ("groups",)
+    __slots__ = ("_json", "groups")
 
     groups: tuple[str, ...]
+    _json: str | None
 
     def __init__(self, groups: Iterable[str]) -> None:
         # Only `read` and `from_json` make one from outside this module, each after its check.
         object.__setattr__(self, "groups", tuple(groups))
+        object.__setattr__(self, "_json", None)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("an Acl is immutable")
@@ -90,15 +92,13 @@ class Acl:
         """A record's ACL as its input holds it: a list of strings, or one string (one group).
         `AclUnreadable` for anything else, or for an entry no caller's group could equal."""
         if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list | tuple) or not all(isinstance(entry, str) for entry in value):
+            value = (value,)
+        if not isinstance(value, list | tuple):
             raise AclUnreadable(f"must be a list of strings (or one string), not {_shown(value)}")
-        for entry in value:
-            flaw = group_flaw(entry)
-            if flaw is not None:
-                raise AclUnreadable(f"entry {entry!r} {flaw}; no caller's group can equal it, and batchline never "
-                                    "strips or guesses a security label: fix the record's ACL")
-        return cls(value)
+        try:
+            return _read(tuple(value))
+        except TypeError:  # an unhashable entry (a list, a dict): not a string either
+            return _read.__wrapped__(tuple(value))
 
     @staticmethod
     def from_json(text: str | None) -> Acl | None:
@@ -108,7 +108,11 @@ class Acl:
     def to_json(self) -> str:
         """The one text form of an ACL: what the store keeps (so equal ACLs compare equal in
         SQL) and what a record's content hash reads."""
-        return orjson.dumps(list(self.groups)).decode()
+        if self._json is None:
+            # Kept: an ACL shared by many records is written once for each of them.
+            object.__setattr__(self, "_json", orjson.dumps(list(self.groups)).decode())
+        assert self._json is not None
+        return self._json
 
     def to_list(self) -> list[str]:
         """The groups as a list of strings: the `acl` column of every export and table."""
@@ -137,6 +141,10 @@ class Acl:
     def __repr__(self) -> str:
         return f"Acl({list(self.groups)!r})"
 
+    def __reduce__(self) -> tuple[type[Acl], tuple[tuple[str, ...]]]:
+        # Pickled as its groups (a process pool, a copy): the default sets slots one by one.
+        return (Acl, (self.groups,))
+
 
 @functools.lru_cache(maxsize=4096)
 def _from_json(text: str) -> Acl:
@@ -149,6 +157,20 @@ def _from_json(text: str) -> Acl:
         return Acl((value,))
     if not isinstance(value, list) or not all(isinstance(g, str) for g in value):
         raise AclUnreadable(f"the stored ACL {text[:80]!r} is not a list of strings")
+    return Acl(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _read(value: tuple[Any, ...]) -> Acl:
+    # The records of an input share a handful of ACLs: each is checked once (a planner reads
+    # millions), and an ACL refused is never kept.
+    if not all(isinstance(entry, str) for entry in value):
+        raise AclUnreadable(f"must be a list of strings (or one string), not {_shown(list(value))}")
+    for entry in value:
+        flaw = group_flaw(entry)
+        if flaw is not None:
+            raise AclUnreadable(f"entry {entry!r} {flaw}; no caller's group can equal it, and batchline never "
+                                "strips or guesses a security label: fix the record's ACL")
     return Acl(value)
 
 

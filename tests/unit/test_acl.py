@@ -144,6 +144,31 @@ def test_an_acl_and_a_callers_groups_cannot_be_changed_or_made_unchecked() -> No
         Groups(("everyone",), object())
 
 
+def test_an_acl_failed_to_pickle_or_copy_and_now_comes_back_equal() -> None:
+    import copy
+    import pickle
+
+    acl = Acl.read(["g1", "g 2"])
+    assert acl.to_json() == '["g1","g 2"]'
+    for again in (pickle.loads(pickle.dumps(acl)), copy.copy(acl), copy.deepcopy(acl)):
+        assert again == acl and again.to_json() == acl.to_json()
+        with pytest.raises(AttributeError):
+            again.groups = ("everyone",)  # type: ignore[misc]
+
+
+def test_an_acl_read_again_is_the_one_checked_before_and_a_refused_one_is_refused_every_time() -> None:
+    first = Acl.read(["g1", "g2"])
+    assert Acl.read(("g1", "g2")) is first
+    assert Acl.read(["g2", "g1"]) is not first  # the order is the ACL's: another one
+    for _ in range(3):
+        with pytest.raises(AclUnreadable, match="whitespace"):
+            Acl.read(["g1", " g2"])
+        with pytest.raises(AclUnreadable, match="list of strings"):
+            Acl.read(["g1", ["g2"]])  # unhashable: checked without the cache
+        with pytest.raises(AclUnreadable, match="list of strings"):
+            Acl.read(["g1", 2])
+
+
 def test_caller_groups_are_kept_as_given_once_each() -> None:
     assert caller_groups(["b", "a", "b", "it service desk"]) == ("b", "a", "it service desk")
     checked = caller_groups(["g1"])
