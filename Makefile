@@ -19,7 +19,7 @@ EXTRAS := $(shell $(PYTHON) -c "import tomllib; print(','.join(k for k in tomlli
 export CMAKE_ARGS ?= $(shell sed -n 's/^PORTABLE_CMAKE_ARGS="\(.*\)"$$/\1/p' container/install.sh)
 DEMO_STORE ?= sqlite:///demo/batchline.db
 
-.PHONY: setup demo demo-iceberg demo-lake demo-index test lint typecheck contracts services browser bench drill clean vllm-check vllm-env test-vllm docs docs-check
+.PHONY: setup demo demo-iceberg demo-lake demo-index test lint typecheck contracts services browser pooler bench drill clean vllm-check vllm-env test-vllm docs docs-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -77,6 +77,12 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
 	  || echo "chromium could not be installed: the browser test will skip"; }
 
+# A test of workers behind a pooler needs Debian's pgbouncer; without it that test skips, saying why.
+pooler:
+	@command -v pgbouncer >/dev/null 2>&1 || test -x /usr/sbin/pgbouncer || { echo "installing pgbouncer for the pooler test"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null \
+	  || echo "pgbouncer could not be installed: the pooler test will skip"; }
+
 # make drill: a fault drill (kill -9, SIGSTOP past the lease, SIGTERM, poison records) on SQLite and,
 # where PostgreSQL is up on 127.0.0.1:5432, on a new database there; fails if any invariant does.
 # Figures print as it ends; each run's worker logs and HTML report are kept in drill/.
@@ -112,7 +118,7 @@ contracts: setup
 # are made once): most tests wait on worker processes, servers and leases, not on a core. The
 # tests of the real vLLM run beside them, in their own environment (test-vllm), their output
 # shown when both are done; either failing fails the target.
-test: setup services browser lint typecheck contracts docs-check vllm-env
+test: setup services browser pooler lint typecheck contracts docs-check vllm-env
 	@log=$$(mktemp); \
 	$(MAKE) --no-print-directory test-vllm > $$log 2>&1 & vllm=$$!; \
 	BATCHLINE_REQUIRE_POSTGRES=1 $(BIN)/pytest -q -n 2 --dist loadfile -m 'not vllm'; main=$$?; \

@@ -358,7 +358,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     paid = PaidSlotRef.parse(args.paid_slot) if args.paid_slot else None
     if paid is not None and args.job is None:
         raise BatchlineError("--paid-slot needs --job VERSION: a paid worker works the version its pacer bought it for")
-    store = open_store(args.store, create=False, wait_seconds=args.store_wait, log=log.info)
+    store = open_store(args.store, create=False, wait_seconds=args.store_wait, log=log.info, worker=True)
     keeper = None
     if paid is not None:
         from batchline.worker.liveness import process_identity

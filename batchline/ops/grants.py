@@ -30,7 +30,7 @@ from psycopg import sql
 from batchline.errors import BatchlineError, StoreError
 from batchline.store import postgres_sql as q
 from batchline.store import require_job
-from batchline.store.postgres import redact
+from batchline.store.postgres import WORKER_SESSION_SETTINGS, redact
 
 # Row-level security admits the role to its version's rows only. Where a
 # command needs more than `version = {v}`, it is said here: sealing and halting
@@ -94,6 +94,10 @@ def statements(version: str, role: str, schema: str, *, role_exists: bool,
     if password is not None:
         options = sql.SQL("{} PASSWORD {}").format(options, sql.Literal(password))
     out.append(sql.SQL("{} ROLE {} {}").format(sql.SQL("ALTER" if role_exists else "CREATE"), r, options))
+    # The worker's session settings on the role itself too: a pooler in front of the server may
+    # refuse them as a connection's startup parameter, and the role's own apply however it connects.
+    for setting, value in WORKER_SESSION_SETTINGS.items():
+        out.append(sql.SQL("ALTER ROLE {} SET {} = {}").format(r, sql.Identifier(setting), sql.Literal(value)))
     # Start from nothing, so a re-run after a change of this file removes what was dropped from it.
     out.append(sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA {} FROM {}").format(s, r))
     out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, r))

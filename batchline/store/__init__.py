@@ -76,11 +76,12 @@ def default_url() -> str:
 
 
 def open_store(url: str | None = None, *, create: bool = True, wait_seconds: float = 0.0,
-               log: Callable[[str], None] = lambda _m: None) -> Store:
+               log: Callable[[str], None] = lambda _m: None, worker: bool = False) -> Store:
     """The store at `url`. `create`: a SQLite store that does not exist is made (planning);
     otherwise it is refused with its path, as a PostgreSQL database that does not exist
     always is. `wait_seconds`: how long to wait for a server that cannot be reached yet
-    (a worker's start)."""
+    (a worker's start). `worker`: a worker's store, whose PostgreSQL sessions the server ends
+    when one sits inside a transaction (`postgres.WORKER_SESSION_SETTINGS`)."""
     url = url or default_url()
     if url.startswith("sqlite:///"):
         from batchline.store.sqlite import SQLiteStore
@@ -89,9 +90,13 @@ def open_store(url: str | None = None, *, create: bool = True, wait_seconds: flo
         return SQLiteStore(Path(url[len("sqlite:///"):]), url=url, create=create)
     if url.startswith(("postgresql://", "postgres://")):
         try:
-            from batchline.store.postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
+            from batchline.store.postgres import (  # type: ignore[import-not-found,unused-ignore]
+                WORKER_SESSION_SETTINGS,
+                PostgresStore,
+            )
         except ImportError as exc:
             raise StoreError(f"the PostgreSQL store is not available: {exc}") from None
-        store: Store = PostgresStore(url, wait_seconds=wait_seconds, log=log)
+        store: Store = PostgresStore(url, wait_seconds=wait_seconds, log=log,
+                                     settings=WORKER_SESSION_SETTINGS if worker else None)
         return store
     raise StoreError(f"unknown store URL {url!r}: use sqlite:///path/to/file.db or postgresql://...")

@@ -34,7 +34,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -86,6 +86,26 @@ CONNECTION_DEFAULTS = {
 }
 
 
+# A worker's session is ended by the server when it sits inside a transaction this long. A
+# worker's transactions take milliseconds; one stopped inside one (a frozen VM, SIGSTOP, a
+# debugger) would otherwise keep its shard row locked until the server's TCP keepalive gives
+# up (two hours by default), and a locked row is one every claimer skips: its lease could run
+# out and nobody could take the shard over. The worker, if it wakes, finds its connection
+# lost and runs its transaction again under its fence, as after any lost connection.
+WORKER_SESSION_SETTINGS = {"idle_in_transaction_session_timeout": "60s"}
+
+
+UNSUPPORTED_OPTIONS = "unsupported startup parameter: options"
+
+
+def session_options(given: str | None, settings: Mapping[str, str]) -> str | None:
+    """libpq's `options` with `settings` as `-c name=value`, after what the URL gave (a setting
+    the URL's options name already is the URL's)."""
+    parts = [given] if given else []
+    parts += [f"-c {name}={value}" for name, value in settings.items() if not given or name not in given]
+    return " ".join(parts) or None
+
+
 def redact(url: str) -> str:
     """The URL without its password, for messages."""
     try:
@@ -106,14 +126,21 @@ class PostgresStore(StoreCore):
 
     def __init__(self, url: str, *, reconnect_seconds: float = DEFAULT_RECONNECT_SECONDS,
                  migrate: bool = True, wait_seconds: float = 0.0,
-                 log: Callable[[str], None] = lambda _m: None) -> None:
+                 log: Callable[[str], None] = lambda _m: None, settings: Mapping[str, str] | None = None) -> None:
+        """`settings`: server settings of this store's sessions (`WORKER_SESSION_SETTINGS` for a
+        worker's)."""
         self.url = url
         self.reconnect_seconds = reconnect_seconds
         try:
             given = conninfo_to_dict(url)
         except psycopg.ProgrammingError as exc:
             raise StoreError(f"bad PostgreSQL URL: {exc}") from None
-        self._conninfo = make_conninfo(url, **{k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given})
+        extra = {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
+        self._conninfo = self._plain_conninfo = make_conninfo(url, **extra)
+        given_options = given.get("options")
+        options = session_options(str(given_options) if given_options is not None else None, settings or {})
+        if options is not None and options != given_options:
+            self._conninfo = make_conninfo(url, **extra, options=options)
         self._conn: psycopg.Connection[Any] | None = None
         self._staged = False
         self.reconnects = 0
@@ -153,7 +180,17 @@ class PostgresStore(StoreCore):
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self._conninfo, autocommit=True)
+            try:
+                self._conn = psycopg.connect(self._conninfo, autocommit=True)
+            except psycopg.OperationalError as exc:
+                # A pooler (PgBouncer by default) refuses the options startup parameter: the
+                # session settings are a safeguard, not a condition, so connect without them.
+                if self._conninfo == self._plain_conninfo or UNSUPPORTED_OPTIONS not in str(exc):
+                    raise
+                log.warning("%s refuses session settings at connection (%s); connecting without them",
+                            redact(self.url), _first_line(exc))
+                self._conninfo = self._plain_conninfo
+                self._conn = psycopg.connect(self._conninfo, autocommit=True)
             self._staged = False
         return self._conn
 

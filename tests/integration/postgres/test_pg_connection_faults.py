@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,6 +129,58 @@ def test_a_refusal_whose_acknowledgement_was_lost_is_logged_once(store: Store, l
     with lose:
         assert store.renew(old) is None
     assert [e.detail["op"] for e in store.events("job@1", ["stale_epoch"])] == ["renew"]
+
+
+def test_a_worker_stopped_inside_a_transaction_kept_its_shard_locked_and_now_loses_its_session(
+        store: Store, pg_url: str) -> None:
+    plan_version(store, shards=2)
+    # The worker's session setting, made short so the test need not wait a minute.
+    worker = PostgresStore(pg_url, migrate=False, settings={"idle_in_transaction_session_timeout": "1s"})
+    inside, wake = threading.Event(), threading.Event()
+    woke: list[BaseException] = []
+
+    def stopped_in_its_claim(cur: Any) -> None:
+        cur.execute("SELECT shard_no FROM shards WHERE version = 'job@1' AND shard_no = 0 FOR UPDATE")
+        inside.set()
+        wake.wait(30)  # stopped here, between two statements of its transaction
+
+    def run() -> None:
+        try:
+            worker._run(stopped_in_its_claim, retry=False)
+        except StoreError as exc:
+            woke.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert inside.wait(10)
+    first = store.claim("w2")
+    assert first is not None and first.shard_no == 1  # shard 0 is locked: every claimer skips it
+    time.sleep(2.5)
+    taken = store.claim("w3")
+    assert taken is not None and taken.shard_no == 0  # the server ended the stopped session and its lock
+    wake.set()
+    thread.join(10)
+    assert len(woke) == 1  # woken, the worker finds its transaction gone: nothing of it was committed
+    assert worker._rows("SELECT 1") == [(1,)]  # and its store connects again
+    assert [(r.owner, r.epoch) for r in store.shard_rows("job@1")] == [("w3", 1), ("w2", 1)]
+    worker.close()
+
+
+def test_only_a_workers_sessions_are_ended_inside_a_transaction(pg_url: str) -> None:
+    setting = "SHOW idle_in_transaction_session_timeout"
+    for worker, shown in ((True, "1min"), (False, "0")):
+        opened = open_store(pg_url, create=False, worker=worker)
+        assert isinstance(opened, PostgresStore)
+        assert opened._rows(setting) == [(shown,)]
+        opened.close()
+    # A URL that sets it keeps its own, and its other options stay.
+    url = pg_url + ("&" if "?" in pg_url else "?") + "options=-c%20idle_in_transaction_session_timeout%3D5s%20-c%20" \
+        "statement_timeout%3D7s"
+    opened = open_store(url, create=False, worker=True)
+    assert isinstance(opened, PostgresStore)
+    assert opened._rows(setting) == [("5s",)]
+    assert opened._rows("SHOW statement_timeout") == [("7s",)]
+    opened.close()
 
 
 def test_an_error_that_is_not_a_lost_connection_is_not_retried(store_url: str) -> None:
@@ -321,3 +374,75 @@ def test_workers_survive_a_server_restart(private_server: PrivateServer, poison_
     finally:
         stop_all(procs)
         store.close()
+
+
+class Pooler:
+    """A PgBouncer of this test's own (Debian's pgbouncer; `make test` installs it), in front of
+    the store's database, in transaction pooling and with its default startup parameters: it
+    refuses `options`, as a pooler most deployments put between workers and the server does."""
+
+    def __init__(self, pg_url: str) -> None:
+        program = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        if not os.path.exists(program):
+            pytest.skip("needs PgBouncer (Debian's pgbouncer: make test installs it)")
+        params = psycopg.conninfo.conninfo_to_dict(pg_url)
+        self.dbname = str(params.get("dbname", "postgres"))
+        # PgBouncer will not run as root.
+        self.as_user: list[str] = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        self.folder = Path(tempfile.mkdtemp(prefix="bl-pgbouncer-"))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        (self.folder / "users.txt").write_text('"postgres" ""\n')
+        (self.folder / "pgbouncer.ini").write_text(
+            f"[databases]\n{self.dbname} = host={params.get('host', '127.0.0.1')} port={params.get('port', 5432)} "
+            f"dbname={self.dbname}\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {self.port}\n"
+            f"unix_socket_dir =\nauth_type = trust\nauth_file = {self.folder / 'users.txt'}\n"
+            f"pool_mode = transaction\nlogfile = {self.folder / 'pgbouncer.log'}\n")
+        if self.as_user:
+            shutil.chown(self.folder, "postgres", "postgres")
+            for f in self.folder.iterdir():
+                shutil.chown(f, "postgres", "postgres")
+        self.process = subprocess.Popen([*self.as_user, program, str(self.folder / "pgbouncer.ini")],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(self.available, timeout=30, what="PgBouncer to listen")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{self.dbname}"
+
+    def available(self) -> bool:
+        try:
+            with psycopg.connect(self.url, connect_timeout=3, prepare_threshold=None):
+                return True
+        except psycopg.Error:
+            return False
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def test_a_worker_behind_a_pooler_that_refuses_session_settings_connects_without_them(
+        store: Store, pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    plan_version(store, shards=1)
+    pooler = Pooler(pg_url)
+    try:
+        try:
+            psycopg.connect(pooler.url + "?options=-c%20statement_timeout%3D7s", connect_timeout=3).close()
+        except psycopg.OperationalError as exc:
+            assert "unsupported startup parameter: options" in str(exc)
+        else:
+            pytest.fail("this pooler took the options startup parameter: the test would show nothing")
+        worker = open_store(pooler.url, create=False, worker=True)
+        assert isinstance(worker, PostgresStore)
+        lease = worker.claim("w1")  # works its version through the pooler as any worker
+        assert lease is not None and lease.shard_no == 0
+        warned = [r.getMessage() for r in caplog.records if "refuses session settings" in r.getMessage()]
+        assert len(warned) == 1 and "unsupported startup parameter: options" in warned[0]
+        worker.close()
+    finally:
+        pooler.close()

@@ -74,6 +74,10 @@ def test_a_worker_under_the_role_does_its_job_and_nothing_else(job_factory: Any,
     assert plan.created
     grant(store_url, mine, role=role)  # idempotent: a second run changes nothing and does not fail
     url = as_role(store_url, role)
+    # The worker's session settings are the role's own, however it connects (a pooler may refuse
+    # them at connection).
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("1min",)
 
     # A real worker process under the narrow role finishes its job version.
     log = tmp_path / "worker.log"
