@@ -71,17 +71,22 @@ docs-check: setup
 	@site=$$(mktemp -d); NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $$site; \
 	status=$$?; rm -rf $$site; exit $$status
 
+# $(call debian_package,PROGRAM,WHAT IT IS FOR,WHAT HAPPENS WITHOUT IT): Debian's package PROGRAM,
+# installed where it is not on the PATH (nor in /usr/sbin, where pgbouncer lies).
+define debian_package
+@command -v $(1) >/dev/null 2>&1 || test -x /usr/sbin/$(1) || { echo "installing $(1) for $(2)"; \
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null \
+  || echo "$(1) could not be installed: $(3)"; }
+endef
+
 # The report's browser test needs Debian's chromium; without it that test skips, saying why.
 browser:
-	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium for the report's browser test"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
-	  || echo "chromium could not be installed: the browser test will skip"; }
+	$(call debian_package,chromium,the report's browser test,the browser test will skip)
 
-# A test of workers behind a pooler needs Debian's pgbouncer; without it that test skips, saying why.
+# A test of workers behind a pooler needs Debian's pgbouncer; under make test, as for PostgreSQL itself,
+# it fails without it (run alone, it skips).
 pooler:
-	@command -v pgbouncer >/dev/null 2>&1 || test -x /usr/sbin/pgbouncer || { echo "installing pgbouncer for the pooler test"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null \
-	  || echo "pgbouncer could not be installed: the pooler test will skip"; }
+	$(call debian_package,pgbouncer,the pooler test,the pooler test will fail)
 
 # make drill: a fault drill (kill -9, SIGSTOP past the lease, SIGTERM, poison records) on SQLite and,
 # where PostgreSQL is up on 127.0.0.1:5432, on a new database there; fails if any invariant does.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from batchline.engines import create_engine
 from batchline.engines.base import EngineConfig
 from batchline.errors import EngineFatal
 from batchline.spec import DecodingSpec, ModelSpec
+from tests.helpers import free_port
 from tests.integration.engines.support import ListSource, make_request
 
 pytest.importorskip("httpx")
@@ -173,10 +173,7 @@ def test_unknown_model_is_fatal_at_load() -> None:
 
 
 def test_unreachable_server_is_fatal_after_the_bound() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    engine = create_engine(_config(f"http://127.0.0.1:{port}/v1", unreachable_seconds=0.3,
+    engine = create_engine(_config(f"http://127.0.0.1:{free_port()}/v1", unreachable_seconds=0.3,
                                    max_retries=100, **FAST))
     started = time.monotonic()
     with pytest.raises(EngineFatal, match="has not answered successfully"):
@@ -187,19 +184,13 @@ def test_unreachable_server_is_fatal_after_the_bound() -> None:
 # --- against a real server -------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def llama_server() -> Iterator[str]:
     pytest.importorskip("llama_cpp.server")
     from batchline.engines.models import GEMMA_PACKAGE, resolve_model_path
 
     model = resolve_model_path(None, GEMMA_PACKAGE)
-    port = _free_port()
+    port = free_port()
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"llama-server-{port}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(

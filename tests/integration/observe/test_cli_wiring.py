@@ -5,7 +5,6 @@ report and drill --check."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 
 from batchline.store import Store
-from tests.helpers import planned, stop_all, wait_for
+from tests.helpers import free_port, planned, stop_all, wait_for
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser",
                                         reason="the metrics extra is not installed (pip install -e '.[metrics]')")
@@ -24,13 +23,6 @@ prometheus_parser = pytest.importorskip("prometheus_client.parser",
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "batchline", *args], capture_output=True, text=True, timeout=120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def results_served(port: int) -> float | None:

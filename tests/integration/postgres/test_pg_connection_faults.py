@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -25,6 +24,7 @@ from batchline.store.postgres import PostgresStore
 from tests.helpers import (
     PG_ADMIN_URL,
     check_invariants,
+    free_port,
     planned,
     postgres_missing,
     start_worker,
@@ -287,6 +287,10 @@ def test_workers_survive_their_backends_being_terminated_mid_run(
     check_applied_once(store, version)
 
 
+# PostgreSQL's programs and PgBouncer refuse to run as root: as root, a test runs them as postgres.
+AS_POSTGRES: list[str] = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
 class PrivateServer:
     """A PostgreSQL cluster of this test's own (initdb in a temporary folder, a free port),
     because restarting the shared server on 127.0.0.1:5432 would cut the connections of every
@@ -299,13 +303,11 @@ class PrivateServer:
             postgres_missing("needs PostgreSQL's server programs (initdb, pg_ctl) to run a server of its own")
         self.bindir = bindir
         # initdb refuses to run as root; the cluster then belongs to the postgres user.
-        self.as_user: list[str] = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        self.as_user = AS_POSTGRES
         self.folder = Path(tempfile.mkdtemp(prefix="bl-pgserver-"))
         if self.as_user:
             shutil.chown(self.folder, "postgres", "postgres")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.data = self.folder / "data"
         self.ctl("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--no-sync")
         self.ctl("pg_ctl", "-D", str(self.data), "-l", str(self.folder / "server.log"), "-w", "-t", "60",
@@ -384,15 +386,13 @@ class Pooler:
     def __init__(self, pg_url: str) -> None:
         program = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
         if not os.path.exists(program):
-            pytest.skip("needs PgBouncer (Debian's pgbouncer: make test installs it)")
+            postgres_missing("needs PgBouncer (Debian's pgbouncer: make test installs it)")
         params = psycopg.conninfo.conninfo_to_dict(pg_url)
         self.dbname = str(params.get("dbname", "postgres"))
         # PgBouncer will not run as root.
-        self.as_user: list[str] = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        self.as_user = AS_POSTGRES
         self.folder = Path(tempfile.mkdtemp(prefix="bl-pgbouncer-"))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         (self.folder / "users.txt").write_text('"postgres" ""\n')
         (self.folder / "pgbouncer.ini").write_text(
             f"[databases]\n{self.dbname} = host={params.get('host', '127.0.0.1')} port={params.get('port', 5432)} "
