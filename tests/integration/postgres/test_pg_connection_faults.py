@@ -155,9 +155,9 @@ def test_a_worker_stopped_inside_a_transaction_kept_its_shard_locked_and_now_los
     assert inside.wait(10)
     first = store.claim("w2")
     assert first is not None and first.shard_no == 1  # shard 0 is locked: every claimer skips it
-    time.sleep(2.5)
-    taken = store.claim("w3")
-    assert taken is not None and taken.shard_no == 0  # the server ended the stopped session and its lock
+    # Claimable again once the server ends the stopped session (after 1 s inside its transaction).
+    taken = wait_for(lambda: store.claim("w3"), timeout=20, what="shard 0 to be claimable again")
+    assert taken.shard_no == 0
     wake.set()
     thread.join(10)
     assert len(woke) == 1  # woken, the worker finds its transaction gone: nothing of it was committed
