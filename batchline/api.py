@@ -223,7 +223,7 @@ class Jobs:
     def run(self, spec: str | Path, *, workers: int = 1, log_dir: str | Path | None = None, publish: bool = False,
             plan_key: str | None = None, progress: IO[str] | None = sys.stderr,
             log: Callable[[str], None] = _stderr, deadline: str | None = None,
-            spot_trace: str | Path | None = None) -> RunResult:
+            spot_trace: str | Path | None = None, spot_trace_start: float = 0.0) -> RunResult:
         """Plans the job if it is new and keeps `workers` local worker processes running until
         every shard is done; `publish`: then validates the version and publishes it if it
         passes (`BatchlineError` if it does not), unless its name shows it already.
@@ -247,14 +247,8 @@ class Jobs:
             raise SpecError(f"{where}: {why}")
 
         held = parse_deadline(deadline, "--deadline", refuse) if deadline is not None else job.deadline
-        trace = None
-        if spot_trace is not None:
-            try:
-                trace = Trace.read(Path(spot_trace))
-            except FileNotFoundError:
-                raise BatchlineError(f"--spot-trace {spot_trace}: no such file") from None
-            except ValueError as exc:
-                raise BatchlineError(f"--spot-trace {exc}") from None
+        trace = Trace.load(spot_trace, workers=workers, start_seconds=spot_trace_start) \
+            if spot_trace is not None else None
         with self._opened(create=True, lineage=True) as s, contextlib.ExitStack() as closing:
             refusal = held.refusal(s.now()) if held is not None else None
             if refusal is not None:
@@ -464,13 +458,13 @@ class Jobs:
             return done
 
     def report(self, target: str, html: str | Path, *, gpu_hour_price: float | None = None) -> ReportData:
-        """Writes one self-contained HTML page about a version (or a published name)."""
-        from batchline.ops.report.data import DEFAULT_GPU_HOUR_PRICE
+        """Writes one self-contained HTML page about a version (or a published name).
+        `gpu_hour_price`: a spot worker-hour's price where the spec's fallback gives none
+        (None: spot time is not priced)."""
         from batchline.ops.report.page import write_report
 
         with self._opened() as s:
-            return write_report(s, target, Path(html),
-                                price=DEFAULT_GPU_HOUR_PRICE if gpu_hour_price is None else gpu_hour_price)
+            return write_report(s, target, Path(html), price=gpu_hour_price)
 
 
 def _say_created(store: Store, log: Callable[[str], None]) -> None:

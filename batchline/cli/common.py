@@ -65,3 +65,13 @@ def on_stop_signals(act: Callable[[str], None]) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+
+
+def duration(text: str) -> float:
+    """A duration of 0 or more: seconds, or as a window is written (24h, 1h30m, 2d)."""
+    from batchline.spec.deadline import parse_duration
+
+    value = parse_duration(text)
+    if value is None or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration of 0 or more (seconds, or such as 24h, 1h30m)")
+    return value

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from batchline.api import Jobs
-from batchline.cli.common import CommandTable, Subcommands, on_stop_signals, store_command
+from batchline.cli.common import CommandTable, Subcommands, duration, on_stop_signals, store_command
 from batchline.errors import BatchlineError
 from batchline.store import JobStatus, Store, open_store
 
@@ -33,11 +33,13 @@ def _run(sub: Subcommands) -> None:
                         "every later one runs that version, whatever the input has become")
     p.add_argument("--deadline", default=None, metavar="TIME|WINDOW",
                    help="the deadline instead of the spec's: an ISO 8601 time, or a window such as 6h from the "
-                        "version's first claim; with the spec's fallback section, paid workers hold it")
+                        "version's run start; with the spec's fallback section, paid workers hold it")
     p.add_argument("--spot-trace", default=None, metavar="FILE",
-                   help="a drill: at most as many of the --workers as this trace (lines of SECONDS WORKERS, from "
-                        "the run's start) allows at each moment; the extra ones are killed outright, as a reclaim "
-                        "would")
+                   help="a drill: at most as many of the --workers as this trace (lines of SECONDS WORKERS from "
+                        "the run's start, or a JSON availability trace whose 0 or 1 is scaled to --workers) allows "
+                        "at each moment; the extra ones are killed outright, as a reclaim would")
+    p.add_argument("--spot-trace-start", default=0.0, type=duration, metavar="DURATION",
+                   help="where in --spot-trace the run starts: seconds, or such as 24h (default 0)")
     p.set_defaults(func=cmd_run)
 
 
@@ -253,13 +255,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from batchline.ops.pace import pace_outcome
     from batchline.ops.runner import format_duration
     from batchline.spec import stored_spec
+    from batchline.spec.deadline import parse_deadline
 
     if args.workers < 1:
         raise BatchlineError("--workers must be at least 1")
     summary = Jobs(args.store).run(args.spec, workers=args.workers, log_dir=args.log_dir, plan_key=args.plan_key,
-                                   deadline=args.deadline, spot_trace=args.spot_trace)
+                                   deadline=args.deadline, spot_trace=args.spot_trace,
+                                   spot_trace_start=args.spot_trace_start)
     store = _store(args)
     st = summary.status
     info = store.job(st.version)
@@ -295,13 +300,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         lines.append("  routes       " + "; ".join(
             f"{route} {t.results:,}/{t.records:,} answered, {t.input_tokens:,} in, {t.output_tokens:,} out"
             for route, t in sorted(routes.items())))
-    paid = store.paid_slots(st.version)
-    if paid or spec.fallback is not None:
-        spent = store.paid_spend_seconds(st.version)
-        cost = spec.fallback.cost_per_worker_hour if spec.fallback is not None else 0.0
-        lines.append(f"  paid         {len(paid)} paid worker starts, {spent / 3600:,.2f} paid worker-hours"
-                     + (f", cost {spent / 3600 * cost:,.2f}" if cost else "")
-                     + (f"; {summary.pace.decision.reason}" if summary.pace is not None else ""))
+    outcome = pace_outcome(store, st.version, parse_deadline(args.deadline, "--deadline", None)
+                           if args.deadline is not None else None)
+    if outcome is not None:
+        lines.append(f"  deadline     {outcome.line()}"
+                     + (f"; last decision: {summary.pace.decision.reason}" if summary.pace is not None else ""))
     if summary.reclaims:
         lines.append(f"  spot trace   {summary.reclaims} spot workers reclaimed")
     lines.append(f"  worker logs  {summary.log_dir}")
@@ -359,24 +362,38 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if paid is not None and args.job is None:
         raise BatchlineError("--paid-slot needs --job VERSION: a paid worker works the version its pacer bought it for")
     store = open_store(args.store, create=False, wait_seconds=args.store_wait, log=log.info, worker=True)
+    from batchline.worker.heartbeat import Heartbeat
+    from batchline.worker.liveness import process_identity
+
     keeper = None
     if paid is not None:
-        from batchline.worker.liveness import process_identity
+        from batchline.spec import stored_spec
+        from batchline.store import require_job
 
         assert args.job is not None
+        spec = stored_spec(require_job(store, args.job))
+        # Out of reach for a lease, its lease is lost anyway: a paid worker stops then, not later.
+        store.reconnect_seconds = min(store.reconnect_seconds, spec.shards.lease_seconds)
         keeper = PaidSlotKeeper(store, args.job, paid, worker_id, process_identity(), log=log.info,
-                                on_lost=stop.set)
+                                on_lost=stop.set, max_cost=spec.fallback.max_cost if spec.fallback else None,
+                                unreachable_seconds=spec.shards.lease_seconds)
         if not keeper.start():
-            log.info("paid slot %s is not running in the store (stopped, or started again elsewhere): exit 0", paid)
+            log.info("paid slot %s: %s: exit 0", paid,
+                     keeper.reason or "not running in the store (stopped, or started again elsewhere)")
+            keeper.stop("its worker exited")
             return 0
         log.info("paid worker of slot %s", paid)
+    # Every worker heartbeats from now on, the model's loading included: the capacity a pacer counts.
+    heartbeat = Heartbeat(store, worker_id, args.job, process_identity(), paid=keeper, log=log.info)
+    heartbeat.start()
     worker = Worker(store, version=args.job, worker_id=worker_id, stop=stop,
                     poll_seconds=args.poll_seconds, log=log.info, telemetry=telemetry,
                     routes=[r.strip() for r in args.routes.split(",") if r.strip()] if args.routes else None,
-                    on_claim=keeper.on_claim if keeper is not None else lambda _v: None, lineage=lineage)
+                    on_claim=heartbeat.on_claim, lineage=lineage)
     try:
         code = worker.run()
     finally:
+        heartbeat.stop()
         if keeper is not None:
             keeper.stop("its worker exited")
     if watcher is not None:
@@ -407,6 +424,7 @@ def routes_dict(store: Store, version: str) -> dict[str, Any]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from batchline.launch.pacer import Pacer
+    from batchline.ops.pace import pace_outcome
     from batchline.ops.runner import progress_line
     from batchline.publish.upstream import lag
 
@@ -437,11 +455,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     lags = lag(store, info, count=True)
     watching = Pacer.watching(store, version) if st.state == "ready" else None
     pace = watching.picture() if watching is not None else None
+    # Sealed, halted or cancelled, as while it runs: met or missed, by how much, paid starts, cost.
+    outcome = pace_outcome(store, version)
     if args.json:
         history = store.publications(st.name) if published else []
         print(json.dumps({**status_dict(st), "published": published, "routes": routes_dict(store, st.version),
                           "upstreams": [u.to_json() for u in lags],
-                          "pace": pace.to_json() if pace is not None else None,
+                          "pace": None if outcome is None else {
+                              **(pace.to_json() if pace is not None else {}), "outcome": outcome.to_json()},
                           # What each target showed after the publication readers see now (an
                           # Iceberg table's metadata_location, for a reader without a catalog).
                           "targets": (history[-1].targets or {}) if history else {}}, indent=2))
@@ -457,6 +478,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("  shards: " + ", ".join(f"{k} {v}" for k, v in st.shards.items()))
     if pace is not None:
         print(f"  pace: {pace.line()}")
+    if outcome is not None:
+        print(f"  deadline: {outcome.line()}")
     routes = store.route_totals(st.version)
     if set(routes) - {"local"}:
         print("  routes: " + "; ".join(f"{route} {t.records:,} records, {t.results:,} results"

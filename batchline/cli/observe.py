@@ -4,7 +4,6 @@ and the `status --watch` loop that `batchline status` calls."""
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import sys
 import time
@@ -21,14 +20,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         return store_command(sub, name, help_text)
 
-    from batchline.ops.report.data import DEFAULT_GPU_HOUR_PRICE
-
     p = command("report", "write one self-contained HTML page about a job version: throughput, leases, "
                           "attempts, dead letters, labels, validation, tokens and cost")
     p.add_argument("version", metavar="VERSION|NAME")
     p.add_argument("--html", type=Path, required=True, metavar="PATH", help="where to write the page")
-    p.add_argument("--gpu-hour-price", type=float, default=DEFAULT_GPU_HOUR_PRICE, metavar="USD",
-                   help=f"price of one GPU-hour, for the cost figures (default {DEFAULT_GPU_HOUR_PRICE:.2f})")
+    p.add_argument("--gpu-hour-price", type=float, default=None, metavar="PRICE",
+                   help="price of one spot worker-hour (a GPU-hour for a GPU engine) where the spec's "
+                        "fallback.spot_cost_per_worker_hour gives none (default: spot time is not priced)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("drill", help="run a synthetic job while hurting its workers, then check the invariants",
@@ -54,7 +52,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     data = Jobs(args.store).report(args.version, args.html, gpu_hour_price=args.gpu_hour_price)
     print(f"wrote {args.html} ({data.status.version}: {data.answered:,}/{data.status.records:,} records, "
-          f"{len(data.leases):,} leases, {data.gpu_hours:,.3f} GPU-hours)", file=sys.stderr)
+          f"{len(data.leases):,} leases, {data.lease_hours:,.3f} {data.cost.prices.unit})", file=sys.stderr)
     return 0
 
 
@@ -117,27 +115,21 @@ def watch_status(store: Store, version: str, *, interval: float = 2.0, out: IO[s
     store's figure, outcomes written within its window, before a second has passed),
     and the ETA is measured against the spec's deadline when it has one.
     """
-    from batchline.ops.runner import RATE_WINDOW_SECONDS, progress_line
+    from batchline.ops.runner import RATE_WINDOW_SECONDS, RateMeter, progress_line
 
     stream = out or sys.stdout
     info = require_job(store, version)
     spec = stored_spec(info)
-    samples: collections.deque[tuple[float, int]] = collections.deque()
+    meter = RateMeter()
     started = time.monotonic()
     updates = 0
     tty = stream.isatty()
     try:
         while True:
             st = store.status(version, window_seconds=RATE_WINDOW_SECONDS)
-            deadline = spec.deadline.resolve(st.started_at, st.now) if spec.deadline else None
+            deadline = spec.deadline.resolve(st.run_start, st.now) if spec.deadline else None
             now = time.monotonic()
-            done = st.results + st.dead_letters
-            samples.append((now, done))
-            while now - samples[0][0] > RATE_WINDOW_SECONDS:
-                samples.popleft()
-            t0, d0 = samples[0]
-            rate = (done - d0) / (now - t0) if now - t0 >= 1.0 else (
-                st.records_per_second or None)
+            rate = meter.add(now, st.results + st.dead_letters) or st.records_per_second or None
             line = f"{st.state:6} " + progress_line(st, rate, workers_alive(store, version, st.now),
                                                       now - started, deadline)
             stream.write(("\r\033[K" + line) if tty else line + "\n")

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any, TextIO
 
+from batchline.cli.common import duration
 from batchline.errors import BatchlineError
 from batchline.sizing import capacity as cap
 from batchline.sizing import paced
@@ -421,8 +422,11 @@ def _register_simulate(subparsers: argparse._SubParsersAction) -> None:  # type:
            "greedy, uniform (comma-separated), or all", unset="no paid workers, the sweep", type=policy_list)
     option(d, "--fallback-workers", 0, "the most paid workers at once", type=int)
     option(d, "--fallback-cost", 3.0, "price of a paid worker-hour, in spot worker-hours", type=non_negative)
-    option(d, "--spot-trace", None, "spot workers available over time: lines of SECONDS WORKERS",
+    option(d, "--spot-trace", None, "spot workers available over time: lines of SECONDS WORKERS, or a JSON "
+           "availability trace (metadata.gap_seconds, data; one instance's 0 or 1 scaled to --workers)",
            unset="every worker throughout, less --waves", metavar="FILE")
+    option(d, "--spot-trace-start", 0.0, "where in --spot-trace the run starts (seconds, or such as 24h)",
+           type=duration, metavar="DURATION")
     option(d, "--waves", 0, "reclaim waves within the window, each at a seeded random time", type=int)
     option(d, "--wave-seconds", 3600.0, "how long each of --waves keeps --wave-share of the spot workers away",
            type=positive)
@@ -497,7 +501,6 @@ def run_simulate(args: argparse.Namespace) -> int:
 def run_policies(args: argparse.Namespace, base: sim.Scenario, started: float) -> int:
     """`simulate --policy`: each policy over the same seeds (the same spot side for all),
     with batchline's worker and store (notices, take-backs, tail splits)."""
-    from pathlib import Path
 
     if args.deadline_hours is None:
         raise BatchlineError("simulate --policy needs --deadline-hours: the policies hold a deadline")
@@ -509,12 +512,7 @@ def run_policies(args: argparse.Namespace, base: sim.Scenario, started: float) -
         raise BatchlineError("--spot-trace and --waves are two ways to say the spot capacity: give one")
     trace = None
     if args.spot_trace is not None:
-        try:
-            trace = paced.Trace.read(Path(args.spot_trace))
-        except FileNotFoundError:
-            raise BatchlineError(f"--spot-trace {args.spot_trace}: no such file") from None
-        except ValueError as exc:
-            raise BatchlineError(f"--spot-trace {exc}") from None
+        trace = paced.Trace.load(args.spot_trace, workers=base.workers, start_seconds=args.spot_trace_start)
     scenario = sim.with_batchline(base)
     deadline = args.deadline_hours * 3600.0
     seeds = list(range(args.seeds))
@@ -530,7 +528,9 @@ def run_policies(args: argparse.Namespace, base: sim.Scenario, started: float) -
         json.dump({"scenario": asdict(scenario), "deadline_hours": args.deadline_hours, "seeds": seeds,
                    "fallback_workers": args.fallback_workers, "fallback_cost": args.fallback_cost,
                    "hindsight_bound_hours": bound.bound_hours_mean,
-                   "policies": [{**asdict(r), "policy": str(r.policy)} for r in shown]}, sys.stdout, indent=2)
+                   "policies": [{**asdict(r), "policy": str(r.policy),
+                                 "makespan_hours_mean": r.makespan_hours_mean if math.isfinite(
+                                     r.makespan_hours_mean) else None} for r in shown]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     print_policies(scenario, args, shown, bound, elapsed, sys.stdout)
@@ -557,10 +557,12 @@ def print_policies(sc: sim.Scenario, args: argparse.Namespace, rows: Sequence[pa
         f"{'makespan h':>12}",
     ]
     for r in rows:
+        makespan = f"{r.makespan_hours_mean:.2f}" if math.isfinite(r.makespan_hours_mean) else "never"
         lines.append(f"{r.policy!s:<10}{f'{r.met} of {r.seeds}':>15}{r.paid_hours_mean:>15.2f}"
-                     f"{r.paid_cost_mean:>11.2f}{_over(r):>12}{r.makespan_hours_mean:>12.2f}")
+                     f"{r.paid_cost_mean:>11.2f}{_over(r):>12}{makespan:>12}"
+                     + (f"  ({r.unfinished} could not finish)" if r.unfinished else ""))
     lines += ["", "paid cost: in spot worker-hours' prices; over bound: paid worker-hours over the seed's own "
-              "hindsight bound, averaged", f"simulated in {elapsed:.1f} s"]
+              "hindsight bound, averaged; makespan: over the runs that finished", f"simulated in {elapsed:.1f} s"]
     out.write("\n".join(lines) + "\n")
 
 

@@ -56,6 +56,8 @@ SLOT_LABEL = "batchline/paid-slot"
 GENERATION_LABEL = "batchline/paid-generation"
 # The pacer's stop is the Job's deletion: its pod's grace period lets the worker finish.
 TICK_SECONDS = 30.0
+# How long the Job of a finished paid start stays for its logs before the cluster removes it.
+PAID_JOB_TTL_SECONDS = 600
 
 
 def paid_options(o: K8sOptions) -> K8sOptions:
@@ -70,11 +72,14 @@ def paid_job_template(o: K8sOptions) -> dict[str, Any]:
     """A paid worker Job with the slot left out: `paid_job` fills it in for each start."""
     paid = paid_options(o)
     args = ["worker", "--job", o.version, *_notice_args(o)]
+    # A finished start's Job (and its pod) is removed by the cluster after a while; the pacer
+    # deletes one sooner when it judges the start gone or stale.
+    spec = {**_job_spec(paid, 0, ["batchline"], args, [], [], []), "ttlSecondsAfterFinished": PAID_JOB_TTL_SECONDS}
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": f"batchline-{slug(o.version, 40)}", "namespace": o.namespace,
                      "labels": {**_labels(paid), QUEUE_LABEL: paid.queue}},
-        "spec": _job_spec(paid, 0, ["batchline"], args, [], [], []),
+        "spec": spec,
     }
 
 
@@ -217,7 +222,7 @@ class K8sPaid:
     def _name(self, start: PaidSlot) -> str:
         return str(paid_job(self.template, start.slot, start.generation)["metadata"]["name"])
 
-    def stop(self, version: str, start: PaidSlot) -> None:
+    def stop(self, version: str, start: PaidSlot, *, outright: bool = False) -> None:
         from kubernetes.client.exceptions import ApiException
 
         name = self._name(start)
@@ -225,7 +230,8 @@ class K8sPaid:
             job = self.batch.read_namespaced_job(name, self.namespace)
             if not self._ours(job):
                 return  # not a paid Job of this version: never touched
-            self.batch.delete_namespaced_job(name, self.namespace, propagation_policy="Background")
+            self.batch.delete_namespaced_job(name, self.namespace, propagation_policy="Background",
+                                             **({"grace_period_seconds": 0} if outright else {}))
         except ApiException as exc:
             if exc.status != 404:
                 raise BatchlineError(f"cannot delete paid Job {name}: {exc.reason}") from None

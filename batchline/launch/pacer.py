@@ -13,8 +13,12 @@ paid slots `paid-0` ... `paid-N-1` so:
 - a paid worker counts as capacity only once the store has seen it (its first
   heartbeat): a slot launched and not seen (a Kueue workload not admitted) is
   reported as "paid capacity not admitted";
-- a start whose process is gone (killed outright) is ended in the store and,
-  while the job is still behind, started again like any worker.
+- a start that is stale (its process gone, its worker silent past
+  `STALE_SECONDS`, or never seen within `fallback.launch_timeout_seconds` of its
+  launch) is stopped where it runs and ended in the store and, while the job is
+  still behind, started again like any worker: no slot stays "already there";
+- the version's run start is recorded at the first tick (`open_run`): the line
+  and a window deadline count from it, so a job no worker ever claims is late.
 
 What it needs of a launcher is `PaidLauncher`: start a slot's worker, stop it, and
 say whether it is still there. The local runner, `launch ray` and the Kubernetes
@@ -28,11 +32,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from batchline.errors import BatchlineError, NoSuchVersion
-from batchline.sizing.pacing import Decision, Mode, Observation, Policy, decide, measuring
+from batchline.sizing.pacing import Decision, Mode, Observation, Policy, decide, worker_rate
 from batchline.spec import JobSpec, stored_spec
 from batchline.spec.deadline import Deadline, FallbackSpec, format_duration
 from batchline.store import Store, require_job
 from batchline.store.paid import PaidSlot, restart_overhead, slot_name
+from batchline.worker.heartbeat import HEARTBEAT_SECONDS
+from batchline.worker.liveness import death_proof
 
 # A worker that has not been heard from for this long is taken for gone (it heartbeats every 5 s).
 STALE_SECONDS = 60.0
@@ -48,9 +54,9 @@ class PaidLauncher(Protocol):
         """Starts the worker of this start of the slot (`batchline worker --job V --paid-slot
         slot/generation`); one that is there already is left as it is."""
 
-    def stop(self, version: str, start: PaidSlot) -> None:
+    def stop(self, version: str, start: PaidSlot, *, outright: bool = False) -> None:
         """Stops the slot's worker with a preemption notice (SIGTERM: finish in flight, give the
-        lease back)."""
+        lease back); `outright`, at once (a stale start: hung, or out of reach)."""
 
     def gone(self, version: str, start: PaidSlot) -> bool:
         """Whether the start's worker is surely gone (its process, actor or Job is not there)."""
@@ -98,7 +104,7 @@ class _Watching:
     def start(self, version: str, slot: str, generation: int) -> None:
         raise AssertionError("a watching pacer starts nothing")
 
-    def stop(self, version: str, start: PaidSlot) -> None:
+    def stop(self, version: str, start: PaidSlot, *, outright: bool = False) -> None:
         raise AssertionError("a watching pacer stops nothing")
 
     def gone(self, version: str, start: PaidSlot) -> bool:
@@ -117,6 +123,9 @@ class Pacer:
     spec: JobSpec | None = None
     deadline_override: Deadline | None = None  # given on the command line instead of the spec's
     _warned: set[str] = field(default_factory=set)
+    _opened: bool = False
+    _prior: float | None = None
+    _prior_read: bool = False
 
     def __post_init__(self) -> None:
         if self.spec is None:
@@ -145,8 +154,7 @@ class Pacer:
         obs, slots, spot, spend = self.observe()
         if obs is None:
             return None
-        decision = decide(obs, self.policy) if obs.worker_rate > 0 else measuring(obs)
-        return self._report(obs, decision, slots, spot, spend, (), ())
+        return self._report(obs, decide(obs, self.policy), slots, spot, spend, (), ())
 
     @property
     def fallback(self) -> FallbackSpec | None:
@@ -158,9 +166,27 @@ class Pacer:
         assert self.spec is not None
         return self.deadline_override if self.deadline_override is not None else self.spec.deadline
 
+    def prior_rate(self) -> float | None:
+        """One worker's rate before this version has measured one: the latest earlier version of
+        the same name on this store that measured one, else `fallback.records_per_worker_second`."""
+        assert self.spec is not None and self.fallback is not None
+        if not self._prior_read:
+            self._prior_read = True
+            earlier = sorted((j for j in self.store.jobs() if j.name == self.spec.name and j.version != self.version),
+                             key=lambda j: j.created_at, reverse=True)
+            for job in earlier:
+                rate = self.store.run_throughput(job.version)
+                if rate > 0:
+                    self._prior = rate
+                    break
+            else:
+                self._prior = self.fallback.records_per_worker_second
+        return self._prior
+
     def observe(self) -> tuple[Observation | None, list[PaidSlot], int, float]:
-        """The observation the rule decides on (None before the first claim), this version's
-        latest start of each slot, the spot workers seen, and the paid spend so far."""
+        """The observation the rule decides on (None for a version no runner, launcher or pacer
+        has opened and no worker has claimed), this version's latest start of each slot, the
+        spot workers seen, and the paid spend so far."""
         assert self.spec is not None and self.fallback is not None
         info = require_job(self.store, self.version)
         st = self.store.status(self.version)
@@ -169,52 +195,82 @@ class Pacer:
         for s in starts:
             latest[s.slot] = s
         slots = sorted(latest.values(), key=lambda s: s.index)
-        paid_workers = {s.worker for s in slots if s.running and s.worker}
-        spot = len({h.owner for h in self.store.leases(self.version)} - paid_workers)
+        # Capacity is the workers the store has seen heartbeat recently (loading or idle
+        # included), less those proven dead on this host: not the owners of leases, which
+        # count the dead until their leases go and leave out the workers still loading.
+        alive = [w for w in self.store.workers_seen(self.version) if death_proof(w.process) is None]
+        spot = sum(1 for w in alive if not w.paid)
+        paid_up = {w.paid_slot for w in alive if w.paid}
         spend = self.store.paid_spend_seconds(self.version)
-        if st.started_at is None:
+        run_start = st.run_start
+        if run_start is None:
             return None, slots, spot, spend
         deadline = self.deadline
         assert deadline is not None
-        seen = [s for s in slots if s.seen_within(st.now, STALE_SECONDS)]
+        seen = [s for s in slots if s.running and f"{s.slot}/{s.generation}" in paid_up]
         # Per worker: of completed shards (claim to completion); else the recent window's, shared
-        # by the workers seen; else the run's average since its first claim.
+        # by the workers seen; else the run's average since its first claim. None of them before
+        # anything is computed: then the prior.
         workers = max(1, spot + len(seen))
         computed = st.results + st.dead_letters - info.carried - info.planned_dead
-        rate = (self.store.run_throughput(self.version) or (st.records_per_second or 0.0) / workers
-                or max(0, computed) / max(1.0, st.now - st.started_at) / workers)
+        measured = 0.0
+        if computed > 0:
+            first = st.started_at if st.started_at is not None else run_start
+            measured = (self.store.run_throughput(self.version) or (st.records_per_second or 0.0) / workers
+                        or computed / max(1.0, st.now - first) / workers)
         fb = self.fallback
         budget = None
         if fb.max_cost is not None:
             budget = max(0.0, (fb.max_cost - spend * fb.cost_per_worker_hour / 3600.0)) \
                 / max(fb.cost_per_worker_hour, 1e-9) * 3600.0
         obs = Observation(
-            now=st.now, started_at=st.started_at, deadline=deadline.resolve(st.started_at, st.now),
+            now=st.now, started_at=run_start, deadline=deadline.resolve(run_start, st.now),
             records=st.records, done_at_start=info.carried + info.planned_dead,
             committed=st.results + st.dead_letters, spot_workers=spot, paid_workers=len(seen),
-            paid_running=sum(1 for s in slots if s.running), max_paid=fb.workers, worker_rate=rate,
+            paid_running=sum(1 for s in slots if s.running), max_paid=fb.workers,
+            worker_rate=worker_rate(measured, self.prior_rate()),
             restart_overhead=restart_overhead(starts) or fb.restart_overhead_seconds,
-            budget_seconds=budget, stop_seconds=self.tick_seconds + self.launcher.stop_seconds,
+            budget_seconds=budget,
+            # A paid worker holds the budget itself at each heartbeat: the pacer is at least as strict.
+            stop_seconds=max(self.tick_seconds, HEARTBEAT_SECONDS) + self.launcher.stop_seconds,
             tail_seconds=self.spec.shards.lease_seconds)
         return obs, slots, spot, spend
 
+    def stale(self, start: PaidSlot, now: float) -> str | None:
+        """Why a running start is to be stopped and ended (None: it is not): its worker gone,
+        silent past STALE_SECONDS, or never seen within the launch timeout."""
+        assert self.fallback is not None
+        if self.launcher.gone(self.version, start):
+            return "its worker is gone"
+        if start.seen_at is not None and now - start.seen_at > STALE_SECONDS:
+            return f"its worker was not heard from for {STALE_SECONDS:g} s"
+        timeout = self.fallback.launch_timeout_seconds
+        if start.seen_at is None and now - start.launched_at > timeout:
+            return f"its worker was not seen within {timeout:g} s of its launch"
+        return None
+
     def tick(self) -> PaceReport | None:
-        """One decision, and the slots made to follow it; None before the version's first claim
-        (the line starts there) or once it is no longer open."""
+        """One decision, and the slots made to follow it; None once the version is no longer
+        open. The first tick records the run start (`open_run`)."""
         assert self.fallback is not None
         info = require_job(self.store, self.version)
         if info.state != "ready":
             return None
+        if not self._opened:
+            self.store.open_run(self.version, self.by)
+            self._opened = True
         obs, slots, spot, spend = self.observe()
         if obs is None:
             return None
-        # Starts whose worker is gone end in the store: as any worker, they are replaced if needed.
+        # Stale starts are stopped where they run and ended in the store: as any worker, they
+        # are replaced if needed.
         for s in slots:
-            if s.running and (self.launcher.gone(self.version, s) or (
-                    s.seen_at is not None and obs.now - s.seen_at > STALE_SECONDS)):
-                self.store.paid_stop(self.version, s.slot, s.generation, "its worker is gone")
-                self.log(f"paid slot {s.slot}: its worker is gone")
-        decision = decide(obs, self.policy) if obs.worker_rate > 0 else measuring(obs)
+            why = self.stale(s, obs.now) if s.running else None
+            if why is not None:
+                self.launcher.stop(self.version, s, outright=True)
+                self.store.paid_stop(self.version, s.slot, s.generation, why)
+                self.log(f"paid slot {s.slot}: {why}; stopped")
+        decision = decide(obs, self.policy)
         running = {s.slot: s for s in self.store.paid_slots(self.version) if s.running}
         started, stopped = [], []
         for index in range(decision.paid):
@@ -222,7 +278,8 @@ class Pacer:
             if slot in running:
                 continue
             generation = self.store.paid_launch(self.version, slot, self.by, self.fallback.cost_per_worker_hour,
-                                                stale_seconds=STALE_SECONDS)
+                                                stale_seconds=STALE_SECONDS,
+                                                launch_timeout=self.fallback.launch_timeout_seconds)
             if generation is None:
                 continue  # another pacer started it meanwhile: already there
             self.launcher.start(self.version, slot, generation)
@@ -240,7 +297,7 @@ class Pacer:
                 started: tuple[str, ...], stopped: tuple[str, ...]) -> PaceReport:
         assert self.fallback is not None
         running = [s for s in slots if s.running]
-        seen = sum(1 for s in running if s.seen_within(obs.now, STALE_SECONDS))
+        seen = obs.paid_workers
         not_admitted = sum(1 for s in running if s.seen_at is None)
         total_rate = (spot + seen) * obs.worker_rate
         eta = obs.now + (obs.records - obs.committed) / total_rate if total_rate > 0 else None

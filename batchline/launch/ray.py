@@ -114,9 +114,13 @@ class RayPaid:
                                     "--paid-slot", f"{slot}/{generation}"])
             self.actors[name] = (actor, ref)
 
-    def stop(self, version: str, start: PaidSlot) -> None:
+    def stop(self, version: str, start: PaidSlot, *, outright: bool = False) -> None:
         found = self.actors.get(self._name(version, start.slot, start.generation))
-        if found is not None:
+        if found is None:
+            return
+        if outright:
+            self.ray.kill(found[0])
+        else:
             found[0].stop.remote()
 
     def gone(self, version: str, start: PaidSlot) -> bool:
@@ -220,7 +224,7 @@ class RayLauncher:
 
     def _paid_pool(self, ray: Any, cls: Any, gpus: float) -> None:
         """A pacer and its paid pool where the version has a fallback section; refused when this
-        launch could not place paid workers."""
+        launch could not place paid workers. Records the version's run start either way."""
         from batchline.launch.pacer import Pacer
         from batchline.spec import stored_spec
         from batchline.store import open_store, require_job
@@ -228,10 +232,13 @@ class RayLauncher:
         store = open_store(self.store_url, create=False)
         spec = stored_spec(require_job(store, self.version))
         if spec.fallback is None:
-            store.close()
-            if self.paid_resource:
-                raise BatchlineError(f"--paid-resource: {self.version} has no fallback section, so no paid worker "
-                                     "is ever bought")
+            try:
+                if self.paid_resource:
+                    raise BatchlineError(f"--paid-resource: {self.version} has no fallback section, so no paid "
+                                         "worker is ever bought")
+                store.open_run(self.version, "ray-launcher")  # with a pacer, its first tick does
+            finally:
+                store.close()
             return
         if not self.paid_resource:
             store.close()

@@ -1,13 +1,17 @@
 """`batchline run`: plan if new, keep N local worker processes alive, show progress.
 
 The runner only places processes: every decision about who works on what is
-made in the store, so a worker killed here behaves as one lost anywhere.
+made in the store, so a worker killed here behaves as one lost anywhere. It
+outlives a store outage: while the store cannot be read it keeps supervising
+its workers and starts nothing new (a worker that exits is seen to once the
+store answers), and once it has not been able to pace for a lease it stops its
+paid workers, whose spend it can no longer hold.
 """
 
 from __future__ import annotations
 
-import collections
 import hashlib
+import math
 import os
 import signal
 import subprocess
@@ -16,25 +20,25 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, TypeVar
 
-from batchline.errors import ERROR_PREFIX, BatchlineError
+from batchline.errors import ERROR_PREFIX, BatchlineError, StoreError
 from batchline.launch import FATAL_EXITS
 from batchline.launch.pacer import Pacer, PaceReport
 from batchline.sizing.paced import Trace
 from batchline.spec import stored_spec
-from batchline.spec.deadline import Deadline, format_duration
+from batchline.spec.deadline import Deadline, format_duration, format_rate
 from batchline.store import JobStatus, Store, require_job
 from batchline.store.paid import PaidSlot
 from batchline.worker.liveness import death_proof, signal_same_host, take_back_dead
 from batchline.worker.supervisor import EXIT_DONE, EXIT_PREEMPTED
 
-__all__ = ["PACE_TICK_SECONDS", "LocalRunner", "RunSummary", "WorkerFailed", "default_log_dir", "format_duration",
-           "progress_line", "store_key"]
+__all__ = ["PACE_TICK_SECONDS", "LocalRunner", "RateMeter", "RunSummary", "WorkerFailed", "default_log_dir",
+           "format_duration", "progress_line", "store_key"]
 
 # How often a local run's pacer decides.
 PACE_TICK_SECONDS = 2.0
@@ -43,7 +47,13 @@ PACE_TICK_SECONDS = 2.0
 # weights broken, bad usage): restarting would only repeat them.
 
 RATE_WINDOW_SECONDS = 60.0
+# The progress line's rate is smoothed over about this long: outcomes are committed in bursts
+# (a write batch, a shard's end), and an ETA that follows each burst swings by hours on a
+# steady run.
+RATE_SMOOTHING_SECONDS = 300.0
 RUNNER = "runner"
+RUNNER_RECONNECT_SECONDS = 5.0
+T = TypeVar("T")
 
 
 class WorkerFailed(BatchlineError):
@@ -73,7 +83,6 @@ class RunSummary:
     restarts: int
     log_dir: Path
     exit_code: int = 0
-    samples: list[tuple[float, int]] = field(default_factory=list)
     answered_before: int = 0  # records with an outcome when this run began (carried, or a run before)
     paid_starts: int = 0  # paid workers its pacer started
     pace: PaceReport | None = None  # what its pacer saw last
@@ -83,6 +92,35 @@ class RunSummary:
     def answered(self) -> int:
         """Records this run answered: what a rate "this run" divides."""
         return self.status.results + self.status.dead_letters - self.answered_before
+
+
+class RateMeter:
+    """Outcomes a second for the progress line and its ETA: the average since the first sample
+    for the first `smoothing` seconds, then an exponentially weighted one over about that
+    long, so that on a steady run the ETA shown a minute apart moves by a few percent, not
+    with each burst of commits."""
+
+    def __init__(self, smoothing: float = RATE_SMOOTHING_SECONDS) -> None:
+        self.smoothing = smoothing
+        self._first: tuple[float, int] | None = None
+        self._last: tuple[float, int] | None = None
+        self.rate: float | None = None
+
+    def add(self, now: float, done: int) -> float | None:
+        if self._first is None or self._last is None:
+            self._first = self._last = (now, done)
+            return None
+        t0, d0 = self._last
+        if now - t0 < 1.0:
+            return self.rate
+        start, begun = self._first
+        if now - start <= self.smoothing or self.rate is None:
+            self.rate = (done - begun) / (now - start)
+        else:
+            weight = 1.0 - math.exp(-(now - t0) / self.smoothing)
+            self.rate += weight * ((done - d0) / (now - t0) - self.rate)
+        self._last = (now, done)
+        return self.rate
 
 
 class LocalPaid:
@@ -99,12 +137,13 @@ class LocalPaid:
         own = self.slots.setdefault(slot, _Slot(len(self.slots), name=slot))
         self.runner._spawn(own, ["--paid-slot", f"{slot}/{generation}"])
 
-    def stop(self, version: str, start: PaidSlot) -> None:
+    def stop(self, version: str, start: PaidSlot, *, outright: bool = False) -> None:
+        signum = signal.SIGKILL if outright else signal.SIGTERM
         own = self.slots.get(start.slot)
         if own is not None and own.proc is not None and own.proc.poll() is None:
-            own.proc.send_signal(signal.SIGTERM)
+            own.proc.send_signal(signum)
         elif start.process:
-            signal_same_host(start.process, signal.SIGTERM)
+            signal_same_host(start.process, signum)
 
     def gone(self, version: str, start: PaidSlot) -> bool:
         own = self.slots.get(start.slot)
@@ -133,13 +172,19 @@ class LocalRunner:
         self.spot_trace = spot_trace
         self.tick_seconds = tick_seconds
         self._stop_requested = False
-        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self._meter = RateMeter()
         spec = stored_spec(require_job(store, version))
         self.deadline = deadline or spec.deadline
         self.paid: LocalPaid | None = None
         self.pacer: Pacer | None = None
         self.last_pace: PaceReport | None = None
         self.reclaims = 0
+        self.lease_seconds = spec.shards.lease_seconds
+        # The loop is the runner's retry: a call that waits out a long outage would leave the
+        # workers unsupervised meanwhile.
+        store.reconnect_seconds = min(store.reconnect_seconds, RUNNER_RECONNECT_SECONDS)
+        self._unreachable_since: float | None = None  # monotonic: the store has not answered since
+        self._paid_stopped_for_outage = False
         if pace and spec.fallback is not None:
             self.paid = LocalPaid(self, spec.shards.grace_seconds)
             self.pacer = Pacer(store, version, self.paid, tick_seconds=tick_seconds, by=RUNNER, spec=spec,
@@ -176,10 +221,42 @@ class LocalRunner:
             slot.reclaimed = True
             self.reclaims += 1
         if up[allowed:]:
-            take_back_dead(self.store, self.version, RUNNER)
+            self._guarded(lambda: take_back_dead(self.store, self.version, RUNNER), None)
         for slot in [s for s in slots if s.reclaimed][:max(0, allowed - len(up))]:
             slot.reclaimed = False
             self._spawn(slot)
+
+    def _guarded(self, call: Callable[[], T], unreachable: T) -> T:
+        """`call()`, or `unreachable` while the store cannot be read: said once when it stops
+        answering and once when it answers again; past a lease without it, the paid workers
+        (whose spend cannot be held now) are stopped."""
+        try:
+            result = call()
+        except StoreError as exc:
+            now = time.monotonic()
+            if self._unreachable_since is None:
+                self._unreachable_since = now
+                self._say(f"the store cannot be read now ({' '.join(str(exc).split())}): supervising the workers, "
+                          "starting nothing new")
+            elif now - self._unreachable_since > self.lease_seconds and not self._paid_stopped_for_outage:
+                self._paid_stopped_for_outage = True
+                stopping = [s for s in (self.paid.slots.values() if self.paid is not None else ())
+                            if s.proc is not None and s.proc.poll() is None]
+                for slot in stopping:
+                    assert slot.proc is not None
+                    slot.proc.send_signal(signal.SIGTERM)
+                if stopping:
+                    self._say(f"no pacing for {self.lease_seconds:g} s (a lease): stopping the paid workers")
+            return unreachable
+        if self._unreachable_since is not None:
+            self._say(f"the store answers again after {format_duration(time.monotonic() - self._unreachable_since)}")
+            self._unreachable_since = None
+            self._paid_stopped_for_outage = False
+        return result
+
+    @property
+    def store_unreachable(self) -> bool:
+        return self._unreachable_since is not None
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._stop_requested = True
@@ -187,6 +264,7 @@ class LocalRunner:
     def run(self) -> RunSummary:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
+        self.store.open_run(self.version, RUNNER)
         before = self.store.status(self.version)
         slots = [_Slot(i) for i in range(self.workers)]
         # Handlers can be set from the main thread only; run from another one (an
@@ -224,8 +302,13 @@ class LocalRunner:
                     if slot.proc is None or code == EXIT_DONE:
                         slot.proc = None
                         continue
+                    if self.store_unreachable:
+                        alive += 1  # seen to, and replaced if need be, once the store answers
+                        continue
                     # Its leases need not run out: this runner saw the process end.
-                    take_back_dead(self.store, self.version, RUNNER)
+                    if self._guarded(lambda: take_back_dead(self.store, self.version, RUNNER), None) is None:
+                        alive += 1
+                        continue
                     if code in FATAL_EXITS:
                         self._stop_all(slots)
                         raise WorkerFailed(code, f"worker {slot.name or slot.index}: {self._last_line(slot)} "
@@ -242,7 +325,10 @@ class LocalRunner:
                                              f"{self._last_line(slot)} (log: {slot.log})")
                     self._spawn(slot)  # exit 75 or a crash: the store has the work, start another
                     alive += 1
-                status = self.store.status(self.version)
+                status = self._guarded(lambda: self.store.status(self.version), None)
+                if status is None:
+                    time.sleep(0.2)
+                    continue
                 now = time.monotonic()
                 if now - last_draw >= self.refresh_seconds or alive == 0:
                     self._draw(status, self._running(slots), now - started)
@@ -260,7 +346,7 @@ class LocalRunner:
             exit_code = EXIT_PREEMPTED
         paid = self.paid.slots.values() if self.paid is not None else ()
         return RunSummary(status, time.monotonic() - started, sum(s.starts for s in slots), restarts,
-                          self.log_dir, exit_code, list(self._samples), before.results + before.dead_letters,
+                          self.log_dir, exit_code, before.results + before.dead_letters,
                           paid_starts=sum(s.starts for s in paid), pace=self.last_pace, reclaims=self.reclaims)
 
     def _running(self, slots: list[_Slot]) -> int:
@@ -273,11 +359,7 @@ class LocalRunner:
 
     def _pace(self) -> None:
         assert self.pacer is not None
-        try:
-            self.last_pace = self.pacer.tick()
-        except BatchlineError as exc:
-            # The store cannot be read now: nothing new is started, and the workers go on.
-            self._say(f"cannot pace now ({exc}); starting nothing new, the workers go on")
+        self.last_pace = self._guarded(self.pacer.tick, self.last_pace)
 
     def _stop_all(self, slots: list[_Slot]) -> int:
         slots = [*slots, *(self.paid.slots.values() if self.paid is not None else ())]
@@ -303,16 +385,12 @@ class LocalRunner:
         return lines[-1].removeprefix(ERROR_PREFIX)
 
     def rate(self, now: float, done: int) -> float | None:
-        self._samples.append((now, done))
-        while self._samples and now - self._samples[0][0] > RATE_WINDOW_SECONDS:
-            self._samples.popleft()
-        t0, d0 = self._samples[0]
-        return (done - d0) / (now - t0) if now - t0 >= 1.0 else None
+        return self._meter.add(now, done)
 
     def _draw(self, st: JobStatus, alive: int, elapsed: float) -> None:
         done = st.results + st.dead_letters
         rate = self.rate(time.monotonic(), done)
-        deadline = self.deadline.resolve(st.started_at, st.now) if self.deadline is not None else None
+        deadline = self.deadline.resolve(st.run_start, st.now) if self.deadline is not None else None
         line = progress_line(st, rate, alive, elapsed, deadline)
         if self.last_pace is not None:
             line += " | " + self.last_pace.line()
@@ -329,7 +407,7 @@ def progress_line(st: JobStatus, rate: float | None, alive: int | None, elapsed:
         # No worker gets past what stopped it: a rate and an ETA would promise an end.
         parts.append(f"stopped: {st.stopped}")
     elif rate is not None:
-        parts.append(f"{rate:,.1f} rec/s")
+        parts.append(f"{format_rate(rate)} rec/s")
         remaining = st.records - done
         if remaining and rate > 0:
             eta = remaining / rate

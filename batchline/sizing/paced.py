@@ -26,6 +26,8 @@ need fewer paid worker-seconds.
 from __future__ import annotations
 
 import bisect
+import functools
+import json
 import math
 import random
 import statistics
@@ -34,11 +36,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from batchline.sizing.pacing import Observation, Policy, decide
+from batchline.errors import BatchlineError
+from batchline.sizing.pacing import Observation, Policy, decide, worker_rate
 from batchline.sizing.simulate import (
     _IDLE,
     _WORKING,
     Scenario,
+    SimulationDiverged,
     Strategy,
     _coverage,
     _Sim,
@@ -63,19 +67,45 @@ class Trace:
         if times != sorted(times) or any(n < 0 for _, n in self.points):
             raise ValueError("a capacity trace's times must rise and its workers be 0 or more")
 
+    @functools.cached_property
+    def _times(self) -> list[float]:
+        return [p[0] for p in self.points]
+
     def at(self, t: float) -> int:
-        i = bisect.bisect_right([p[0] for p in self.points], t) - 1
+        i = bisect.bisect_right(self._times, t) - 1
         return self.points[max(i, 0)][1]
 
     @classmethod
-    def read(cls, path: Path) -> Trace:
-        """A file of lines `SECONDS WORKERS` (or `SECONDS,WORKERS`); `#` starts a comment."""
+    def read(cls, path: Path, *, workers: int | None = None, start_seconds: float = 0.0) -> Trace:
+        """A file of lines `SECONDS WORKERS` (or `SECONDS,WORKERS`; `#` starts a comment), or a
+        JSON availability trace (`{"metadata": {"gap_seconds": G}, "data": [...]}`, a point
+        every G seconds, as the "Can't Be Late" traces are). Read from `start_seconds` on (the
+        points before it dropped, the one in force kept at 0). A JSON trace of one instance
+        (every point 0 or 1) has each point scaled to `workers`: a zone with capacity or none."""
+        text = path.read_text()
+        if text.lstrip().startswith("{"):
+            points = cls._json_points(path, text, workers)
+        else:
+            points = cls._line_points(path, text)
+        if start_seconds < 0:
+            raise ValueError(f"{path}: the start offset cannot be negative ({start_seconds:g})")
+        if start_seconds:
+            before = [p for p in points if p[0] <= start_seconds]
+            after = [(t - start_seconds, n) for t, n in points if t > start_seconds]
+            points = ([(0.0, before[-1][1])] if before else []) + after
+        try:
+            return cls(tuple(points))
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+
+    @staticmethod
+    def _line_points(path: Path, text: str) -> list[tuple[float, int]]:
         points = []
-        for n, line in enumerate(path.read_text().splitlines(), start=1):
-            text = line.split("#", 1)[0].strip()
-            if not text:
+        for n, line in enumerate(text.splitlines(), start=1):
+            cut = line.split("#", 1)[0].strip()
+            if not cut:
                 continue
-            parts = text.replace(",", " ").split()
+            parts = cut.replace(",", " ").split()
             try:
                 if len(parts) != 2:
                     raise ValueError
@@ -83,10 +113,43 @@ class Trace:
             except ValueError:
                 raise ValueError(f"{path}:{n}: a trace line is SECONDS WORKERS (such as '3600 10'), not "
                                  f"{line.strip()!r}") from None
+        return points
+
+    @staticmethod
+    def _json_points(path: Path, text: str, workers: int | None) -> list[tuple[float, int]]:
         try:
-            return cls(tuple(points))
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        meta = raw.get("metadata") if isinstance(raw, dict) else None
+        gap = meta.get("gap_seconds") if isinstance(meta, dict) else None
+        data = raw.get("data") if isinstance(raw, dict) else None
+        if isinstance(gap, bool) or not isinstance(gap, int | float) or gap <= 0:
+            raise ValueError(f"{path}: a JSON trace needs metadata.gap_seconds, a positive number of seconds "
+                             "between points")
+        if not isinstance(data, list) or not data or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in data):
+            raise ValueError(f"{path}: a JSON trace's data is a list of whole numbers of 0 or more, a point "
+                             "every gap_seconds")
+        one_instance = all(v in (0, 1) for v in data)
+        if one_instance and workers is None:
+            raise ValueError(f"{path}: a trace of one instance (points 0 or 1) needs the spot workers to scale to")
+        scale = workers if one_instance and workers is not None else 1
+        points: list[tuple[float, int]] = []
+        for i, v in enumerate(data):
+            if not points or points[-1][1] != v * scale:
+                points.append((i * float(gap), v * scale))
+        return points
+
+    @classmethod
+    def load(cls, path: str | Path, *, workers: int, start_seconds: float = 0.0) -> Trace:
+        """`--spot-trace` as `run` and `simulate` read it: one readable line when it cannot be."""
+        try:
+            return cls.read(Path(path), workers=workers, start_seconds=start_seconds)
+        except FileNotFoundError:
+            raise BatchlineError(f"--spot-trace {path}: no such file") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BatchlineError(f"--spot-trace {exc}") from None
 
 
 def wave_trace(workers: int, deadline_seconds: float, *, waves: int = 2, share: float = 0.5,
@@ -111,6 +174,9 @@ class Pacing:
     policy: Policy = Policy.UNIFORM
     tick_seconds: float = 60.0
     trace: Trace | None = None  # None: every spot slot is there throughout
+    # One worker's rate before the run has measured one (an earlier version's, or the spec's
+    # fallback.records_per_worker_second); None: none, so a job behind buys every paid worker.
+    prior_rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.deadline_seconds <= 0:
@@ -136,6 +202,11 @@ class PacedResult:
     def met(self) -> bool:
         return self.makespan_seconds <= self.deadline_seconds
 
+    @property
+    def finished(self) -> bool:
+        """False for a run that could not finish (no spot, no paid workers): a missed deadline."""
+        return math.isfinite(self.makespan_seconds)
+
 
 class _PacedSim(_Sim):
     def __init__(self, sc: Scenario, pacing: Pacing, shard_size: int, seed: int) -> None:
@@ -145,7 +216,6 @@ class _PacedSim(_Sim):
         self.workers += [_Worker(sc.workers + i) for i in range(pacing.max_paid)]
         self.paid_seconds = self.spot_seconds = 0.0
         self.paid_starts = 0
-        self.first_claim: float | None = None
         self.now = 0.0
 
     # -- bookkeeping of what each slot's time bought
@@ -162,11 +232,6 @@ class _PacedSim(_Sim):
             w.since = t
             return
         super().book(w, t)
-
-    def assign(self, w: _Worker, s: Any, t: float) -> None:
-        if self.first_claim is None:
-            self.first_claim = t
-        super().assign(w, s, t)
 
     # -- slots coming and going
 
@@ -254,19 +319,29 @@ class _PacedSim(_Sim):
                 done += max(0, self.durable_without_notice(w, self.position(w, t=self.now)) - w.run_start)
         return done
 
+    def working_seconds(self, t: float) -> float:
+        """Worker-seconds spent working on shards so far: what a measured rate divides."""
+        return self.compute_time + self.overhead_time + sum(
+            t - w.since for w in self.workers if w.state == _WORKING)
+
     def tick(self, t: float) -> None:
+        """The rule's decision, on what a pacer would measure: the run starts at 0 (the runner
+        opens the version), and the rate is measured from what was committed, never handed in."""
         self.now = t
         paid = self.workers[self.spot:]
-        if self.pacing.policy is Policy.ALWAYS or self.first_claim is None:
+        if self.pacing.policy is Policy.ALWAYS:
             return
         seen = [w for w in self.workers if w.state in (_WORKING, _IDLE)]
+        committed = self.committed()
+        busy = self.working_seconds(t)
+        measured = committed / busy if committed > 0 and busy > 0 else 0.0
         obs = Observation(
-            now=t, started_at=self.first_claim, deadline=self.pacing.deadline_seconds, records=self.sc.items,
-            done_at_start=0, committed=self.committed(),
+            now=t, started_at=0.0, deadline=self.pacing.deadline_seconds, records=self.sc.items,
+            done_at_start=0, committed=committed,
             spot_workers=sum(1 for w in seen if w.idx < self.spot),
             paid_workers=sum(1 for w in seen if w.idx >= self.spot),
             paid_running=sum(1 for w in paid if w.state != _OFF), max_paid=self.pacing.max_paid,
-            worker_rate=self.sc.records_per_second, restart_overhead=self.sc.model_load_seconds,
+            worker_rate=worker_rate(measured, self.pacing.prior_rate), restart_overhead=self.sc.model_load_seconds,
             tail_seconds=self.sc.lease_seconds)
         wanted = decide(obs, self.pacing.policy).paid
         running = [w for w in paid if w.state != _OFF]
@@ -276,16 +351,27 @@ class _PacedSim(_Sim):
             self.start_slot(w, t)
 
 
+# A run not finished by this many deadlines (or ideal makespans) never will be: it is a missed
+# deadline, not an error (no spot capacity left in the trace, no paid workers bought).
+HORIZON_DEADLINES = 6
+
+
 def simulate_paced(scenario: Scenario, pacing: Pacing, shard_size: int, seed: int = 0, *,
                    bound_seconds: float | None = None) -> PacedResult:
     """One run under `pacing`; the same inputs and seed give the same result (the spot side,
     trace and interruptions, is the same for every policy: common random numbers). The
-    hindsight bound is taken from the same seed's run without paid workers (which uses the
-    spot side to the deadline), unless `bound_seconds` gives it."""
+    hindsight bound is the work the spot side could not do by the deadline (its uptime
+    there, each start's load taken out), from the same seed's run without paid workers,
+    unless `bound_seconds` gives it. A run that cannot finish is a missed deadline: its
+    makespan is infinite."""
     sim = _PacedSim(scenario, pacing, shard_size, seed)
-    sim.run(max_seconds=100 * max(scenario.ideal_seconds, pacing.deadline_seconds))
-    end = sim.finished_at
-    assert end is not None
+    horizon = HORIZON_DEADLINES * max(scenario.ideal_seconds, pacing.deadline_seconds)
+    try:
+        sim.run(max_seconds=horizon)
+        end = sim.finished_at
+        assert end is not None
+    except SimulationDiverged:
+        end = horizon
     for w in sim.workers:
         sim.book(w, end)
     written, covered = _coverage(sim.writes)
@@ -294,8 +380,10 @@ def simulate_paced(scenario: Scenario, pacing: Pacing, shard_size: int, seed: in
         bound_seconds = max(0.0, work - sim.spot_seconds) if pacing.policy is Policy.NONE or end >= \
             pacing.deadline_seconds else simulate_paced(scenario, replace(pacing, policy=Policy.NONE), shard_size,
                                                         seed).bound_seconds
-    return PacedResult(pacing.policy, seed, end, pacing.deadline_seconds, sim.paid_seconds, sim.spot_seconds,
-                       bound_seconds, written - covered, scenario.items - covered, sim.paid_starts)
+    finished = sim.finished_at is not None
+    return PacedResult(pacing.policy, seed, end if finished else math.inf, pacing.deadline_seconds,
+                       sim.paid_seconds, sim.spot_seconds, bound_seconds, written - covered,
+                       scenario.items - covered if finished else 0, sim.paid_starts)
 
 
 @dataclass(frozen=True)
@@ -309,10 +397,11 @@ class PolicyRow:
     paid_cost_mean: float  # in units of one spot worker-hour's price
     bound_hours_mean: float  # the hindsight bound, the same for every policy of the seeds
     over_bound_mean: float  # paid hours over the seed's own bound, averaged where the bound is above zero
-    makespan_hours_mean: float
+    makespan_hours_mean: float  # over the runs that finished
     paid_hours: tuple[float, ...] = field(default_factory=tuple)  # each seed's
     bound_hours: tuple[float, ...] = field(default_factory=tuple)  # each seed's
     met_seeds: tuple[int, ...] = field(default_factory=tuple)
+    unfinished: int = 0  # runs that could not finish at all (missed deadlines)
 
 
 def compare_policies(scenario: Scenario, deadline_seconds: float, max_paid: int, seeds: Sequence[int], *,
@@ -340,7 +429,8 @@ def compare_policies(scenario: Scenario, deadline_seconds: float, max_paid: int,
             paid_cost_mean=paid_price * (statistics.fmean(hours) if hours else 0.0),
             bound_hours_mean=statistics.fmean(bounds.values()) / 3600 if bounds else 0.0,
             over_bound_mean=statistics.fmean(bounded) if bounded else 0.0,
-            makespan_hours_mean=statistics.fmean(r.makespan_seconds / 3600 for r in runs) if runs else 0.0,
+            makespan_hours_mean=statistics.fmean(finished) / 3600 if (finished := [
+                r.makespan_seconds for r in runs if r.finished]) else math.inf,
             paid_hours=hours, bound_hours=tuple(bounds[s] / 3600 for s in seeds),
-            met_seeds=tuple(r.seed for r in runs if r.met)))
+            met_seeds=tuple(r.seed for r in runs if r.met), unfinished=sum(not r.finished for r in runs)))
     return rows

@@ -10,9 +10,18 @@ The rule is Uniform Progress (Wu et al., "Can't Be Late: Optimizing Spot
 Instance Savings under Deadlines", NSDI 2024), for a job of many workers:
 
 - **Expected progress** grows linearly from what was done when the version's
-  first shard was claimed (carried results and the planner's dead letters count
-  as done at the start) to every record at the deadline: `ep(t)`. Committed
-  progress `cp(t)` is the results and dead letters the version holds.
+  run started (carried results and the planner's dead letters count as done at
+  the start) to every record at the deadline: `ep(t)`. The run start is set by
+  the first runner, launcher or pacer that opens the version for work, not by
+  its first claim, which may never come. Committed progress `cp(t)` is the
+  results and dead letters the version holds.
+- **Before any rate is measured** the rule does not wait. A job with nothing
+  computed is given two restart overheads from its run start to load; past
+  them it is behind by definition. The rate of one worker is the one measured
+  once results come; before that a prior (the rate an earlier version of the
+  same name measured on the store, else `fallback.records_per_worker_second`);
+  with neither, a job that is behind buys every paid worker it may, as it does
+  when it is behind by definition.
 - **Behind** (`cp(t) < ep(t)`): paid workers are bought, as many as bring the
   job back onto the line within the catch-up horizon (paid workers that start
   now produce only after the restart overhead `d`, their launch to their first
@@ -20,14 +29,17 @@ Instance Savings under Deadlines", NSDI 2024), for a job of many workers:
 - **Hysteresis.** Paid workers that run are kept until `cp(t) >= ep(t + 2d)`:
   the job is then two restart overheads ahead, and they are reduced to the
   number that holds the line's pace beside the spot workers (none once spot
-  capacity alone keeps it), never stopped and restarted tick after tick.
+  capacity alone keeps it; with no spot worker at all, however far ahead,
+  those that hold the line's pace), never stopped and restarted tick after
+  tick.
 - **Safety net.** When the time left is less than the remaining work at every
   worker's rate (the spot workers seen now and every paid worker) plus `2d`,
   every paid worker is held to the end: the last moment at which the deadline
   can still be met.
-- **The budget** (`fallback.max_cost`) is never exceeded: no more paid workers
-  run than the spend left pays for until the next decision and their stop
-  (`stop_seconds`); with the budget spent the job is "at risk".
+- **The budget** (`fallback.max_cost`): no more paid workers run than the spend
+  left pays for until the next decision and their stop (`stop_seconds`); with
+  the budget spent the job is "at risk". Paid workers also hold it themselves
+  (`batchline.worker.paid`), so it holds when no pacer runs.
 
 The spot side is never bought or stopped here: spot workers come and go as the
 cluster gives them. Paid workers are ordinary workers of the same version, so
@@ -64,7 +76,7 @@ class Observation:
     """What a pacer knows at one moment, all of it read anew each time."""
 
     now: float
-    started_at: float  # the version's first claim
+    started_at: float  # the version's run start (`open_run`), where the line starts
     deadline: float
     records: int  # the version's records
     done_at_start: int  # carried results and planner dead letters: done before any worker
@@ -73,7 +85,7 @@ class Observation:
     paid_workers: int  # paid workers the store has seen (launched ones not seen yet do not count)
     paid_running: int  # paid slots that exist now (seen or not): hysteresis holds these
     max_paid: int  # fallback.workers
-    worker_rate: float  # records per second of one worker
+    worker_rate: float  # records per second of one worker; 0: none measured and no prior
     restart_overhead: float = DEFAULT_RESTART_OVERHEAD_SECONDS
     # Paid worker-seconds the budget still pays for (None: no max_cost), and what a
     # decision must leave for: the time to the next one plus a worker's stop.
@@ -112,7 +124,7 @@ def line_end(obs: Observation) -> float:
 
 
 def expected_progress(obs: Observation, at: float) -> float:
-    """ep(at): records done by `at` on the line from the first claim to `line_end`."""
+    """ep(at): records done by `at` on the line from the run start to `line_end`."""
     window = line_end(obs) - obs.started_at
     share = 1.0 if window <= 0 else min(1.0, max(0.0, (at - obs.started_at) / window))
     return obs.done_at_start + (obs.records - obs.done_at_start) * share
@@ -140,19 +152,44 @@ def safety_net(obs: Observation) -> bool:
     return obs.deadline - obs.now < needed + 2 * obs.restart_overhead
 
 
+def loading(obs: Observation) -> bool:
+    """Whether nothing is computed yet and the workers still have time to load: two restart
+    overheads from the run start. Past them, nothing computed is behind by definition."""
+    return obs.committed <= obs.done_at_start and obs.now < obs.started_at + 2 * obs.restart_overhead
+
+
+def behind_line(obs: Observation) -> bool:
+    """Behind the line, or (past the time to load) with nothing computed at all."""
+    if loading(obs):
+        return False
+    return obs.committed < expected_progress(obs, obs.now) or obs.committed <= obs.done_at_start
+
+
 def decide(obs: Observation, policy: Policy | str = Policy.UNIFORM) -> Decision:
     """The paid workers to run now, under `policy` (see the module's doc)."""
     policy = Policy(policy)
     expected = expected_progress(obs, obs.now)
     if obs.committed >= obs.records:
         return Decision(0, Mode.DONE, expected, "done")
-    behind = obs.committed < expected
+    behind = behind_line(obs)
     if policy is Policy.NONE or obs.max_paid <= 0:
         wanted, mode = 0, Mode.BEHIND if behind else Mode.ON_TIME
     elif policy is Policy.ALWAYS:
         wanted, mode = obs.max_paid, Mode.BEHIND if behind else Mode.ON_TIME
+    elif loading(obs):
+        return _within_budget(obs, min(obs.max_paid, obs.paid_running), Mode.ON_TIME, expected,
+                              "starting: nothing computed yet, the workers loading")
     elif policy is Policy.GREEDY:
         wanted, mode = (obs.max_paid, Mode.BEHIND) if behind else (0, Mode.ON_TIME)
+    elif behind and (obs.worker_rate <= 0 or obs.committed <= obs.done_at_start):
+        # No rate to size the catch-up with (none measured, no prior), or nothing computed past
+        # the time to load: every paid worker it may, until results give a rate.
+        return _within_budget(obs, obs.max_paid, Mode.BEHIND, expected,
+                              f"behind with {'nothing computed' if obs.worker_rate > 0 else 'no rate measured'}: "
+                              f"buying every paid worker ({obs.max_paid})")
+    elif obs.worker_rate <= 0:
+        return _within_budget(obs, min(obs.max_paid, obs.paid_running), Mode.ON_TIME, expected,
+                              "on time: measuring the rate")
     else:
         wanted, mode = _uniform(obs, expected)
     return _within_budget(obs, wanted, mode, expected)
@@ -178,19 +215,16 @@ def _uniform(obs: Observation, expected: float) -> tuple[int, Mode]:
         # the line by the end of the horizon beside the spot workers there are now (so none
         # once spot capacity alone does), never more than run now: a paid worker is started
         # only when the job is behind, so none is stopped and started again tick after tick.
+        # With no spot worker at all, however far ahead, as many as hold the line's pace: stopping
+        # them stops the job, which is then surely behind later and buys them back, paying each
+        # restart twice.
         h = catch_up_horizon(obs)
         gap = expected_progress(obs, obs.now + h + 2 * obs.restart_overhead) - obs.committed - spot * h
-        keep = max(0, math.ceil(gap / (rate * h) - 1e-9))
+        pace = math.ceil(line_rate(obs) / rate - 1e-9) if obs.spot_workers == 0 else 0
+        keep = max(0, math.ceil(gap / (rate * h) - 1e-9), pace)
         if keep:
             return min(obs.max_paid, held, keep), Mode.HOLDING
     return 0, Mode.ON_TIME
-
-
-def measuring(obs: Observation) -> Decision:
-    """Before the rate can be measured (nothing computed yet): the paid workers that run are
-    kept, within the budget, and none is bought."""
-    return _within_budget(obs, min(obs.max_paid, obs.paid_running), Mode.ON_TIME, expected_progress(obs, obs.now),
-                          "measuring the rate: nothing computed yet")
 
 
 def _within_budget(obs: Observation, wanted: int, mode: Mode, expected: float,
@@ -216,6 +250,14 @@ def _within_budget(obs: Observation, wanted: int, mode: Mode, expected: float,
     else:
         reason = f"safety net: every paid worker ({wanted}) to the end"
     return Decision(affordable, mode, expected, reason)
+
+
+def worker_rate(measured: float, prior: float | None) -> float:
+    """The rate of one worker the rule is given: the measured one once there is one, else the
+    prior, else 0 (none: a job behind buys every paid worker it may)."""
+    if measured > 0:
+        return measured
+    return prior if prior is not None and prior > 0 else 0.0
 
 
 def hindsight_paid_seconds(work_seconds: float, spot_seconds: float) -> float:

@@ -335,7 +335,8 @@ class StoreBase(ABC):
         return JobInfo(version=row[0], name=row[1], state=row[2], spec=self._unjson(row[3]),
                        record_count=int(row[4]), shard_count=int(row[5]), created_at=float(row[6]),
                        sealed_at=float(row[7]) if row[7] is not None else None, carried=int(row[8]),
-                       bound=_bound(row[9], row[10]), halt=self._halt(row[11]), planned_dead=int(row[12] or 0))
+                       bound=_bound(row[9], row[10]), halt=self._halt(row[11]), planned_dead=int(row[12] or 0),
+                       opened_at=float(row[13]) if row[13] is not None else None)
 
     def _halt(self, value: Any) -> Halt | None:
         return Halt.from_json(self._unjson(value)) if value is not None else None

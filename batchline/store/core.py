@@ -18,7 +18,7 @@ module of named statements, the same names in each) and its transactions:
 The operations are grouped by the port they serve, one module each over the shared base
 (`batchline.store.base`): the workers' leases and outcomes (`leasing`), planning
 (`planning`), reading (`reading`), publication (`publication`), and the smaller ports
-(`changes`, `files`, `lineage`, `paid`). `StoreCore` is all of them at once, which is
+(`changes`, `files`, `lineage`, `paid`, `beats`). `StoreCore` is all of them at once, which is
 what a backend completes.
 """
 
@@ -41,6 +41,7 @@ from batchline.store.base import (
     input_columns,
     split_point,
 )
+from batchline.store.beats import WorkerBeats
 from batchline.store.changes import VersionChanges
 from batchline.store.files import ShardOutcomes
 from batchline.store.leasing import Leasing
@@ -53,5 +54,5 @@ __all__ = ["INPUT_CHANGED", "CorePlanWriter", "DuplicateKey", "Missing", "Params
            "Tx", "acl_json", "carry_json", "chunks", "fence", "input_columns", "split_point"]
 
 
-class StoreCore(Leasing, Planning, Publishing, Reading, VersionChanges, ShardOutcomes, PaidSlots, ABC):
+class StoreCore(Leasing, Planning, Publishing, Reading, VersionChanges, ShardOutcomes, PaidSlots, WorkerBeats, ABC):
     """Every port's operation, over a backend's SQL (`q`) and transactions."""

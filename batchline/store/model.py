@@ -141,6 +141,7 @@ class JobInfo:
     bound: DeadLetterBound | None = None
     halt: Halt | None = None  # while halted, why
     planned_dead: int = 0  # dead letters the planner wrote (over the length cap, without text)
+    opened_at: float | None = None  # its run start: the first runner, launcher or pacer that opened it
 
 
 @dataclass(frozen=True)
@@ -300,12 +301,21 @@ class JobStatus:
 
     splits: int = 0  # unstarted tails split off to idle workers
     started_at: float | None = None  # the first claim of a shard of this version
+    # When its run started (`open_run`), kept across resumes: where a window and the pacing
+    # line count from. None for a version no runner, launcher or pacer has opened.
+    opened_at: float | None = None
     # Why no worker can finish the version as it is, in one line: a shard whose input
     # changed since planning (its last worker refused it, and none has claimed it since).
     stopped: str | None = None
     # A sealed version: when it sealed. Its rate is then over its whole run (the outcomes it
     # computed, from its first claim to its seal).
     ended_at: float | None = None
+
+    @property
+    def run_start(self) -> float | None:
+        """Where a deadline's window and the pacing line count from: the run start, else (a
+        version only bare workers ran) its first claim."""
+        return self.opened_at if self.opened_at is not None else self.started_at
 
     @property
     def rate_window(self) -> float:

@@ -11,7 +11,10 @@ and stops it (`paid_stop`, or the pacer does once its process is gone).
 
 The rows are the store's own record of paid worker time: `paid_spend_seconds`
 sums each start's time from its worker's first heartbeat to its stop (to now
-while it runs), which `fallback.max_cost` is held against. A launched slot whose
+while it runs), which `fallback.max_cost` is held against, by the pacer and by
+each paid worker at its heartbeat (`paid_budget`). The times are the
+database's: on PostgreSQL a trigger keeps them whatever an UPDATE says, so a
+worker's role cannot make the spend look smaller. A launched slot whose
 worker never came up (a Kueue workload not admitted) is capacity ordered, not
 capacity: it costs nothing and counts as no worker.
 
@@ -79,16 +82,32 @@ class PaidSlots(StoreBase):
                         self._unjson(r[6]) if r[6] is not None else None, at(r[7]), at(r[8]), at(r[9]),
                         at(r[10]), r[11])
 
+    def open_run(self, version: str, by: str) -> float:
+        """The version's run start: set by the first caller (a runner, a launcher, a pacer) and
+        kept from then on, resumes included; a deadline's window and the pacing line count
+        from it, so a job no worker ever claims is still late."""
+
+        def body(tx: Any) -> float:
+            if tx.run(self.q.OPEN_RUN, {"v": version}) == 1:
+                self._event(tx, "open", version, by, None, None, {})
+            row = tx.one(self.q.OPENED_AT, {"v": version})
+            if row is None:
+                raise self._no_version(version)
+            return float(row[0])
+
+        opened: float = self._write(body)
+        return opened
+
     def paid_slots(self, version: str) -> list[PaidSlot]:
         """Every start of every paid slot of the version, by slot and generation."""
         return [self._paid(r) for r in self._read(lambda tx: tx.all(self.q.PAID_SLOTS, {"v": version}))]
 
     def paid_launch(self, version: str, slot: str, by: str, cost_per_hour: float, *,
-                    stale_seconds: float) -> int | None:
+                    stale_seconds: float, launch_timeout: float) -> int | None:
         """A new start of `slot`, unless one runs ("already there": None). A start whose worker
-        has not been heard from for `stale_seconds` is stopped first (its process is gone
-        without saying so); one whose worker never came up is still there (a workload not
-        admitted yet) until its pacer stops it."""
+        has not been heard from for `stale_seconds`, or never came up within `launch_timeout`
+        of its launch, is ended first (the pacer stops its process): no slot stays "already
+        there" for a start that will never work."""
 
         def body(tx: Any) -> int | None:
             tx.one(self.q.LOCK_JOB, {"v": version})  # one launch of the version's slots at a time
@@ -96,10 +115,13 @@ class PaidSlots(StoreBase):
             latest = self._paid(row) if row is not None else None
             now = float(tx.one(self.q.NOW)[0])
             if latest is not None and latest.running:
-                if latest.seen_at is None or now - latest.seen_at <= stale_seconds:
+                if latest.seen_at is not None and now - latest.seen_at > stale_seconds:
+                    reason = f"not heard from for {stale_seconds:g} s"
+                elif latest.seen_at is None and now - latest.launched_at > launch_timeout:
+                    reason = f"not seen within {launch_timeout:g} s of its launch"
+                else:
                     return None
-                tx.run(self.q.PAID_STOP, {"v": version, "slot": slot, "g": latest.generation,
-                                          "reason": f"not heard from for {stale_seconds:g} s"})
+                tx.run(self.q.PAID_STOP, {"v": version, "slot": slot, "g": latest.generation, "reason": reason})
             generation = latest.generation + 1 if latest is not None else 1
             tx.run(self.q.PAID_INSERT, {"v": version, "slot": slot, "g": generation, "by": by,
                                         "cost": cost_per_hour})
@@ -123,6 +145,12 @@ class PaidSlots(StoreBase):
         params = {"v": version, "slot": slot, "g": generation, "reason": reason}
         changed: int = self._write(lambda tx: tx.run(self.q.PAID_STOP, params))
         return changed == 1
+
+    def paid_budget(self, version: str) -> tuple[float, float]:
+        """The version's paid spend so far (in the fallback's price), and what the paid workers
+        up and unstopped cost an hour together."""
+        row = self._row(self.q.PAID_BUDGET, {"v": version})
+        return float(row[0] or 0.0), float(row[1] or 0.0)
 
     def paid_spend_seconds(self, version: str) -> float:
         """Paid worker-seconds the version has used: each start's, from its worker's first

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from batchline.acl import Acl
+from batchline.store.beats import WorkerSeen
 from batchline.store.changes import BaseRecord
 from batchline.store.files import ShardUnit
 from batchline.store.lineage import OutboxRow
@@ -49,6 +50,9 @@ from batchline.store.paid import PaidSlot
 
 class StoreHandle(Protocol):
     url: str
+    # How long a lost connection is retried before an operation fails with StoreError: a
+    # process that must act on an outage sooner (a runner, a paid worker) lowers it.
+    reconnect_seconds: float
 
     def close(self) -> None: ...
 
@@ -205,6 +209,24 @@ class PaidHeartbeat(Protocol):
         """Ends a start (its worker exited, or its process is gone); False if it had ended."""
         ...
 
+    def paid_budget(self, version: str) -> tuple[float, float]:
+        """The version's paid spend so far, and what the paid workers up and unstopped cost an
+        hour together: what a paid worker holds `fallback.max_cost` with."""
+        ...
+
+
+class Heartbeats(Protocol):
+    """Every worker's heartbeat, from its start to its exit (batchline.store.beats)."""
+
+    def worker_beat(self, version: str, worker: str, *, every: float, paid_slot: str | None = None,
+                    process: dict[str, Any] | None = None) -> None:
+        """The worker is up (loading, working or idle) and beats every `every` seconds."""
+        ...
+
+    def worker_gone(self, version: str, worker: str) -> None:
+        """The worker exits: it is no longer capacity."""
+        ...
+
 
 class LineageDrain(Protocol):
     """The lineage outbox, drained by any process of a job (batchline.store.lineage): a worker
@@ -233,7 +255,7 @@ class LineageAdmin(LineageDrain, Protocol):
 
 
 class WorkerStore(StoreHandle, ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, PaidHeartbeat,
-                  ShardFiles, LineageDrain, Protocol):
+                  Heartbeats, ShardFiles, LineageDrain, Protocol):
     """Everything a worker may call."""
 
 
@@ -401,12 +423,21 @@ class ReaderStore(StoreHandle, ChangeReader, ShardFiles, Protocol):
         """Paid worker-seconds the version has used, from the store's own record of them."""
         ...
 
+    def workers_seen(self, version: str) -> list[WorkerSeen]:
+        """The version's workers seen heartbeat recently and not gone, spot and paid."""
+        ...
+
 
 class PaidCapacity(PaidHeartbeat, Protocol):
-    """What a pacer keeps of a version's paid workers (batchline.store.paid)."""
+    """What a runner, launcher or pacer may call to run a version and hold its deadline
+    (batchline.store.paid)."""
+
+    def open_run(self, version: str, by: str) -> float:
+        """The version's run start, set by the first caller and kept (resumes included)."""
+        ...
 
     def paid_launch(self, version: str, slot: str, by: str, cost_per_hour: float, *,
-                    stale_seconds: float) -> int | None:
+                    stale_seconds: float, launch_timeout: float) -> int | None:
         """A new start of `slot`, unless one runs ("already there": None)."""
         ...
 

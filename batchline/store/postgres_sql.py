@@ -353,6 +353,53 @@ CREATE INDEX results_by_shard ON results (version, shard_no);
 CREATE INDEX dead_letters_by_shard ON dead_letters (version, shard_no);
 ALTER TABLE shards ADD COLUMN files jsonb;
 """),
+    # When a version's run started: set once, by the first runner, launcher or pacer that opens
+    # it for work, and kept across resumes (run_started_at is lineage's, one per attempt). A
+    # deadline's window and the pacing line count from it. A version claimed before counts
+    # from its first claim. Workers read it and never write it.
+    (18, "the run start of each version", """
+ALTER TABLE jobs ADD COLUMN opened_at float8;
+UPDATE jobs j SET opened_at = c.first
+FROM (SELECT version, min(ts) AS first FROM events WHERE kind = 'claim' GROUP BY version) c
+WHERE j.version = c.version;
+"""),
+    # A paid start's times are the database's: whatever an UPDATE sets them to, its first
+    # heartbeat's time is kept as started_at, each heartbeat's as seen_at, its first claim's as
+    # claimed_at, and its stop's as stopped_at (set once); its launch and price never change. The
+    # spend max_cost is held against is computed from them, so a worker's role, which may update
+    # its own start's heartbeat and stop, cannot make the spend look smaller.
+    (19, "paid workers' times kept by the database", """
+CREATE FUNCTION batchline_paid_times() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.launched_at := OLD.launched_at;
+    NEW.cost_per_hour := OLD.cost_per_hour;
+    NEW.seen_at := CASE WHEN NEW.seen_at IS DISTINCT FROM OLD.seen_at THEN batchline_now() ELSE OLD.seen_at END;
+    NEW.started_at := COALESCE(OLD.started_at, CASE WHEN NEW.seen_at IS NOT NULL THEN NEW.seen_at END);
+    NEW.claimed_at := COALESCE(OLD.claimed_at, CASE WHEN NEW.claimed_at IS NOT NULL THEN batchline_now() END);
+    NEW.stopped_at := COALESCE(OLD.stopped_at, CASE WHEN NEW.stopped_at IS NOT NULL THEN batchline_now() END);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER paid_workers_times BEFORE UPDATE ON paid_workers
+    FOR EACH ROW EXECUTE FUNCTION batchline_paid_times();
+"""),
+    # Every worker's heartbeat (batchline.store.beats), from its start (loading included) to its
+    # exit: the capacity a pacer counts is the workers seen recently, not the owners of leases.
+    # A worker's role writes its version's rows only.
+    (20, "worker heartbeats", """
+CREATE TABLE worker_beats (
+    version text NOT NULL,
+    worker text NOT NULL,
+    paid_slot text,
+    process jsonb,
+    every_s float8 NOT NULL,
+    started_at float8 NOT NULL,
+    seen_at float8 NOT NULL,
+    stopped_at float8,
+    PRIMARY KEY (version, worker)
+);
+CREATE INDEX worker_beats_live ON worker_beats (version, seen_at) WHERE stopped_at IS NULL;
+ALTER TABLE worker_beats ENABLE ROW LEVEL SECURITY;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -445,7 +492,7 @@ ALL_EVENTS = f"{_EVENT_COLUMNS} WHERE {_KINDS} ORDER BY id"
 # --- jobs and planning ----------------------------------------------------------------
 
 _JOB_COLUMNS = ("version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count, "
-                "abort_rate, abort_min, halt, planned_dead")
+                "abort_rate, abort_min, halt, planned_dead, opened_at")
 JOB = WorkerStatement(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE version = %(v)s", *reads("jobs"))
 JOBS = (f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'halted', 'sealed', 'cancelled') "
         f"ORDER BY created_at")
@@ -965,13 +1012,13 @@ PAID_SLOT_LATEST = (f"SELECT {_PAID_COLUMNS} FROM paid_workers WHERE version = %
                     f"ORDER BY generation DESC LIMIT 1")
 PAID_INSERT = ("INSERT INTO paid_workers (version, slot, generation, launched_at, launched_by, cost_per_hour) "
                "VALUES (%(v)s, %(slot)s, %(g)s, batchline_now(), %(by)s, %(cost)s)")
+# started_at follows from seen_at (the trigger of migration 19): the worker role cannot set it.
 PAID_SEEN = WorkerStatement("""
-UPDATE paid_workers SET worker = %(w)s, process = %(process)s, started_at = COALESCE(started_at, batchline_now()),
-    seen_at = batchline_now(),
+UPDATE paid_workers SET worker = %(w)s, process = %(process)s, seen_at = batchline_now(),
     claimed_at = CASE WHEN %(claimed)s AND claimed_at IS NULL THEN batchline_now() ELSE claimed_at END
 WHERE version = %(v)s AND slot = %(slot)s AND generation = %(g)s AND stopped_at IS NULL
   AND (worker IS NULL OR worker = %(w)s)""",
-    updates("paid_workers", "worker", "process", "started_at", "seen_at", "claimed_at"),
+    updates("paid_workers", "worker", "process", "seen_at", "claimed_at"),
     *reads("paid_workers", "clock"))
 PAID_STOP = WorkerStatement(
     "UPDATE paid_workers SET stopped_at = batchline_now(), stop_reason = %(reason)s WHERE version = %(v)s "
@@ -980,9 +1027,34 @@ PAID_STOP = WorkerStatement(
 # Worker-seconds from each start (the worker's process up) to its stop, or to now while it runs.
 PAID_SPEND = ("SELECT COALESCE(SUM(COALESCE(stopped_at, batchline_now()) - started_at), 0) FROM paid_workers "
               "WHERE version = %(v)s AND started_at IS NOT NULL")
+# What a paid worker holds the budget with at each heartbeat: the spend so far, and the paid
+# workers that run up and unstopped (each of which spends until the next heartbeat).
+PAID_BUDGET = WorkerStatement(
+    "SELECT COALESCE(sum((COALESCE(stopped_at, batchline_now()) - started_at) * cost_per_hour / 3600.0), 0), "
+    "COALESCE(sum(cost_per_hour) FILTER (WHERE stopped_at IS NULL), 0) "
+    "FROM paid_workers WHERE version = %(v)s AND started_at IS NOT NULL", *reads("paid_workers", "clock"))
 
 # --- the lineage outbox (batchline.store.lineage) ------------------------------------------
 
+# --- worker heartbeats (batchline.store.beats) ----------------------------------------------
+
+WORKER_BEAT = WorkerStatement("""
+INSERT INTO worker_beats (version, worker, paid_slot, process, every_s, started_at, seen_at)
+SELECT %(v)s, %(w)s, %(slot)s, %(process)s, %(every)s, batchline_now(), batchline_now()
+WHERE EXISTS (SELECT 1 FROM jobs WHERE version = %(v)s)
+ON CONFLICT (version, worker) DO UPDATE SET seen_at = EXCLUDED.seen_at, every_s = EXCLUDED.every_s
+WHERE worker_beats.stopped_at IS NULL""", inserts("worker_beats"), updates("worker_beats", "seen_at", "every_s"),
+    *reads("worker_beats", "clock", "jobs"))
+WORKER_GONE = WorkerStatement(
+    "UPDATE worker_beats SET stopped_at = batchline_now() WHERE version = %(v)s AND worker = %(w)s "
+    "AND stopped_at IS NULL", updates("worker_beats", "stopped_at"), *reads("worker_beats", "clock"))
+WORKERS_SEEN = ("SELECT worker, paid_slot, process, every_s, started_at, seen_at FROM worker_beats "
+                "WHERE version = %(v)s AND stopped_at IS NULL AND seen_at >= batchline_now() - %(grace)s * every_s "
+                "ORDER BY worker")
+# A version a bare worker claimed before anything opened it started at that claim.
+OPEN_RUN = ("UPDATE jobs SET opened_at = COALESCE((SELECT min(ts) FROM events WHERE version = %(v)s "
+            "AND kind = 'claim'), batchline_now()) WHERE version = %(v)s AND opened_at IS NULL")
+OPENED_AT = "SELECT opened_at FROM jobs WHERE version = %(v)s"
 LINEAGE_RUN_ATTEMPT = WorkerStatement("SELECT run_attempt, run_started_at FROM jobs WHERE version = %(v)s",
                                       *reads("jobs"))
 LINEAGE_START_RUN = WorkerStatement(

@@ -63,7 +63,7 @@ class Reading(StoreBase):
                              leases_lost=lost, records_done_last_minutes=recent, window_seconds=window_seconds,
                              now=now, halt=job.halt, leases_taken_back=taken, splits=splits,
                              started_at=float(first_claim) if first_claim is not None else None,
-                             stopped=stopped, ended_at=ended)
+                             stopped=stopped, ended_at=ended, opened_at=job.opened_at)
 
         return self._read(body, snapshot=True)
 

@@ -65,6 +65,8 @@ class SQLiteStore(StoreCore):
     def __init__(self, path: str | Path, url: str | None = None, *, create: bool = True) -> None:
         self.path = Path(path)
         self.url = url or f"sqlite:///{self.path}"
+        # A file has no connection to lose: nothing is retried (StoreHandle.reconnect_seconds).
+        self.reconnect_seconds = 0.0
         if not create and not self.path.exists():
             # A typo in a path must not look like "every job is gone": nothing is made here.
             raise StoreError(f"store {self.path} does not exist (batchline plan or run makes it)")

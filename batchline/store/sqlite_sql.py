@@ -316,6 +316,30 @@ CREATE INDEX IF NOT EXISTS results_by_shard ON results (version, shard_no);
 CREATE INDEX IF NOT EXISTS dead_letters_by_shard ON dead_letters (version, shard_no);
 ALTER TABLE shards ADD COLUMN files TEXT;
 """),
+    # When a version's run started: set once, by the first runner, launcher or pacer that opens
+    # it for work, and kept across resumes (run_started_at is lineage's, one per attempt). A
+    # deadline's window and the pacing line count from it. A version claimed before counts
+    # from its first claim.
+    (16, "the run start of each version", """
+ALTER TABLE jobs ADD COLUMN opened_at REAL;
+UPDATE jobs SET opened_at = (SELECT MIN(ts) FROM events e WHERE e.version = jobs.version AND e.kind = 'claim');
+"""),
+    # Every worker's heartbeat (batchline.store.beats), from its start (loading included) to its
+    # exit: the capacity a pacer counts is the workers seen recently, not the owners of leases.
+    (17, "worker heartbeats", """
+CREATE TABLE IF NOT EXISTS worker_beats (
+    version TEXT NOT NULL,
+    worker TEXT NOT NULL,
+    paid_slot TEXT,
+    process TEXT,
+    every_s REAL NOT NULL,
+    started_at REAL NOT NULL,
+    seen_at REAL NOT NULL,
+    stopped_at REAL,
+    PRIMARY KEY (version, worker)
+);
+CREATE INDEX IF NOT EXISTS worker_beats_live ON worker_beats (version, seen_at) WHERE stopped_at IS NULL;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -353,7 +377,7 @@ ALL_EVENTS = f"{_EVENT_COLUMNS} WHERE {_KINDS} ORDER BY id"
 # --- jobs and planning ------------------------------------------------------------------
 
 _JOB_COLUMNS = ("version, name, state, spec, record_count, shard_count, created_at, sealed_at, carried_count, "
-                "abort_rate, abort_min, halt, planned_dead")
+                "abort_rate, abort_min, halt, planned_dead, opened_at")
 JOB = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE version = :v"
 NO_JOBS = "SELECT NOT EXISTS (SELECT 1 FROM jobs)"
 JOBS = (f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ('ready', 'halted', 'sealed', 'cancelled') "
@@ -730,9 +754,28 @@ PAID_STOP = (f"UPDATE paid_workers SET stopped_at = {NOW_EXPR}, stop_reason = :r
 # Worker-seconds from each start (the worker's process up) to its stop, or to now while it runs.
 PAID_SPEND = (f"SELECT COALESCE(SUM(COALESCE(stopped_at, {NOW_EXPR}) - started_at), 0) FROM paid_workers "
               f"WHERE version = :v AND started_at IS NOT NULL")
+PAID_BUDGET = (f"SELECT COALESCE(SUM((COALESCE(stopped_at, {NOW_EXPR}) - started_at) * cost_per_hour / 3600.0), 0), "
+               "COALESCE(SUM(CASE WHEN stopped_at IS NULL THEN cost_per_hour ELSE 0 END), 0) "
+               "FROM paid_workers WHERE version = :v AND started_at IS NOT NULL")
 
 # --- the lineage outbox (batchline.store.lineage) ------------------------------------------
 
+# --- worker heartbeats (batchline.store.beats) ----------------------------------------------
+
+WORKER_BEAT = f"""
+INSERT INTO worker_beats (version, worker, paid_slot, process, every_s, started_at, seen_at)
+SELECT :v, :w, :slot, :process, :every, {NOW_EXPR}, {NOW_EXPR} WHERE EXISTS (SELECT 1 FROM jobs WHERE version = :v)
+ON CONFLICT (version, worker) DO UPDATE SET seen_at = excluded.seen_at, every_s = excluded.every_s
+WHERE worker_beats.stopped_at IS NULL"""
+WORKER_GONE = (f"UPDATE worker_beats SET stopped_at = {NOW_EXPR} WHERE version = :v AND worker = :w "
+               "AND stopped_at IS NULL")
+WORKERS_SEEN = (f"SELECT worker, paid_slot, process, every_s, started_at, seen_at FROM worker_beats "
+                f"WHERE version = :v AND stopped_at IS NULL AND seen_at >= {NOW_EXPR} - :grace * every_s "
+                "ORDER BY worker")
+# A version a bare worker claimed before anything opened it started at that claim.
+OPEN_RUN = (f"UPDATE jobs SET opened_at = COALESCE((SELECT MIN(ts) FROM events WHERE version = :v AND kind = 'claim'), "
+            f"{NOW_EXPR}) WHERE version = :v AND opened_at IS NULL")
+OPENED_AT = "SELECT opened_at FROM jobs WHERE version = :v"
 LINEAGE_RUN_ATTEMPT = "SELECT run_attempt, run_started_at FROM jobs WHERE version = :v"
 LINEAGE_START_RUN = (f"UPDATE jobs SET run_started_at = {NOW_EXPR} WHERE version = :v AND run_started_at IS NULL "
                      f"RETURNING run_attempt")

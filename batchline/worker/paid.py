@@ -8,19 +8,26 @@ heartbeats while it runs, marks its first claim (launch to first claim is the
 restart overhead the pacer measures) and, when it exits, that it stopped. A
 start the store no longer has running (stopped meanwhile, or taken over by a
 newer start) is not worked: the worker exits at once.
+
+A paid worker keeps the pacer's promises without it. At each heartbeat it reads
+the version's paid spend (`paid_budget`) and stops itself as under I5 (finish in
+flight, give the lease back, exit 75) once running on to the next heartbeat
+could pass `fallback.max_cost`; and it stops itself when it has not reached the
+store for a lease. So the spend passes `max_cost` by at most what the paid
+workers cost between two heartbeats and their stop, whether or not a pacer runs.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from batchline.errors import BatchlineError
 from batchline.store import WorkerStore
-
-HEARTBEAT_SECONDS = 5.0
+from batchline.worker.heartbeat import HEARTBEAT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -45,51 +52,68 @@ class PaidSlotKeeper:
 
     def __init__(self, store: WorkerStore, version: str, ref: PaidSlotRef, worker: str,
                  process: dict[str, Any] | None, *, log: Callable[[str], None] = lambda _m: None,
-                 on_lost: Callable[[], None] = lambda: None, every: float = HEARTBEAT_SECONDS) -> None:
+                 on_lost: Callable[[], None] = lambda: None, every: float = HEARTBEAT_SECONDS,
+                 max_cost: float | None = None, unreachable_seconds: float = 600.0) -> None:
         self.store, self.version, self.ref, self.worker = store, version, ref, worker
         self.process, self.log, self.every, self.on_lost = process, log, every, on_lost
+        self.max_cost = max_cost  # fallback.max_cost: held at each heartbeat
+        self.unreachable_seconds = unreachable_seconds  # the job's lease: without the store longer, stop
         self.claimed = threading.Event()
-        self.lost = threading.Event()  # the store no longer has this start running
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.lost = threading.Event()  # this start is to end: stopped in the store, or stopping itself
+        self.reason: str | None = None  # why it stops itself, as its stop records it
+        self._reached = time.monotonic()
 
     def seen(self) -> bool:
         ok = self.store.paid_seen(self.version, self.ref.slot, self.ref.generation, self.worker, self.process,
                                   claimed=self.claimed.is_set())
-        if not ok and not self.lost.is_set():
-            self.lost.set()
-            self.on_lost()
+        self._reached = time.monotonic()
+        if not ok:
+            self._give_up(None)
         return ok
+
+    def _give_up(self, reason: str | None) -> None:
+        if self.lost.is_set():
+            return
+        if reason is not None:
+            self.reason = reason
+            self.log(f"paid slot {self.ref}: {reason}: stopping")
+        self.lost.set()
+        self.on_lost()
+
+    def check(self) -> None:
+        """One heartbeat: says the worker is up and holds the budget; stops the worker (as under
+        I5) once the next heartbeat could find the budget passed, or the store out of reach for
+        longer than a lease."""
+        try:
+            if not self.seen() or self.max_cost is None:
+                return
+            spent, per_hour = self.store.paid_budget(self.version)
+        except BatchlineError as exc:
+            away = time.monotonic() - self._reached
+            if away > self.unreachable_seconds:
+                self._give_up(f"the store could not be reached for {away:.0f} s (a lease)")
+            else:
+                self.log(f"paid slot {self.ref}: heartbeat failed ({exc}); trying again")
+            return
+        if spent + per_hour * self.every / 3600.0 >= self.max_cost:
+            self._give_up(f"the paid budget would be passed by the next heartbeat ({spent:.2f} of "
+                          f"{self.max_cost:g} spent, {per_hour:g} an hour running)")
 
     def start(self) -> bool:
         """Says the worker is up; False when its start is not running in the store (stopped, or
-        taken over): the worker is to exit without working."""
-        if not self.seen():
-            return False
-        self._thread = threading.Thread(target=self._beat, name="paid-heartbeat", daemon=True)
-        self._thread.start()
-        return True
+        taken over) or the budget is spent: the worker is to exit without working. Its
+        heartbeats after this one are the worker's (`batchline.worker.heartbeat`)."""
+        self.check()
+        return not self.lost.is_set()
 
     def on_claim(self, _version: str) -> None:
         if not self.claimed.is_set():
             self.claimed.set()
-            self._safe_seen()
-
-    def _safe_seen(self) -> None:
-        try:
-            self.seen()
-        except BatchlineError as exc:
-            self.log(f"paid slot {self.ref}: heartbeat failed ({exc}); trying again")
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.every):
-            self._safe_seen()
+            self.check()
 
     def stop(self, reason: str) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.every + 5)
+        """Records the start's end (after the worker's heartbeat has stopped)."""
         try:
-            self.store.paid_stop(self.version, self.ref.slot, self.ref.generation, reason)
+            self.store.paid_stop(self.version, self.ref.slot, self.ref.generation, self.reason or reason)
         except BatchlineError as exc:
             self.log(f"paid slot {self.ref}: could not record its stop ({exc}); its pacer will")

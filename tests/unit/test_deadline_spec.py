@@ -56,6 +56,12 @@ def test_a_deadline_that_is_neither_a_time_nor_a_window_is_refused(tmp_path: Pat
     ({"workers": 2, "cost_per_worker_hour": -1}, r"fallback\.cost_per_worker_hour"),
     ({"workers": 2, "restart_overhead_seconds": 0}, r"fallback\.restart_overhead_seconds"),
     ({"workers": 2, "cost_per_workerhour": 3}, r"fallback\.cost_per_workerhour: unknown field"),
+    ({"workers": 2, "records_per_worker_second": 0}, r"fallback\.records_per_worker_second: must be above 0"),
+    ({"workers": 2, "records_per_worker_second": -2}, r"fallback\.records_per_worker_second"),
+    ({"workers": 2, "records_per_worker_second": "fast"}, r"fallback\.records_per_worker_second"),
+    ({"workers": 2, "restart_overhead_seconds": 60, "launch_timeout_seconds": 30},
+     r"fallback\.launch_timeout_seconds: 30 is below the restart overhead \(60 s\)"),
+    ({"workers": 2, "launch_timeout_seconds": 0}, r"fallback\.launch_timeout_seconds"),
 ])
 def test_a_fallback_that_could_not_be_meant_is_refused_naming_the_field(
         tmp_path: Path, fallback: dict[str, Any], why: str) -> None:
@@ -90,3 +96,14 @@ def test_the_stored_spec_keeps_what_it_was_given(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("seconds", "text"), [(7, "7s"), (125, "2m05s"), (3723, "1h02m03s")])
 def test_durations_read_as_progress_lines_say_them(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+def test_a_paid_start_is_stale_after_three_restart_overheads_unless_the_spec_says(tmp_path: Path) -> None:
+    fallback = spec_with(tmp_path, deadline="6h", fallback={"workers": 2, "restart_overhead_seconds": 40}).fallback
+    assert fallback is not None and fallback.launch_timeout_seconds == 120.0
+    assert fallback.records_per_worker_second is None
+    given = spec_with(tmp_path, deadline="6h", fallback={"workers": 2, "restart_overhead_seconds": 40,
+                                                        "launch_timeout_seconds": 50,
+                                                        "records_per_worker_second": 2.5}).fallback
+    assert given is not None and given.launch_timeout_seconds == 50.0 and given.records_per_worker_second == 2.5
+    assert given.to_dict()["launch_timeout_seconds"] == 50.0

@@ -8,8 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from batchline.errors import BatchlineError
 from batchline.sizing.paced import Pacing, Trace, simulate_paced, wave_trace
-from batchline.sizing.pacing import Mode, Observation, Policy, decide, expected_progress, line_end
+from batchline.sizing.pacing import (
+    Mode,
+    Observation,
+    Policy,
+    decide,
+    expected_progress,
+    line_end,
+    worker_rate,
+)
 from batchline.sizing.simulate import Scenario
 
 # A line from 0 to every record at 9,800 s (the deadline, 10,000 s, less 2d): 10 records a second.
@@ -84,6 +93,61 @@ def test_done_or_ahead_buys_nothing_whatever_the_policy_but_always() -> None:
     assert [decide(behind, p).paid for p in Policy] == [0, 20, 20, 8]
 
 
+# --- before any rate: the run start, the time to load, the prior -----------------------------
+
+# 50 s into a run of a 10,000 s window, nothing computed yet: the workers are loading (2d = 200 s).
+STARTING = replace(BASE, now=50.0, committed=0, spot_workers=0, worker_rate=0.0)
+
+
+def test_nothing_computed_within_two_restart_overheads_of_the_run_start_buys_nothing_yet() -> None:
+    decision = decide(STARTING)
+    assert (decision.paid, decision.mode) == (0, Mode.ON_TIME)
+    assert decision.reason == "starting: nothing computed yet, the workers loading"
+    # Paid workers already running are kept while they load.
+    assert decide(replace(STARTING, paid_running=3)).paid == 3
+
+
+@pytest.mark.parametrize("rate", [0.0, 1.0])
+def test_nothing_computed_past_two_restart_overheads_is_behind_by_definition_and_buys_every_paid_worker(
+        rate: float) -> None:
+    # Not behind the line by much at 201 s (ep = 2,010), but nothing computed at all: with a
+    # prior rate as without one, every paid worker it may.
+    decision = decide(replace(STARTING, now=201.0, worker_rate=rate))
+    assert (decision.paid, decision.mode) == (20, Mode.BEHIND)
+    assert decision.reason.startswith("behind with nothing computed" if rate else "behind with no rate measured")
+    # Within the budget all the same.
+    capped = decide(replace(STARTING, now=201.0, worker_rate=rate, budget_seconds=500.0, stop_seconds=100.0))
+    assert (capped.paid, capped.mode) == (5, Mode.AT_RISK)
+    # Carried results are done at the start: they are not "computed".
+    carried = replace(STARTING, now=201.0, done_at_start=9_000, committed=9_000)
+    assert decide(carried).paid == 20
+
+
+def test_behind_without_a_measured_rate_or_a_prior_buys_every_paid_worker() -> None:
+    # Something computed (so not behind by definition), behind the line, and no rate to size with.
+    decision = decide(replace(BASE, committed=4_000, worker_rate=0.0))
+    assert (decision.paid, decision.mode) == (20, Mode.BEHIND)
+    # On time without a rate: nothing bought, the running kept.
+    assert decide(replace(BASE, committed=20_000, worker_rate=0.0, paid_running=2)).paid == 2
+
+
+def test_the_rule_is_given_the_measured_rate_else_the_prior_else_none() -> None:
+    assert worker_rate(3.0, 2.0) == 3.0
+    assert worker_rate(0.0, 2.0) == 2.0
+    assert worker_rate(0.0, None) == 0.0 and worker_rate(0.0, 0.0) == 0.0
+
+
+def test_regression_the_pacer_stopped_its_only_worker_when_every_spot_worker_was_gone() -> None:
+    # Far ahead of the line (by 6,000 records) with no spot worker left: the paid workers that hold
+    # the line's pace (10 records a second: 10 of them) are kept, not all stopped and bought back.
+    ahead = replace(BASE, committed=11_000, spot_workers=0, paid_running=12, paid_workers=12)
+    decision = decide(ahead)
+    assert (decision.paid, decision.mode) == (10, Mode.HOLDING)
+    assert decide(replace(ahead, paid_running=1, paid_workers=1)).paid == 1
+    # With spot workers there, far ahead still stops them all (spot may hold the line).
+    assert decide(replace(ahead, spot_workers=5)).paid == 0
+
+
 # --- the simulator's policies and bound ------------------------------------------------------
 
 # Two spot workers at 1 record a second, 100 s to load, no interruptions and no per-shard cost.
@@ -132,3 +196,70 @@ def test_a_capacity_trace_file_is_read_or_refused_by_line(tmp_path: Path) -> Non
     path.write_text("100 20\n50 10\n")
     with pytest.raises(ValueError, match="times must rise"):
         Trace.read(path)
+
+
+def test_a_night_without_spot_capacity_is_a_missed_deadline_for_none_and_bought_by_the_rule() -> None:
+    nothing = Trace(((0.0, 0),))
+    none = simulate_paced(SMALL, Pacing(2_500.0, 4, Policy.NONE, 10.0, nothing), 50)
+    # It can never finish: a missed deadline, not an exception, its bound all the work.
+    assert not none.met and not none.finished and none.bound_seconds == pytest.approx(5_000.0)
+    uniform = simulate_paced(SMALL, Pacing(2_500.0, 4, Policy.UNIFORM, 10.0, nothing), 50)
+    # Nothing computed 2d after the start: every paid worker at the first tick past 200 s, with
+    # no rate handed to it; then held to the end (no spot to hand the line to).
+    assert uniform.met and uniform.finished and uniform.paid_starts == 4
+    assert uniform.duplicate_rows == uniform.missing_rows == 0
+    assert uniform.bound_seconds == pytest.approx(5_000.0)
+    assert uniform.paid_seconds >= uniform.bound_seconds
+
+
+def test_the_simulator_measures_the_rate_rather_than_being_told_it() -> None:
+    # The spot workers commit before any decision needs a rate, so the rate the rule is given is
+    # the one measured from what was committed: a prior ten times too high or too low changes
+    # nothing (were it kept, the runs would differ: 2,244 s and 2,104 paid worker-seconds).
+    runs = [simulate_paced(SMALL, Pacing(2_500.0, 4, Policy.UNIFORM, 10.0, TRACE, prior_rate=prior), 50)
+            for prior in (None, 10.0, 0.1)]
+    assert runs[0].met and runs[0] == runs[1] == runs[2]
+
+
+def test_the_spot_gone_at_the_end_of_a_trace_never_crashes_the_comparison() -> None:
+    # The spot workers leave for good at 600 s: none cannot finish; every policy gets a row.
+    gone = Trace(((0.0, 2), (600.0, 0)))
+    runs = {p: simulate_paced(SMALL, Pacing(2_500.0, 4, p, 10.0, gone), 50) for p in Policy}
+    assert not runs[Policy.NONE].finished
+    assert runs[Policy.UNIFORM].met and runs[Policy.ALWAYS].met and runs[Policy.GREEDY].met
+
+
+def test_a_json_availability_trace_is_read_from_an_offset_and_scaled_to_the_spot_workers(tmp_path: Path) -> None:
+    path = tmp_path / "zone.json"
+    path.write_text('{"metadata": {"gap_seconds": 100}, "data": [1, 1, 0, 0, 1, 0]}')
+    assert Trace.read(path, workers=8).points == ((0.0, 8), (200.0, 0), (400.0, 8), (500.0, 0))
+    # From 250 s on: what held at 250 s (none) first, then the rest shifted.
+    assert Trace.read(path, workers=8, start_seconds=250.0).points == ((0.0, 0), (150.0, 8), (250.0, 0))
+    # Past its end the last point holds.
+    assert Trace.read(path, workers=8, start_seconds=10_000.0).points == ((0.0, 0),)
+    # A trace of counts is taken as it is.
+    path.write_text('{"metadata": {"gap_seconds": 60}, "data": [3, 2, 2, 5]}')
+    assert Trace.read(path, workers=8).points == ((0.0, 3), (60.0, 2), (180.0, 5))
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ('{"metadata": {}, "data": [1]}', "needs metadata.gap_seconds"),
+    ('{"metadata": {"gap_seconds": -5}, "data": [1]}', "needs metadata.gap_seconds"),
+    ('{"metadata": {"gap_seconds": 5}, "data": []}', "data is a list of whole numbers"),
+    ('{"metadata": {"gap_seconds": 5}, "data": [1, -1]}', "data is a list of whole numbers"),
+    ('{"metadata": {"gap_seconds": 5}, "data": [1, 0.5]}', "data is a list of whole numbers"),
+    ('{"metadata": {"gap_seconds": 5}, "data": [1, true]}', "data is a list of whole numbers"),
+    ('{"metadata": {"gap_seconds": 5}, "data": [1, 0', "not JSON"),
+])
+def test_a_json_trace_that_cannot_be_read_exactly_is_refused_in_one_line(tmp_path: Path, text: str,
+                                                                         why: str) -> None:
+    path = tmp_path / "zone.json"
+    path.write_text(text)
+    with pytest.raises(BatchlineError, match=why) as raised:
+        Trace.load(path, workers=4)
+    assert "\n" not in str(raised.value) and str(raised.value).startswith("--spot-trace ")
+    with pytest.raises(BatchlineError, match="no such file"):
+        Trace.load(tmp_path / "missing.json", workers=4)
+    with pytest.raises(BatchlineError, match="start offset cannot be negative"):
+        Trace.load(path.with_name("ok.json") if path.with_name("ok.json").write_text(
+            '{"metadata": {"gap_seconds": 5}, "data": [1]}') else path, workers=4, start_seconds=-1)

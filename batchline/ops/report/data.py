@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchline.sizing.costs import RunCost, WorkerPrices
 from batchline.spec import LOCAL_ROUTE, JobSpec, ProviderSpec, stored_spec
 from batchline.store import (
     Event,
@@ -20,8 +21,8 @@ from batchline.store import (
     job_or_published,
 )
 from batchline.store.model import ValidationRecord, rollback_target
+from batchline.store.paid import PaidSlot
 
-DEFAULT_GPU_HOUR_PRICE = 3.50
 THROUGHPUT_BINS = 60
 LABELS_SHOWN = 15
 DEAD_LETTER_SAMPLES = 3
@@ -66,7 +67,7 @@ class ReportData:
     spec: JobSpec
     status: JobStatus
     generated: float
-    price: float
+    cost: RunCost  # spot and paid worker time at the spec's prices (batchline.sizing.costs)
     published: str | None
     compare_to: str | None
     compare_why: str
@@ -99,12 +100,9 @@ class ReportData:
     pace: PacePicture | None = None  # a version with a deadline
 
     @property
-    def gpu_hours(self) -> float:
+    def lease_hours(self) -> float:
+        """Lease time on the local engine's shards, every worker's, in hours."""
         return sum(self.lease_seconds_by_outcome.values()) / 3600.0
-
-    @property
-    def cost(self) -> float:
-        return self.gpu_hours * self.price
 
     @property
     def answered(self) -> int:
@@ -113,24 +111,13 @@ class ReportData:
 
 @dataclass(frozen=True)
 class PacePicture:
-    """A version's deadline and its paid workers, as the report draws them."""
+    """A version's deadline and its paid workers, as the report draws them (their cost is the
+    report's `cost`)."""
 
     deadline: float  # when the job must be done
     line_end: float  # when the expected progress reaches every record (before the deadline, by the tail)
     done_at_start: int  # carried results and planner dead letters: where the line starts
     paid: list[tuple[float, float]]  # each paid start's time, from its worker's first heartbeat to its stop
-    paid_seconds: float
-    spot_seconds: float  # lease time of the workers that were not paid
-    paid_price: float  # per worker-hour
-    spot_price: float | None
-
-    @property
-    def paid_cost(self) -> float:
-        return self.paid_seconds / 3600.0 * self.paid_price
-
-    @property
-    def spot_cost(self) -> float | None:
-        return None if self.spot_price is None else self.spot_seconds / 3600.0 * self.spot_price
 
 
 class _Clock:
@@ -198,11 +185,12 @@ def _bin_seconds(span: float, bins: int) -> float:
     return math.ceil(raw / 86400) * 86400.0
 
 
-def collect(store: ReaderStore, version: str, *, price: float = DEFAULT_GPU_HOUR_PRICE) -> ReportData:
+def collect(store: ReaderStore, version: str, *, price: float | None = None) -> ReportData:
     """Reads everything the page shows. Results are counted in the store by attempt and
     time bin; dead letters are streamed once into fixed-size tallies (kinds, samples), so
     memory does not grow with the job; the event log is read whole (a few events per
-    shard, plus one per charged attempt)."""
+    shard, plus one per charged attempt). `price`: a spot worker-hour's, where the spec's
+    fallback gives none."""
     info = job_or_published(store, version)
     version = info.version
     spec = stored_spec(info)
@@ -217,8 +205,10 @@ def collect(store: ReaderStore, version: str, *, price: float = DEFAULT_GPU_HOUR
     timeline = _Timeline.of(leases, markers, sealed_at)
     outcomes = _OutcomeTallies.count(store, version, clock, timeline)
     published, compare_to, why = _comparison(store, info.name, version)
+    starts = store.paid_slots(version)
     return ReportData(
-        info=info, spec=spec, status=status, generated=now, price=price, published=published,
+        info=info, spec=spec, status=status, generated=now, published=published,
+        cost=run_cost(store, info, spec, leases, starts, clock, now, spot_price=price),
         compare_to=compare_to, compare_why=why, leases=leases, markers=markers, t_start=timeline.start,
         t_end=timeline.end, bin_seconds=timeline.bin_seconds, bins=timeline.bins,
         attempts_results=dict(outcomes.attempts_results), attempts_dead=dict(outcomes.attempts_dead),
@@ -227,40 +217,65 @@ def collect(store: ReaderStore, version: str, *, price: float = DEFAULT_GPU_HOUR
         label_field=spec.label_field, validation=store.latest_validation(version),
         tokens=store.token_totals(version), per_worker_rate=store.run_throughput(version),
         stale_by_op=stale_by_op, event_counts=dict(collections.Counter(e.kind for e in events)),
-        shifted_seconds=clock.total, deadline=spec.deadline.resolve(status.started_at, now) if spec.deadline else None,
+        shifted_seconds=clock.total, deadline=spec.deadline.resolve(status.run_start, now) if spec.deadline else None,
         sealed_at=sealed_at, computed=outcomes.computed, carried=info.carried,
         lease_seconds_by_outcome=_gpu_seconds(store, version, leases), routes=store.route_totals(version),
         providers=spec.routing.providers if spec.routing else (),
-        pace=_pace(store, info, status, clock, leases, now),
+        pace=_pace(info, spec, status, starts, clock, now),
     )
 
 
-def _pace(store: ReaderStore, info: JobInfo, status: JobStatus, clock: _Clock, leases: Sequence[LeaseSpan],
+def run_cost(store: ReaderStore, info: JobInfo, spec: JobSpec, leases: Sequence[LeaseSpan], starts: Sequence[PaidSlot],
+             clock: _Clock, now: float, *, spot_price: float | None = None) -> RunCost:
+    """The version's worker time at the spec's prices (batchline.sizing.costs): paid time from
+    each paid start's first heartbeat to its stop, spot time the local leases of every other
+    worker."""
+    from batchline.registry import ENGINES
+
+    entry = ENGINES.get(spec.model.engine)
+    computes_on = entry.computes_on(spec.model.options, store.pinned_runtime(info.version)) if entry else None
+    paid_workers = {s.worker for s in starts if s.worker}
+    hosted = {row.shard_no for row in store.shard_rows(info.version) if row.route != LOCAL_ROUTE} \
+        if spec.routing is not None else set()
+    spot = sum((span.end if span.end is not None else clock(now)) - span.start for span in leases
+               if span.worker not in paid_workers and span.shard_no not in hosted)
+    paid = sum(b - a for a, b in _paid_spans(starts, clock, now))
+    return RunCost(WorkerPrices.of(spec, computes_on, spot_price), spot, paid)
+
+
+def version_cost(store: ReaderStore, info: JobInfo, *, spot_price: float | None = None) -> RunCost:
+    """`run_cost` read from the store alone, as `status` and `run`'s summary say it: in the
+    database's time, as `fallback.max_cost` is held (the report takes a test's clock shifts
+    out of its time axis)."""
+    now = store.now()
+    clock = _Clock([])
+    leases = _leases(store.events(info.version, LEASE_KINDS), clock, now)
+    return run_cost(store, info, stored_spec(info), leases, store.paid_slots(info.version), clock, now,
+                    spot_price=spot_price)
+
+
+def _paid_spans(starts: Sequence[PaidSlot], clock: _Clock, now: float) -> list[tuple[float, float]]:
+    return [(clock(s.started_at), clock(s.stopped_at if s.stopped_at is not None else now)) for s in starts
+            if s.started_at is not None]
+
+
+def _pace(info: JobInfo, spec: JobSpec, status: JobStatus, starts: Sequence[PaidSlot], clock: _Clock,
           now: float) -> PacePicture | None:
-    """The deadline's picture for a version with a deadline and a first claim, else None."""
+    """The deadline's picture for a version with a deadline and a run start, else None."""
     from batchline.sizing.pacing import Observation, line_end
     from batchline.spec.deadline import FallbackSpec
     from batchline.store.paid import restart_overhead
 
-    spec = stored_spec(info)
-    if spec.deadline is None or status.started_at is None:
+    if spec.deadline is None or status.run_start is None:
         return None
     fallback = spec.fallback or FallbackSpec(0)
-    starts = store.paid_slots(info.version)
-    deadline = spec.deadline.resolve(status.started_at, status.now)
-    obs = Observation(now=now, started_at=status.started_at, deadline=deadline, records=status.records,
+    deadline = spec.deadline.resolve(status.run_start, status.now)
+    obs = Observation(now=now, started_at=status.run_start, deadline=deadline, records=status.records,
                       done_at_start=info.carried + info.planned_dead, committed=0, spot_workers=0, paid_workers=0,
                       paid_running=0, max_paid=fallback.workers, worker_rate=1.0,
                       restart_overhead=restart_overhead(starts) or fallback.restart_overhead_seconds,
                       tail_seconds=spec.shards.lease_seconds)
-    paid = [(clock(s.started_at), clock(s.stopped_at if s.stopped_at is not None else now)) for s in starts
-            if s.started_at is not None]
-    paid_workers = {s.worker for s in starts if s.worker}
-    spot = sum((span.end if span.end is not None else clock(now)) - span.start for span in leases
-               if span.worker not in paid_workers)
-    return PacePicture(clock(deadline), clock(line_end(obs)), obs.done_at_start, paid,
-                       sum(b - a for a, b in paid), spot, fallback.cost_per_worker_hour,
-                       fallback.spot_cost_per_worker_hour)
+    return PacePicture(clock(deadline), clock(line_end(obs)), obs.done_at_start, _paid_spans(starts, clock, now))
 
 
 def _markers(events: list[Event], clock: _Clock) -> tuple[list[Marker], dict[str, int]]:

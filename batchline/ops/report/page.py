@@ -35,7 +35,6 @@ from batchline.ops.report.charts import (
     utc,
 )
 from batchline.ops.report.data import (
-    DEFAULT_GPU_HOUR_PRICE,
     ERROR_CHARS,
     LABELS_SHOWN,
     ReportData,
@@ -43,6 +42,7 @@ from batchline.ops.report.data import (
     esc,
 )
 from batchline.spec import LOCAL_ROUTE, ProviderSpec
+from batchline.spec.deadline import format_rate
 from batchline.store import ReaderStore, RouteTotals
 
 # --- the page -------------------------------------------------------------------------------------
@@ -188,11 +188,20 @@ def _header(d: ReportData) -> str:
             f'<div class="sub">{esc("; ".join(when))}</div></header>')
 
 
+def _price_words(d: ReportData) -> str:
+    prices = d.cost.prices
+    parts = [f"spot at {prices.spot:,.2f}/h" if prices.spot is not None else "",
+             f"paid at {prices.paid:,.2f}/h" if prices.paid is not None else ""]
+    return ", ".join(p for p in parts if p) or "no worker time priced"
+
+
 def _cards(d: ReportData) -> str:
     st = d.status
     pct = 100.0 * d.answered / st.records if st.records else 100.0
     makespan = (d.sealed_at or d.t_end or 0.0) - d.t_start if d.t_start is not None else 0.0
-    per_k = d.cost / (d.answered / 1000) if d.answered else 0.0
+    per_k = d.cost.per_thousand(d.answered)
+    total = d.cost.total
+    prices = d.cost.prices
     tokens_in, tokens_out = d.tokens
     cards = [
         _card("records", f"{st.records:,}", f"{d.answered:,} answered ({pct:.1f}%)"),
@@ -201,13 +210,15 @@ def _cards(d: ReportData) -> str:
         _card("dead letters", f"{st.dead_letters:,}",
               f"{st.dead_letters / st.records:.2%} of records" if st.records else ""),
         _card("makespan", dur(makespan) if d.t_start is not None else "—",
-              f"{d.per_worker_rate:,.1f} records/s per worker"),
+              f"{format_rate(d.per_worker_rate)} records/s per worker"),
         _card("leases lost", f"{st.leases_lost:,}",
               f"{st.leases_taken_back:,} taken back from dead owners; "
               f"{sum(d.stale_by_op.values()):,} stale writes refused"),
-        _card("GPU-hours", f"{d.gpu_hours:,.3f}", "worker lease time"),
-        _card("cost", f"${d.cost:,.2f}", f"at ${d.price:,.2f} per GPU-hour"),
-        _card("per 1,000 records", f"${per_k:,.4f}" if per_k < 1 else f"${per_k:,.2f}", "answered"),
+        _card(prices.unit, f"{d.lease_hours:,.3f}", "worker lease time"),
+        _card("cost", f"{total:,.2f}" if total is not None else "—",
+              _price_words(d) if total is not None else "no spot price: give fallback.spot_cost_per_worker_hour"),
+        _card("per 1,000 records", "—" if per_k is None else f"{per_k:,.4f}" if per_k < 1 else f"{per_k:,.2f}",
+              "answered"),
         _card("tokens", f"{tokens_in + tokens_out:,}", f"{tokens_in:,} in, {tokens_out:,} out"),
         _card("workers", f"{len({s.worker for s in d.leases}):,}", f"{len(d.leases):,} leases"),
         _card("attempts charged", f"{d.event_counts.get('attempt_failed', 0):,}",
@@ -375,17 +386,17 @@ def _pace_section(d: ReportData) -> str:
     end = d.sealed_at
     verdict = ("not sealed yet" if end is None else f"met with {dur(pace.deadline - end)} to spare"
                if end <= pace.deadline else f"missed by {dur(end - pace.deadline)}")
-    answered = max(1, d.answered)
-    cost = pace.paid_cost + (pace.spot_cost or 0.0)
+    cost = d.cost
+    per_k = cost.per_thousand(d.answered)
     facts = [("deadline", f"{utc(pace.deadline)}: {verdict}"),
-             ("spot worker-hours", f"{pace.spot_seconds / 3600:,.3f}"
-              + (f" (cost {pace.spot_cost:,.2f})" if pace.spot_cost is not None else "")),
-             ("paid worker-hours", f"{pace.paid_seconds / 3600:,.3f} (cost {pace.paid_cost:,.2f}, "
-                                   f"{len(pace.paid)} paid starts)"),
-             ("cost per 1,000 records", f"{cost / answered * 1000:,.4f}")]
+             (f"spot {cost.prices.unit}", f"{cost.spot_seconds / 3600:,.3f}"
+              + (f" (cost {cost.spot_cost:,.2f})" if cost.spot_cost is not None else " (no spot price)")),
+             (f"paid {cost.prices.unit}", f"{cost.paid_seconds / 3600:,.3f} (cost {cost.paid_cost:,.2f}, "
+                                          f"{len(pace.paid)} paid starts)"),
+             ("cost per 1,000 records", f"{per_k:,.4f}" if per_k is not None else "not priced")]
     rows = "".join(f'<tr><td>{esc(k)}</td><td class="num">{esc(v)}</td></tr>' for k, v in facts)
     return ('<section><h2>Meeting the deadline</h2><p class="what">Records committed (results and dead letters) '
-            'against the expected progress, which rises from the first claim to every record a lease and two '
+            'against the expected progress, which rises from the run start to every record a lease and two '
             'restart overheads before the deadline; paid workers of the same version, bought while the job was '
             'behind, are shaded beneath.</p>' + pace_chart(d)
             + legend([("#0f766e", "committed"), ("#64748b", "expected"), ("#f59e0b", "paid workers"),
@@ -394,31 +405,41 @@ def _pace_section(d: ReportData) -> str:
 
 def _cost_section(d: ReportData) -> str:
     total = sum(d.lease_seconds_by_outcome.values())
+    unit = d.cost.prices.unit
     rows = []
     for outcome in ("done", "expired", "taken back", "released", "open"):
         s = d.lease_seconds_by_outcome.get(outcome, 0.0)
         if not s:
             continue
         rows.append(f'<tr><td>{esc(OUTCOME_WORDS[outcome])}</td><td class="num">{s / 3600:,.3f}</td>'
-                    f'<td class="num">{s / total:.1%}</td><td class="num">${s / 3600 * d.price:,.2f}</td></tr>')
+                    f'<td class="num">{s / total:.1%}</td></tr>')
     tokens_in, tokens_out = d.tokens
-    per_gpu_hour = (tokens_out / d.gpu_hours) if d.gpu_hours else 0.0
+    per_hour = (tokens_out / d.lease_hours) if d.lease_hours else 0.0
     stale = ", ".join(f"{op} {n:,}" for op, n in sorted(d.stale_by_op.items())) or "none"
     ev = d.event_counts
+    cost = d.cost
     facts = [
+        (f"spot {unit}", f"{cost.spot_seconds / 3600:,.3f}" + (
+            f" at {cost.prices.spot:,.2f}/h: {cost.spot_cost:,.2f}" if cost.spot_cost is not None
+            else " (no spot price)")),
+        (f"paid {unit}", f"{cost.paid_seconds / 3600:,.3f}" + (
+            f" at {cost.prices.paid:,.2f}/h: {cost.paid_cost:,.2f}" if cost.prices.paid is not None else "")),
+        ("cost", f"{cost.total:,.2f}" if cost.total is not None else "not priced"),
         ("tokens in", f"{tokens_in:,}"), ("tokens out", f"{tokens_out:,}"),
-        ("output tokens per GPU-hour", f"{per_gpu_hour:,.0f}"),
-        ("records per second per worker", f"{d.per_worker_rate:,.2f}"),
+        (f"output tokens per {unit[:-1]}", f"{per_hour:,.0f}"),
+        ("records per second per worker", format_rate(d.per_worker_rate)),
         ("charged attempts", f"{ev.get('attempt_failed', 0):,}"),
         ("engine crashes / hangs", f"{ev.get('engine_crash', 0):,} / {ev.get('engine_hang', 0):,}"),
         ("stale writes refused", stale),
     ]
     fact_rows = "".join(f'<tr><td>{esc(k)}</td><td class="num">{esc(v)}</td></tr>' for k, v in facts)
-    return ('<section><h2>Tokens, GPU-hours and cost</h2><p class="what">GPU time is worker lease time: '
+    return (f'<section><h2>Tokens, {esc(unit)} and cost</h2><p class="what">Worker time is lease time: '
             'every second a worker held a shard, whether the work was kept or lost. Time in leases that expired '
-            'or were given back is where the job lost time.</p><div class="grid2"><table><thead><tr>'
-            '<th>lease time</th><th class="num">GPU-hours</th><th class="num">share</th>'
-            f'<th class="num">cost</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            "or were given back is where the job lost time. Cost is the spot workers' lease time at the spec's "
+            "spot price and the paid workers' time (first heartbeat to stop) at its fallback price."
+            '</p><div class="grid2"><table><thead><tr>'
+            f'<th>lease time</th><th class="num">{esc(unit)}</th><th class="num">share</th>'
+            f'</tr></thead><tbody>{"".join(rows)}</tbody></table>'
             f'<table><tbody>{fact_rows}</tbody></table></div></section>')
 
 
@@ -435,8 +456,9 @@ def _routes_section(d: ReportData) -> str:
         return ""
     local = d.routes.get(LOCAL_ROUTE)
     engine = d.spec.model.engine
-    rows = [(LOCAL_ROUTE, f"{engine} (in-house)", local, f"{d.gpu_hours:,.3f} GPU-hours",
-             f"${d.cost:,.2f}", "stays in-house")]
+    total = d.cost.total
+    rows = [(LOCAL_ROUTE, f"{engine} (in-house)", local, f"{d.lease_hours:,.3f} {d.cost.prices.unit}",
+             f"{total:,.2f}" if total is not None else "no spot price configured", "stays in-house")]
     for p in d.providers:
         totals = d.routes.get(p.route)
         cost = provider_cost(p, totals)
@@ -452,7 +474,7 @@ def _routes_section(d: ReportData) -> str:
     field_name = d.spec.routing.class_field if d.spec.routing else "?"
     return ('<section><h2>Where records went</h2><p class="what">Records go to a hosted provider only when '
             f"their {esc(field_name)} names a class cleared for it; a record without it, or with any other "
-            "class, stays in-house. Cost is GPU-hours at the GPU price for the in-house engine and tokens at "
+            "class, stays in-house. Cost is worker time at the spec's prices for the in-house engine and tokens at "
             "the configured batch prices for each provider.</p><table><thead><tr><th>route</th><th>answered by</th>"
             '<th class="num">records</th><th class="num">results</th><th class="num">dead letters</th>'
             '<th class="num">tokens in / out</th><th>cost basis</th><th class="num">cost</th>'
@@ -478,8 +500,8 @@ def render(d: ReportData) -> str:
             f"<body><main>{body}</main></body></html>\n")
 
 
-def write_report(store: ReaderStore, version: str, out: Path, *, price: float = DEFAULT_GPU_HOUR_PRICE) -> ReportData:
-    if price < 0:
+def write_report(store: ReaderStore, version: str, out: Path, *, price: float | None = None) -> ReportData:
+    if price is not None and price < 0:
         raise BatchlineError("--gpu-hour-price must not be negative")
     data = collect(store, version, price=price)
     text = render(data)

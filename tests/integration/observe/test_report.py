@@ -83,11 +83,15 @@ def test_it_shows_what_the_store_holds(hostile: Any, store: Store, tmp_path: Pat
     events = store.events(hostile.version, ["claim", "complete"])
     claims = {(e.shard_no, e.epoch): e.ts for e in events if e.kind == "claim"}
     seconds = sum(e.ts - claims[(e.shard_no, e.epoch)] for e in events if e.kind == "complete")
-    assert data.gpu_hours == pytest.approx(seconds / 3600)
-    assert data.cost == pytest.approx(seconds / 3600 * 7.0)
+    assert data.lease_hours == pytest.approx(seconds / 3600)
+    # No paid worker, no spot price in the spec: spot lease time at the price given.
+    assert data.cost.spot_seconds == pytest.approx(seconds) and data.cost.paid_seconds == 0
+    assert data.cost.total == pytest.approx(seconds / 3600 * 7.0)
     assert len(data.leases) == len(claims) == 3 and all(s.outcome == "done" for s in data.leases)
-    per_thousand = data.cost / 40 * 1000
-    assert (f"${per_thousand:,.4f}" if per_thousand < 1 else f"${per_thousand:,.2f}") in text
+    per_thousand = seconds / 3600 * 7.0 / 40 * 1000
+    assert (f"{per_thousand:,.4f}" if per_thousand < 1 else f"{per_thousand:,.2f}") in text
+    # The synthetic engine computes on no GPU: its time is worker-hours, never GPU-hours.
+    assert data.cost.prices.unit == "worker-hours" and "GPU-hour" not in text
     assert sum(data.bins) == 40  # every outcome falls in a throughput bin
     # The store's histogram puts each outcome in the bin its own time gives it.
     assert data.t_start is not None
@@ -152,7 +156,10 @@ def test_the_report_command_writes_the_page_and_names_a_bad_version_in_one_line(
         hostile: Any, store_url: str, tmp_path: Path) -> None:
     out = tmp_path / "sub" / "report.html"
     assert cli("report", hostile.version, "--store", store_url, "--html", str(out), "--gpu-hour-price", "2") == 0
-    assert "$2.00 per GPU-hour" in out.read_text(encoding="utf-8")
+    assert "spot at 2.00/h" in out.read_text(encoding="utf-8")
+    # Without a price, spot time is not priced: no built-in price stands in for one.
+    assert cli("report", hostile.version, "--store", store_url, "--html", str(out)) == 0
+    assert "no spot price" in out.read_text(encoding="utf-8")
     # A published name works as well as a version.
     assert cli("report", "hostile", "--store", store_url, "--html", str(tmp_path / "by-name.html")) == 0
     assert hostile.published in (tmp_path / "by-name.html").read_text(encoding="utf-8")

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from batchline.ops.report.page import write_report
+from batchline.sizing.costs import WorkerPrices
 from batchline.store import Store
 from tests.integration.observe.support import hostile_job, parse
 
@@ -83,7 +84,9 @@ def test_the_pacing_picture_of_a_run_held_to_its_deadline_is_drawn(
     assert run.sealed and store.paid_slots(run.version)
     page_path = tmp_path / "report.html"
     data = write_report(store, run.version, page_path)
-    assert data.pace is not None and data.pace.paid and data.pace.paid_seconds > 0
+    assert data.pace is not None and data.pace.paid and data.cost.paid_seconds > 0
+    # Priced from the spec, spot and paid, in worker-hours (the synthetic engine has no GPU).
+    assert data.cost.prices == WorkerPrices(1.0, 3.0, "worker-hours")
     url = page_path.resolve().as_uri()
     dom = browser(tmp_path, "--dump-dom", url)
     root = parse(dom.stdout).root_attrs
@@ -92,6 +95,7 @@ def test_the_pacing_picture_of_a_run_held_to_its_deadline_is_drawn(
     assert root.get("data-charts") == root.get("data-charts-drawn") == "4"
     assert 'aria-label="committed progress against the expected progress' in dom.stdout
     assert "Meeting the deadline" in dom.stdout and "paid worker-hours" in dom.stdout
+    assert "GPU-hour" not in dom.stdout
     shot = Path(os.environ.get("BATCHLINE_PACE_SCREENSHOT", tmp_path / "pace.png"))
     done = browser(tmp_path, f"--screenshot={shot}", url)
     assert done.returncode == 0 and shot.exists() and shot.stat().st_size > 60_000
