@@ -385,11 +385,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         log.info("paid worker of slot %s", paid)
     # Every worker heartbeats from now on, the model's loading included: the capacity a pacer counts.
     heartbeat = Heartbeat(store, worker_id, args.job, process_identity(), paid=keeper, log=log.info)
-    heartbeat.start()
     worker = Worker(store, version=args.job, worker_id=worker_id, stop=stop,
                     poll_seconds=args.poll_seconds, log=log.info, telemetry=telemetry,
                     routes=[r.strip() for r in args.routes.split(",") if r.strip()] if args.routes else None,
                     on_claim=heartbeat.on_claim, lineage=lineage)
+    heartbeat.start()
     try:
         code = worker.run()
     finally:

@@ -33,6 +33,7 @@ ENVIRONMENT = {
     "BATCHLINE_SCHEDULED_JOB": "set by launch k8s --schedule manifests: the Job the CronJob made, whose name ends in the "
                          "scheduled minute, the run's --plan-key",
     "BATCHLINE_RAY_ACTOR": "set by launch ray: the worker's actor, so its death can be proven",
+    "BATCHLINE_RAY_NODE": "set by launch ray: the node the worker's actor runs on, in its process identity",
     "BATCHLINE_SYNTHETIC_SLOWDOWN": "the synthetic engine's time per record times this factor (drills)",
 }
 

@@ -35,7 +35,7 @@ from batchline.errors import BatchlineError
 from batchline.launch import FATAL_EXITS, slug
 from batchline.spec.deadline import Deadline
 from batchline.store.paid import PaidSlot
-from batchline.worker.liveness import RAY_ACTOR_ENV
+from batchline.worker.liveness import RAY_ACTOR_ENV, RAY_NODE_ENV
 
 if TYPE_CHECKING:
     from batchline.launch.pacer import Pacer
@@ -59,9 +59,13 @@ class WorkerSlot:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def run(self, argv: list[str]) -> int:
+        import ray
+
+        # The node it runs on goes into the worker's process identity: where each worker ran.
+        node = {RAY_NODE_ENV: ray.get_runtime_context().get_node_id()}
         # start_new_session: a signal to the actor's process group (Ray's own
         # shutdown) reaches the worker only through `stop`, as SIGTERM.
-        self.proc = subprocess.Popen(argv, env={**os.environ, **self.env}, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(argv, env={**os.environ, **self.env, **node}, stdin=subprocess.DEVNULL,
                                      preexec_fn=_die_with_parent, start_new_session=True)
         return self.proc.wait()
 

@@ -10,8 +10,8 @@ paid workers, whose spend it can no longer hold.
 
 from __future__ import annotations
 
+import collections
 import hashlib
-import math
 import os
 import signal
 import subprocess
@@ -47,9 +47,9 @@ PACE_TICK_SECONDS = 2.0
 # weights broken, bad usage): restarting would only repeat them.
 
 RATE_WINDOW_SECONDS = 60.0
-# The progress line's rate is smoothed over about this long: outcomes are committed in bursts
-# (a write batch, a shard's end), and an ETA that follows each burst swings by hours on a
-# steady run.
+# The progress line's rate is measured between the commits of about this long: outcomes are
+# committed in bursts (a write batch, a shard's end), and an ETA that follows each burst swings
+# by hours on a steady run.
 RATE_SMOOTHING_SECONDS = 300.0
 RUNNER = "runner"
 RUNNER_RECONNECT_SECONDS = 5.0
@@ -95,31 +95,35 @@ class RunSummary:
 
 
 class RateMeter:
-    """Outcomes a second for the progress line and its ETA: the average since the first sample
-    for the first `smoothing` seconds, then an exponentially weighted one over about that
-    long, so that on a steady run the ETA shown a minute apart moves by a few percent, not
-    with each burst of commits."""
+    """Outcomes a second for the progress line and its ETA. Outcomes are committed in bursts
+    (a write batch, a shard's end), so the rate is measured between commits, not between
+    samples: from the first to the last commit seen within `window` seconds, which on a
+    steady run is its pace whatever the bursts, so the ETA shown a minute apart moves by a
+    minute. Once no commit has come for twice the usual gap between them, the time since the
+    first counts too and the rate falls; before two commits, the average since the first
+    sample."""
 
-    def __init__(self, smoothing: float = RATE_SMOOTHING_SECONDS) -> None:
-        self.smoothing = smoothing
+    def __init__(self, window: float = RATE_SMOOTHING_SECONDS) -> None:
+        self.window = window
         self._first: tuple[float, int] | None = None
-        self._last: tuple[float, int] | None = None
+        self._commits: collections.deque[tuple[float, int]] = collections.deque()
         self.rate: float | None = None
 
     def add(self, now: float, done: int) -> float | None:
-        if self._first is None or self._last is None:
-            self._first = self._last = (now, done)
+        if self._first is None:
+            self._first = (now, done)
+            self._commits.append((now, done))
             return None
-        t0, d0 = self._last
-        if now - t0 < 1.0:
-            return self.rate
-        start, begun = self._first
-        if now - start <= self.smoothing or self.rate is None:
-            self.rate = (done - begun) / (now - start)
-        else:
-            weight = 1.0 - math.exp(-(now - t0) / self.smoothing)
-            self.rate += weight * ((done - d0) / (now - t0) - self.rate)
-        self._last = (now, done)
+        if done != self._commits[-1][1]:
+            self._commits.append((now, done))
+        while len(self._commits) > 2 and now - self._commits[1][0] > self.window:
+            self._commits.popleft()
+        (t0, d0), (t1, d1) = self._commits[0], self._commits[-1]
+        if len(self._commits) >= 3 and t1 > t0:
+            gap = (t1 - t0) / (len(self._commits) - 1)
+            self.rate = (d1 - d0) / (t1 - t0 if now - t1 <= 2 * gap else now - t0)
+        elif now - self._first[0] >= 1.0:
+            self.rate = (done - self._first[1]) / (now - self._first[0])
         return self.rate
 
 

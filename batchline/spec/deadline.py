@@ -49,10 +49,10 @@ def format_duration(seconds: float) -> str:
 def format_rate(per_second: float) -> str:
     """A rate as progress lines and reports say it: two significant figures below 100 (0.063,
     1.2, 47), whole numbers above (1,234)."""
-    if per_second >= 100 or per_second == 0:
+    rounded = float(f"{per_second:.2g}")
+    if per_second >= 99.5 or rounded == 0:
         return f"{per_second:,.0f}"
-    digits = max(0, 1 - math.floor(math.log10(abs(per_second))))
-    return f"{per_second:.{digits}f}"
+    return f"{rounded:.{max(0, 1 - math.floor(math.log10(abs(rounded))))}f}"
 
 
 def parse_duration(text: str) -> float | None:

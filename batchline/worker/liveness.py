@@ -30,6 +30,7 @@ from batchline.store import LeaseHolder, WorkerStore
 
 POD_ENV = {"pod": "BATCHLINE_POD_NAME", "namespace": "BATCHLINE_POD_NAMESPACE", "pod_uid": "BATCHLINE_POD_UID"}
 RAY_ACTOR_ENV = "BATCHLINE_RAY_ACTOR"
+RAY_NODE_ENV = "BATCHLINE_RAY_NODE"
 
 
 def _read(path: str) -> str | None:
@@ -63,6 +64,8 @@ def process_identity(pid: int | None = None) -> dict[str, Any]:
             identity[key] = os.environ[env]
     if os.environ.get(RAY_ACTOR_ENV):
         identity["ray_actor"] = os.environ[RAY_ACTOR_ENV]
+    if os.environ.get(RAY_NODE_ENV):
+        identity["ray_node"] = os.environ[RAY_NODE_ENV]
     return identity
 
 

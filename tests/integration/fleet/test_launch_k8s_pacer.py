@@ -128,8 +128,9 @@ class FakeBatchApi:
             raise ApiException(status=404, reason="NotFound")
         return self._model(self.jobs[name])
 
-    def delete_namespaced_job(self, name: str, namespace: str, propagation_policy: str) -> None:
-        self.calls.append(("delete", name))
+    def delete_namespaced_job(self, name: str, namespace: str, propagation_policy: str,
+                              grace_period_seconds: int | None = None) -> None:
+        self.calls.append(("delete", name) if grace_period_seconds is None else ("delete at once", name))
         assert propagation_policy == "Background"
         self.jobs.pop(name)
 
@@ -221,3 +222,28 @@ def test_a_pacer_picture_is_read_from_the_store_alone(job_factory: Any, store: S
     picture = watching.picture()
     assert picture is not None and picture.decision.mode in (Mode.BEHIND, Mode.SAFETY_NET)
     assert store.paid_slots(version) == []  # it started nothing
+
+
+def test_a_paid_job_never_seen_is_deleted_at_once_and_started_again_and_finished_ones_go(
+        job_factory: Any, store: Store) -> None:
+    version, _lease = behind(job_factory, store, workers=1)
+    api = FakeBatchApi()
+    pacer = k8s_pacer(store, version, api)
+    assert pacer.tick().started == ("paid-0",)  # type: ignore[union-attr]
+    [first] = list(api.jobs)
+    # Its Job's pod never came up (not admitted, or its node lost while it loaded): past the launch
+    # timeout (three restart overheads of 1 s) the start is stale, its Job deleted without a grace
+    # period, and the slot started again.
+    store.shift_clock(4)
+    store.worker_beat(version, "spot-1", every=60.0)
+    report = pacer.tick()
+    assert report is not None and report.started == ("paid-0",)
+    assert ("delete at once", first) in api.calls and first not in api.jobs
+    [second] = list(api.jobs)
+    assert second.endswith("paid-0-g2")
+    # The cluster removes a finished start's Job after a while by itself.
+    assert api.jobs[second]["spec"]["ttlSecondsAfterFinished"] == 600
+    # One that finished is deleted as soon as the pacer judges it gone.
+    api.jobs[second]["status"] = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+    pacer.tick()
+    assert ("delete at once", second) in api.calls and second not in api.jobs

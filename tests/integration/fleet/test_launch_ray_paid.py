@@ -1,9 +1,12 @@
-"""`launch ray` holding a deadline on a local Ray cluster whose nodes offer the custom
-resources `spot` and `on_demand`: spot workers on the one, the paid workers its pacer buys on
-the other; and a fallback the launch could not place refused before anything starts."""
+"""`launch ray` holding a deadline on a local Ray cluster of three nodes (`ray.cluster_utils`:
+a head with no CPU, a node offering the custom resource `spot`, another offering `on_demand`):
+the spot workers run on the one and the paid workers its pacer buys on the other, as each
+worker's own identity says; and a fallback the launch could not place refused before
+anything starts."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,15 +23,23 @@ pytestmark = pytest.mark.acceptance
 
 
 @pytest.fixture(scope="module")
-def two_pools() -> Iterator[Any]:
-    ray.init(num_cpus=3, num_gpus=0, resources={"spot": 1, "on_demand": 2}, include_dashboard=False,
-             namespace="batchline-test-paid", log_to_driver=False)
-    yield ray
-    ray.shutdown()
+def two_pools() -> Iterator[dict[str, str]]:
+    """The cluster; yields each pool's node id."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    spot = cluster.add_node(num_cpus=1, resources={"spot": 1})
+    on_demand = cluster.add_node(num_cpus=2, resources={"on_demand": 2})
+    ray.init(address=cluster.address, namespace="batchline-test-paid", log_to_driver=False)
+    try:
+        yield {"spot": spot.node_id, "on_demand": on_demand.node_id}
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 def test_a_ray_launch_behind_its_deadline_places_paid_workers_on_the_on_demand_nodes(
-        two_pools: Any, job_factory: Any, store: Store, store_url: str) -> None:
+        two_pools: dict[str, str], job_factory: Any, store: Store, store_url: str) -> None:
     # One spot worker does 10 records a second: 1,200 records need two minutes, the window is 40 s.
     spec, version = planned(job_factory(
         n=1200, options={"seconds_per_record": 0.1}, shards={"size": 50, "lease_seconds": 10, "renew_seconds": 2},
@@ -36,8 +47,26 @@ def test_a_ray_launch_behind_its_deadline_places_paid_workers_on_the_on_demand_n
     said: list[str] = []
     launcher = RayLauncher(store_url, version, 1, cpus_per_worker=1, poll_seconds=0.2, spot_resource="spot",
                            paid_resource="on_demand", pace_seconds=2.0, log=said.append)
-    summary = launcher.run()
+    # Where each worker ran, as it tells the store with each heartbeat (its Ray node among it).
+    ran: dict[str, tuple[bool, str | None]] = {}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            for w in store.workers_seen(version):
+                ran[w.worker] = (w.paid, (w.process or {}).get("ray_node"))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        summary = launcher.run()
+    finally:
+        done.set()
+        watcher.join()
     assert summary.exit_code == 0, said[-10:]
+    spot_ran = {node for paid, node in ran.values() if not paid}
+    paid_ran = {node for paid, node in ran.values() if paid}
+    assert spot_ran == {two_pools["spot"]} and paid_ran == {two_pools["on_demand"]}, ran
     assert store.job(version).state == "sealed"  # type: ignore[union-attr]
     check_invariants(store, version, spec)
     starts = store.paid_slots(version)

@@ -202,3 +202,41 @@ def test_a_job_over_a_published_job_runs_under_the_role_reading_only_its_own_ver
             assert conn.execute(f"SELECT count(*) FROM {table} WHERE version = %s", (upstream,)).fetchone() == (0,)
         rows = conn.execute("SELECT record_id, text FROM records WHERE version = %s", (version,)).fetchall()
     assert dict(rows) == texts_read(store, version) and all(text for _rid, text in rows)
+
+
+def test_a_worker_under_the_role_cannot_make_the_paid_spend_look_smaller(
+        job_factory: Any, store: Store, store_url: str, role: str) -> None:
+    _spec, version = planned(job_factory(n=10, deadline="1h", fallback={"workers": 1, "cost_per_worker_hour": 3.6,
+                                                                        "max_cost": 3.6}), store)
+    grant(store_url, version, role=role)
+    assert store.paid_launch(version, "paid-0", "pacer", 3.6, stale_seconds=60, launch_timeout=600) == 1
+    narrow = PostgresStore(as_role(store_url, role))
+    try:
+        # What a paid worker does: up, a heartbeat, its budget read, a heartbeat row of its own.
+        assert narrow.paid_seen(version, "paid-0", 1, "w", {"pid": 1})
+        narrow.worker_beat(version, "w", every=5.0, paid_slot="paid-0/1")
+        assert narrow.paid_budget(version)[1] == pytest.approx(3.6)
+    finally:
+        narrow.close()
+    [start] = store.paid_slots(version)
+    assert start.started_at is not None
+    store.shift_clock(1800)
+    with psycopg.connect(as_role(store_url, role), autocommit=True) as conn:
+        # Its start's launch, price and first heartbeat are out of its reach...
+        for column, value in (("started_at", "started_at + 1800"), ("launched_at", "0"), ("cost_per_hour", "0")):
+            with pytest.raises(errors.InsufficientPrivilege):
+                conn.execute(f"UPDATE paid_workers SET {column} = {value} WHERE version = %s", (version,))
+                pytest.fail(f"the database let the worker set {column}")
+        # ...and the times it may write are the database's, whatever it says.
+        conn.execute("UPDATE paid_workers SET seen_at = 0, claimed_at = 0, stopped_at = 0 WHERE version = %s",
+                     (version,))
+        # Nor can it drop another's heartbeat row or forge one for another version.
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM worker_beats WHERE version = %s", (version,))
+    [after] = store.paid_slots(version)
+    now = store.now()
+    assert after.started_at == start.started_at
+    assert after.seen_at is not None and abs(after.seen_at - now) < 5
+    assert after.stopped_at is not None and abs(after.stopped_at - now) < 5
+    spent, _per_hour = store.paid_budget(version)
+    assert spent == pytest.approx(3.6 * 1800 / 3600, rel=0.01)  # the half hour it ran, not less
