@@ -1,21 +1,24 @@
 """Holding a deadline for real: spot workers taken away, or never there, and the pacer buying.
 
     python bench/deadline_pacing.py [--scenarios wave none-window none-absolute staircase load-wave]
-                                    [--stores sqlite postgres] [--ray] [--records 6000]
-                                    [--seconds-per-record 0.01] [--spot 4] [--paid 4] [--window 45]
-                                    [--rounds 1]
+                                    [--stores sqlite postgres] [--ray] [--records 12000]
+                                    [--seconds-per-record 0.01] [--spot 2] [--paid 4] [--window 90]
+                                    [--lease 2] [--rounds 1]
 
 Each run is `batchline run --workers SPOT --spot-trace FILE` with the synthetic engine on a new
 store (a SQLite file, or a new database on the PostgreSQL at 127.0.0.1:5432), the spec's
 `fallback.workers = PAID`; the trace says how many spot workers there are at each moment from
 the run's start (the runner kills the extra ones outright, as a reclaim would):
 
-- wave: every spot worker, none from 5 s to 35 s, every one again after;
+- wave: every spot worker, none from 5 s to 70 s, every one again after;
 - none-window / none-absolute: no spot worker at any time (the night a launch took the fleet),
   the deadline a window from the run start, or an absolute time set when the run is launched;
-- staircase: the spot workers leave one by one (every 5 s from 5 s), then half come back at 30 s;
+- staircase: the spot workers leave one by one (every 8 s from 8 s), then half of them (at
+  least one) come back at 60 s;
 - load-wave: every worker takes 3 s to load its model, and the spot workers are reclaimed at 2 s,
-  while loading (a claim, nothing computed), until 30 s.
+  while loading (nothing computed), until 70 s.
+
+(Those moments are for the default 90 s window, and scale with --window.)
 
 With --ray the wave also runs on a local Ray cluster of three nodes (`ray.cluster_utils`: a head,
 a spot node and an on-demand node, `launch ray --spot-resource spot --paid-resource on_demand`),
@@ -64,15 +67,18 @@ SCENARIOS = ("wave", "none-window", "none-absolute", "staircase", "load-wave")
 LOAD_SECONDS = 3.0
 
 
-def trace_points(scenario: str, spot: int) -> list[tuple[float, int]]:
+def trace_points(scenario: str, spot: int, window: float) -> list[tuple[float, int]]:
+    """The scenario's spot workers over time, its moments a share of the window (at 90 s:
+    the wave from 5 s to 70 s, the staircase a step every 8 s and half back at 60 s)."""
+    at = window / 90.0
     if scenario == "wave":
-        return [(0.0, spot), (5.0, 0), (35.0, spot)]
+        return [(0.0, spot), (5.0 * at, 0), (70.0 * at, spot)]
     if scenario.startswith("none"):
         return [(0.0, 0)]
     if scenario == "staircase":
-        return [(5.0 * i, spot - i) for i in range(spot + 1)] + [(30.0, spot // 2)]
+        return [(8.0 * at * i, spot - i) for i in range(spot + 1)] + [(60.0 * at, max(1, spot // 2))]
     if scenario == "load-wave":
-        return [(0.0, spot), (2.0, 0), (30.0, spot)]
+        return [(0.0, spot), (2.0, 0), (70.0 * at, spot)]
     raise SystemExit(f"unknown scenario {scenario!r}: one of {', '.join(SCENARIOS)}")
 
 
@@ -97,7 +103,8 @@ def write_job(folder: Path, args: argparse.Namespace, scenario: str) -> Path:
         "fallback": {"workers": args.paid, "cost_per_worker_hour": 3.0, "spot_cost_per_worker_hour": 1.0,
                      "restart_overhead_seconds": args.restart_overhead}}
     (folder / "job.yaml").write_text(yaml.safe_dump(spec))
-    (folder / "spot.trace").write_text("".join(f"{t:g} {n}\n" for t, n in trace_points(scenario, args.spot)))
+    points = trace_points(scenario, args.spot, args.window)
+    (folder / "spot.trace").write_text("".join(f"{t:g} {n}\n" for t, n in points))
     return folder / "job.yaml"
 
 
@@ -188,7 +195,8 @@ def run_ray(folder: Path, args: argparse.Namespace, scenario: str, kind: str) ->
     if scenario != "wave":
         raise SystemExit("--ray runs the wave only")
     spec = write_job(folder, args, scenario)
-    wave_from, wave_to = trace_points(scenario, args.spot)[1][0], trace_points(scenario, args.spot)[2][0]
+    points = trace_points(scenario, args.spot, args.window)
+    wave_from, wave_to = points[1][0], points[2][0]
     with new_store(kind, folder) as store_url:
         store = open_store(store_url)
         version = plan(load_spec(spec), store).version
@@ -215,7 +223,7 @@ def run_ray(folder: Path, args: argparse.Namespace, scenario: str, kind: str) ->
         finally:
             ray.shutdown()
             cluster.shutdown()
-        return {**figures(store_url, version, args, Trace(tuple(trace_points(scenario, args.spot)))),
+        return {**figures(store_url, version, args, Trace(tuple(points))),
                 "wall_seconds": time.monotonic() - started}
 
 
@@ -224,12 +232,12 @@ def main() -> int:
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
     parser.add_argument("--stores", nargs="+", default=["sqlite", "postgres"], choices=["sqlite", "postgres"])
     parser.add_argument("--ray", action="store_true", help="also the wave on a local three-node Ray cluster")
-    parser.add_argument("--records", type=int, default=6000)
+    parser.add_argument("--records", type=int, default=12000)
     parser.add_argument("--seconds-per-record", type=float, default=0.01)
-    parser.add_argument("--spot", type=int, default=4, help="spot workers")
+    parser.add_argument("--spot", type=int, default=2, help="spot workers")
     parser.add_argument("--paid", type=int, default=4, help="fallback.workers")
-    parser.add_argument("--window", type=float, default=45.0, help="the deadline, seconds from the run start")
-    parser.add_argument("--lease", type=float, default=5.0, help="shards.lease_seconds")
+    parser.add_argument("--window", type=float, default=90.0, help="the deadline, seconds from the run start")
+    parser.add_argument("--lease", type=float, default=2.0, help="shards.lease_seconds")
     parser.add_argument("--restart-overhead", type=float, default=2.0,
                         help="fallback.restart_overhead_seconds until measured")
     parser.add_argument("--rounds", type=int, default=1)

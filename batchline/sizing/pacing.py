@@ -11,9 +11,10 @@ Instance Savings under Deadlines", NSDI 2024), for a job of many workers:
 
 - **Expected progress** grows linearly from what was done when the version's
   run started (carried results and the planner's dead letters count as done at
-  the start) to every record at the deadline: `ep(t)`. The run start is set by
-  the first runner, launcher or pacer that opens the version for work, not by
-  its first claim, which may never come. Committed progress `cp(t)` is the
+  the start), from a restart overhead after the run start (the workers load
+  their model first), to every record at the deadline: `ep(t)`. The run start
+  is set by the first runner, launcher or pacer that opens the version for
+  work, not by its first claim, which may never come. Committed progress `cp(t)` is the
   results and dead letters the version holds.
 - **Before any rate is measured** the rule does not wait. A job with nothing
   computed is given two restart overheads from its run start to load; past
@@ -30,8 +31,7 @@ Instance Savings under Deadlines", NSDI 2024), for a job of many workers:
   the job is then two restart overheads ahead, and they are reduced to the
   number that holds the line's pace beside the spot workers (none once spot
   capacity alone keeps it; with no spot worker at all, however far ahead,
-  those that hold the line's pace), never stopped and restarted tick after
-  tick.
+  never the last one), never stopped and restarted tick after tick.
 - **Safety net.** When the time left is less than the remaining work at every
   worker's rate (the spot workers seen now and every paid worker) plus `2d`,
   every paid worker is held to the end: the last moment at which the deadline
@@ -116,17 +116,24 @@ class Decision:
         return {"paid": self.paid, "mode": str(self.mode), "expected": self.expected, "reason": self.reason}
 
 
+def line_start(obs: Observation) -> float:
+    """When the line starts to rise: a restart overhead after the run start, since no worker
+    computes anything before it has loaded its model (its first claim, were one to come)."""
+    return obs.started_at + obs.restart_overhead
+
+
 def line_end(obs: Observation) -> float:
     """When the line reaches every record: before the deadline by the tail (a stalled
     owner's lease running out on the last records) and two restart overheads (the safety
     net's margin)."""
-    return max(obs.started_at, obs.deadline - obs.tail_seconds - 2 * obs.restart_overhead)
+    return max(line_start(obs), obs.deadline - obs.tail_seconds - 2 * obs.restart_overhead)
 
 
 def expected_progress(obs: Observation, at: float) -> float:
-    """ep(at): records done by `at` on the line from the run start to `line_end`."""
-    window = line_end(obs) - obs.started_at
-    share = 1.0 if window <= 0 else min(1.0, max(0.0, (at - obs.started_at) / window))
+    """ep(at): records done by `at` on the line from `line_start` to `line_end`."""
+    start = line_start(obs)
+    window = line_end(obs) - start
+    share = 1.0 if window <= 0 else min(1.0, max(0.0, (at - start) / window))
     return obs.done_at_start + (obs.records - obs.done_at_start) * share
 
 
@@ -137,7 +144,7 @@ def catch_up_horizon(obs: Observation) -> float:
 
 def line_rate(obs: Observation) -> float:
     """Records per second the line rises by."""
-    window = max(1.0, line_end(obs) - obs.started_at)
+    window = max(1.0, line_end(obs) - line_start(obs))
     return (obs.records - obs.done_at_start) / window
 
 
@@ -215,13 +222,11 @@ def _uniform(obs: Observation, expected: float) -> tuple[int, Mode]:
         # the line by the end of the horizon beside the spot workers there are now (so none
         # once spot capacity alone does), never more than run now: a paid worker is started
         # only when the job is behind, so none is stopped and started again tick after tick.
-        # With no spot worker at all, however far ahead, as many as hold the line's pace: stopping
-        # them stops the job, which is then surely behind later and buys them back, paying each
-        # restart twice.
+        # With no spot worker at all, however far ahead, never the last one: stopping it stops
+        # the job, which is then surely behind later and buys it back, paying its restart twice.
         h = catch_up_horizon(obs)
         gap = expected_progress(obs, obs.now + h + 2 * obs.restart_overhead) - obs.committed - spot * h
-        pace = math.ceil(line_rate(obs) / rate - 1e-9) if obs.spot_workers == 0 else 0
-        keep = max(0, math.ceil(gap / (rate * h) - 1e-9), pace)
+        keep = max(0, math.ceil(gap / (rate * h) - 1e-9), 1 if obs.spot_workers == 0 else 0)
         if keep:
             return min(obs.max_paid, held, keep), Mode.HOLDING
     return 0, Mode.ON_TIME

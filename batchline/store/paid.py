@@ -56,9 +56,6 @@ class PaidSlot:
     def running(self) -> bool:
         return self.stopped_at is None
 
-    def seen_within(self, now: float, seconds: float) -> bool:
-        return self.running and self.seen_at is not None and now - self.seen_at <= seconds
-
 
 def slot_name(index: int) -> str:
     return f"paid-{index}"

@@ -286,8 +286,14 @@ def pace_chart(d: ReportData) -> str:
         done += n
         points.append(f"L{x(t0 + (i + 1) * d.bin_seconds):.1f},{y(min(done, records)):.1f}")
     out.append(f'<path class="committed" d="{" ".join(points)}"/>')
-    out.append(f'<path class="expected" d="M{x(t0):.1f},{y(pace.done_at_start):.1f} L{x(pace.line_end):.1f},'
-               f'{y(records):.1f} L{x(pace.deadline):.1f},{y(records):.1f}"/>')
+    # The line, flat until it starts to rise (a restart overhead after the run start, which may
+    # be before the first lease the chart starts at), then to every record by its end.
+    rise = max(pace.line_end - pace.line_start, 1e-9)
+    start_at = max(t0, pace.line_start)
+    start_v = pace.done_at_start + (d.status.records - pace.done_at_start) * min(
+        1.0, max(0.0, (start_at - pace.line_start) / rise))
+    out.append(f'<path class="expected" d="M{x(t0):.1f},{y(start_v):.1f} L{x(start_at):.1f},{y(start_v):.1f} '
+               f'L{x(pace.line_end):.1f},{y(records):.1f} L{x(pace.deadline):.1f},{y(records):.1f}"/>')
     out.append(f'<line class="deadline" x1="{x(pace.deadline):.1f}" x2="{x(pace.deadline):.1f}" y1="{top}" '
                f'y2="{top + ph}"/><text class="tick deadline-tick" x="{x(pace.deadline) - 4:.1f}" y="{top + 12}" '
                f'text-anchor="end">deadline {esc(utc(pace.deadline))}</text>')

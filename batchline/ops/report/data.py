@@ -115,6 +115,7 @@ class PacePicture:
     report's `cost`)."""
 
     deadline: float  # when the job must be done
+    line_start: float  # when the expected progress starts to rise (the run start and a restart overhead)
     line_end: float  # when the expected progress reaches every record (before the deadline, by the tail)
     done_at_start: int  # carried results and planner dead letters: where the line starts
     paid: list[tuple[float, float]]  # each paid start's time, from its worker's first heartbeat to its stop
@@ -262,7 +263,7 @@ def _paid_spans(starts: Sequence[PaidSlot], clock: _Clock, now: float) -> list[t
 def _pace(info: JobInfo, spec: JobSpec, status: JobStatus, starts: Sequence[PaidSlot], clock: _Clock,
           now: float) -> PacePicture | None:
     """The deadline's picture for a version with a deadline and a run start, else None."""
-    from batchline.sizing.pacing import Observation, line_end
+    from batchline.sizing.pacing import Observation, line_end, line_start
     from batchline.spec.deadline import FallbackSpec
     from batchline.store.paid import restart_overhead
 
@@ -275,7 +276,8 @@ def _pace(info: JobInfo, spec: JobSpec, status: JobStatus, starts: Sequence[Paid
                       paid_running=0, max_paid=fallback.workers, worker_rate=1.0,
                       restart_overhead=restart_overhead(starts) or fallback.restart_overhead_seconds,
                       tail_seconds=spec.shards.lease_seconds)
-    return PacePicture(clock(deadline), clock(line_end(obs)), obs.done_at_start, _paid_spans(starts, clock, now))
+    return PacePicture(clock(deadline), clock(line_start(obs)), clock(line_end(obs)), obs.done_at_start,
+                       _paid_spans(starts, clock, now))
 
 
 def _markers(events: list[Event], clock: _Clock) -> tuple[list[Marker], dict[str, int]]:
