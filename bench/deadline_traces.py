@@ -126,7 +126,7 @@ def main() -> int:
     print(f"hindsight bound: {bound_hours:.1f} paid worker-hours summed over the nights")
     print(f"uniform meets every deadline always meets: {not missed}" + (f" (misses {missed})" if missed else ""))
     greedy = summary["greedy"]["paid_hours"]
-    print(f"uniform's paid cost / greedy's: {summary['uniform']['paid_hours'] / greedy:.2f}" if greedy else
+    print(f"uniform's paid cost / greedy's: {summary['uniform']['paid_hours'] / greedy:.3f}" if greedy else
           "greedy bought nothing")
     per_zone: dict[str, list[dict[str, Any]]] = {}
     for r in rows:

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from batchline.errors import BatchlineError, NoSuchVersion
-from batchline.sizing.pacing import Decision, Mode, Observation, Policy, decide, worker_rate
+from batchline.sizing.pacing import Decision, Mode, Observation, Policy, decide, observe
 from batchline.spec import JobSpec, stored_spec
 from batchline.spec.deadline import Deadline, FallbackSpec, format_duration
 from batchline.store import Store, require_job
 from batchline.store.paid import PaidSlot, restart_overhead, slot_name
-from batchline.worker.heartbeat import HEARTBEAT_SECONDS
+from batchline.worker.heartbeat import heartbeat_seconds
 from batchline.worker.liveness import death_proof
 
 # A worker that has not been heard from for this long is taken for gone (it heartbeats every 5 s).
@@ -134,6 +134,7 @@ class Pacer:
             raise BatchlineError(f"{self.version} has no fallback section: nothing to buy paid workers with")
         if self.deadline is None:
             raise BatchlineError(f"{self.version} has no deadline: a pacer holds one (spec deadline, or --deadline)")
+        heartbeat_seconds()  # a malformed setting is refused before anything starts
 
     @classmethod
     def watching(cls, store: Store, version: str) -> Pacer | None:
@@ -223,16 +224,16 @@ class Pacer:
         if fb.max_cost is not None:
             budget = max(0.0, (fb.max_cost - spend * fb.cost_per_worker_hour / 3600.0)) \
                 / max(fb.cost_per_worker_hour, 1e-9) * 3600.0
-        obs = Observation(
-            now=st.now, started_at=run_start, deadline=deadline.resolve(run_start, st.now),
+        obs = observe(
+            now=st.now, run_start=run_start, deadline=deadline.resolve(run_start, st.now),
             records=st.records, done_at_start=info.carried + info.planned_dead,
-            committed=st.results + st.dead_letters, spot_workers=spot, paid_workers=len(seen),
+            committed=st.results + st.dead_letters, spot_seen=spot, paid_seen=len(seen),
             paid_running=sum(1 for s in slots if s.running), max_paid=fb.workers,
-            worker_rate=worker_rate(measured, self.prior_rate()),
+            measured_rate=measured, prior_rate=self.prior_rate(),
             restart_overhead=restart_overhead(starts) or fb.restart_overhead_seconds,
             budget_seconds=budget,
             # A paid worker holds the budget itself at each heartbeat: the pacer is at least as strict.
-            stop_seconds=max(self.tick_seconds, HEARTBEAT_SECONDS) + self.launcher.stop_seconds,
+            stop_seconds=max(self.tick_seconds, heartbeat_seconds()) + self.launcher.stop_seconds,
             tail_seconds=self.spec.shards.lease_seconds)
         return obs, slots, spot, spend
 

@@ -37,9 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from batchline.errors import BatchlineError
-from batchline.sizing.pacing import Observation, Policy, decide, worker_rate
+from batchline.sizing.pacing import Policy, decide, observe
 from batchline.sizing.simulate import (
     _IDLE,
+    _LOADING,
     _WORKING,
     Scenario,
     SimulationDiverged,
@@ -331,17 +332,19 @@ class _PacedSim(_Sim):
         paid = self.workers[self.spot:]
         if self.pacing.policy is Policy.ALWAYS:
             return
-        seen = [w for w in self.workers if w.state in (_WORKING, _IDLE)]
+        # As a pacer counts them: every worker heartbeating, its model loading included, not one
+        # stalled (a stopped process sends nothing) or gone.
+        seen = [w for w in self.workers if w.state in (_WORKING, _IDLE, _LOADING)]
         committed = self.committed()
         busy = self.working_seconds(t)
         measured = committed / busy if committed > 0 and busy > 0 else 0.0
-        obs = Observation(
-            now=t, started_at=0.0, deadline=self.pacing.deadline_seconds, records=self.sc.items,
+        obs = observe(
+            now=t, run_start=0.0, deadline=self.pacing.deadline_seconds, records=self.sc.items,
             done_at_start=0, committed=committed,
-            spot_workers=sum(1 for w in seen if w.idx < self.spot),
-            paid_workers=sum(1 for w in seen if w.idx >= self.spot),
+            spot_seen=sum(1 for w in seen if w.idx < self.spot),
+            paid_seen=sum(1 for w in seen if w.idx >= self.spot),
             paid_running=sum(1 for w in paid if w.state != _OFF), max_paid=self.pacing.max_paid,
-            worker_rate=worker_rate(measured, self.pacing.prior_rate), restart_overhead=self.sc.model_load_seconds,
+            measured_rate=measured, prior_rate=self.pacing.prior_rate, restart_overhead=self.sc.model_load_seconds,
             tail_seconds=self.sc.lease_seconds)
         wanted = decide(obs, self.pacing.policy).paid
         running = [w for w in paid if w.state != _OFF]

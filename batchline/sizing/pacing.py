@@ -265,6 +265,21 @@ def worker_rate(measured: float, prior: float | None) -> float:
     return prior if prior is not None and prior > 0 else 0.0
 
 
+def observe(*, now: float, run_start: float, deadline: float, records: int, done_at_start: int, committed: int,
+            spot_seen: int, paid_seen: int, paid_running: int, max_paid: int, measured_rate: float,
+            prior_rate: float | None, restart_overhead: float, budget_seconds: float | None = None,
+            stop_seconds: float = 0.0, tail_seconds: float = 0.0) -> Observation:
+    """The rule's observation, built the same way by every launcher's pacer and the simulator:
+    the line from the run start; as capacity, the spot workers seen (heartbeating, loading or
+    idle included; not the dead) and the paid workers seen; the rate measured from what was
+    committed, else the prior."""
+    return Observation(now=now, started_at=run_start, deadline=deadline, records=records,
+                       done_at_start=done_at_start, committed=committed, spot_workers=spot_seen,
+                       paid_workers=paid_seen, paid_running=paid_running, max_paid=max_paid,
+                       worker_rate=worker_rate(measured_rate, prior_rate), restart_overhead=restart_overhead,
+                       budget_seconds=budget_seconds, stop_seconds=stop_seconds, tail_seconds=tail_seconds)
+
+
 def hindsight_paid_seconds(work_seconds: float, spot_seconds: float) -> float:
     """The least paid worker-time that finishes by the deadline with the spot side known in
     hindsight: the work left once the spot workers did all they could (`spot_seconds`:

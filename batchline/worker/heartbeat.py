@@ -1,14 +1,17 @@
 """A worker's heartbeat: that it is up, from its start (the model loading) to its exit.
 
-One thread per worker process says so every `HEARTBEAT_SECONDS` under the
-version it works (`--job`, else the version of its first claim) and, for a
-paid worker, keeps its slot (`batchline.worker.paid`: its heartbeat, and the
-budget it holds). A heartbeat that fails is tried again at the next one: the
+One thread per worker process says so every `heartbeat_seconds()` (5 s, or
+`BATCHLINE_HEARTBEAT_SECONDS`) under the version it works (`--job`, else the
+version of its first claim) and, for a paid worker, keeps its slot
+(`batchline.worker.paid`: its heartbeat, and the budget it holds). Each
+heartbeat records its interval, so whoever reads it judges silence by the
+worker's own. A heartbeat that fails is tried again at the next one: the
 worker's own work does not wait on it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -20,14 +23,33 @@ if TYPE_CHECKING:
     from batchline.worker.paid import PaidSlotKeeper
 
 HEARTBEAT_SECONDS = 5.0
+HEARTBEAT_ENV = "BATCHLINE_HEARTBEAT_SECONDS"
+
+
+def heartbeat_seconds() -> float:
+    """How often a worker heartbeats: `BATCHLINE_HEARTBEAT_SECONDS`, else 5 s. A fleet of
+    thousands on one store may beat less often; the budget a paid worker holds is passed by
+    at most what the paid workers cost over one interval."""
+    text = os.environ.get(HEARTBEAT_ENV)
+    if text is None or not text.strip():
+        return HEARTBEAT_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.1 <= value <= 60.0:
+        raise BatchlineError(f"{HEARTBEAT_ENV}={text!r}: give the seconds between a worker's heartbeats, "
+                             "from 0.1 to 60")
+    return value
 
 
 class Heartbeat:
     def __init__(self, store: WorkerStore, worker: str, version: str | None, process: dict[str, Any] | None, *,
-                 paid: PaidSlotKeeper | None = None, every: float = HEARTBEAT_SECONDS,
+                 paid: PaidSlotKeeper | None = None, every: float | None = None,
                  log: Callable[[str], None] = lambda _m: None) -> None:
         self.store, self.worker, self.version, self.process = store, worker, version, process
-        self.paid, self.every, self.log = paid, every, log
+        self.paid, self.log = paid, log
+        self.every = every if every is not None else heartbeat_seconds()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None

@@ -27,7 +27,7 @@ from typing import Any
 
 from batchline.errors import BatchlineError
 from batchline.store import WorkerStore
-from batchline.worker.heartbeat import HEARTBEAT_SECONDS
+from batchline.worker.heartbeat import heartbeat_seconds
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,11 @@ class PaidSlotKeeper:
 
     def __init__(self, store: WorkerStore, version: str, ref: PaidSlotRef, worker: str,
                  process: dict[str, Any] | None, *, log: Callable[[str], None] = lambda _m: None,
-                 on_lost: Callable[[], None] = lambda: None, every: float = HEARTBEAT_SECONDS,
+                 on_lost: Callable[[], None] = lambda: None, every: float | None = None,
                  max_cost: float | None = None, unreachable_seconds: float = 600.0) -> None:
         self.store, self.version, self.ref, self.worker = store, version, ref, worker
-        self.process, self.log, self.every, self.on_lost = process, log, every, on_lost
+        self.process, self.log, self.on_lost = process, log, on_lost
+        self.every = every if every is not None else heartbeat_seconds()
         self.max_cost = max_cost  # fallback.max_cost: held at each heartbeat
         self.unreachable_seconds = unreachable_seconds  # the job's lease: without the store longer, stop
         self.claimed = threading.Event()

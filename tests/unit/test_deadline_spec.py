@@ -107,3 +107,18 @@ def test_a_paid_start_is_stale_after_three_restart_overheads_unless_the_spec_say
                                                         "records_per_worker_second": 2.5}).fallback
     assert given is not None and given.launch_timeout_seconds == 50.0 and given.records_per_worker_second == 2.5
     assert given.to_dict()["launch_timeout_seconds"] == 50.0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "fast", "61", "nan"])
+def test_a_heartbeat_interval_that_could_not_be_meant_is_refused_in_one_line(
+        monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    from batchline.errors import BatchlineError
+    from batchline.worker.heartbeat import heartbeat_seconds
+
+    monkeypatch.setenv("BATCHLINE_HEARTBEAT_SECONDS", value)
+    with pytest.raises(BatchlineError, match=r"BATCHLINE_HEARTBEAT_SECONDS=.*from 0\.1 to 60"):
+        heartbeat_seconds()
+    monkeypatch.setenv("BATCHLINE_HEARTBEAT_SECONDS", "2.5")
+    assert heartbeat_seconds() == 2.5
+    monkeypatch.delenv("BATCHLINE_HEARTBEAT_SECONDS")
+    assert heartbeat_seconds() == 5.0
