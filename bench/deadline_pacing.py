@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import statistics
 import subprocess
@@ -47,8 +46,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -57,12 +54,13 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from stores import new_store
+
 from batchline.sizing.paced import Trace
 from batchline.store import open_store
 from batchline.store.paid import restart_overhead
 
 SCHEMA = {"type": "object", "properties": {"category": {"enum": ["a", "b"]}}, "required": ["category"]}
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432"
 SCENARIOS = ("wave", "none-window", "none-absolute", "staircase", "load-wave")
 LOAD_SECONDS = 3.0
 
@@ -106,23 +104,6 @@ def write_job(folder: Path, args: argparse.Namespace, scenario: str) -> Path:
     points = trace_points(scenario, args.spot, args.window)
     (folder / "spot.trace").write_text("".join(f"{t:g} {n}\n" for t, n in points))
     return folder / "job.yaml"
-
-
-@contextlib.contextmanager
-def new_store(kind: str, folder: Path) -> Iterator[str]:
-    if kind == "sqlite":
-        yield f"sqlite:///{folder / 'store.db'}"
-        return
-    import psycopg
-
-    name = f"bench_pacing_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(f"{PG_ADMIN}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{PG_ADMIN}/{name}"
-    finally:
-        with psycopg.connect(f"{PG_ADMIN}/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def spot_uptime(trace: Trace, workers: int, start: float, end: float, overhead: float) -> float:
@@ -174,7 +155,7 @@ def figures(store_url: str, version: str, args: argparse.Namespace, trace: Trace
 def run_local(folder: Path, args: argparse.Namespace, scenario: str, kind: str) -> dict[str, Any]:
     spec = write_job(folder, args, scenario)
     trace = Trace.read(folder / "spot.trace")
-    with new_store(kind, folder) as store:
+    with new_store(kind, folder, "bench_pacing") as store:
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "batchline", "run", str(spec), "--store", store, "--workers",
                                str(args.spot), "--spot-trace", str(folder / "spot.trace")],
@@ -197,7 +178,7 @@ def run_ray(folder: Path, args: argparse.Namespace, scenario: str, kind: str) ->
     spec = write_job(folder, args, scenario)
     points = trace_points(scenario, args.spot, args.window)
     wave_from, wave_to = points[1][0], points[2][0]
-    with new_store(kind, folder) as store_url:
+    with new_store(kind, folder, "bench_pacing") as store_url:
         store = open_store(store_url)
         version = plan(load_spec(spec), store).version
         store.close()

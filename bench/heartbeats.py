@@ -14,40 +14,21 @@ workers need (200 a second), and the read's time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from stores import new_store
+
 from batchline.store import PlannedRecord, PlannedShard, open_store
 from batchline.worker.heartbeat import HEARTBEAT_SECONDS
 
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432"
 VERSION = "beats@1"
-
-
-@contextlib.contextmanager
-def new_store(kind: str, folder: Path) -> Iterator[str]:
-    if kind == "sqlite":
-        yield f"sqlite:///{folder / 'store.db'}"
-        return
-    import psycopg
-
-    name = f"bench_beats_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(f"{PG_ADMIN}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{PG_ADMIN}/{name}"
-    finally:
-        with psycopg.connect(f"{PG_ADMIN}/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def beat(url: str, workers: range, beats: int) -> int:
@@ -63,7 +44,7 @@ def beat(url: str, workers: range, beats: int) -> int:
 
 
 def measure(kind: str, args: argparse.Namespace) -> tuple[float, float]:
-    with tempfile.TemporaryDirectory(prefix="bench-beats-") as tmp, new_store(kind, Path(tmp)) as url:
+    with tempfile.TemporaryDirectory(prefix="bench-beats-") as tmp, new_store(kind, Path(tmp), "bench_beats") as url:
         store = open_store(url)
         writer = store.begin_plan(VERSION, "beats", {"name": "beats", "shards": {"lease_seconds": 600}})
         writer.add_shards([PlannedShard(0, {"shard": 0}, 1)])
