@@ -222,8 +222,9 @@ class Pacer:
         fb = self.fallback
         budget = None
         if fb.max_cost is not None:
-            budget = max(0.0, (fb.max_cost - spend * fb.cost_per_worker_hour / 3600.0)) \
-                / max(fb.cost_per_worker_hour, 1e-9) * 3600.0
+            # The spend as each paid worker holds it (batchline.worker.paid): one reading of it.
+            spent, _per_hour = self.store.paid_budget(self.version)
+            budget = max(0.0, fb.max_cost - spent) / max(fb.cost_per_worker_hour, 1e-9) * 3600.0
         obs = observe(
             now=st.now, run_start=run_start, deadline=deadline.resolve(run_start, st.now),
             records=st.records, done_at_start=info.carried + info.planned_dead,

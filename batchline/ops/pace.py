@@ -65,6 +65,7 @@ def pace_outcome(store: ReaderStore, version: str, deadline: Deadline | None = N
     st = store.status(version)
     if held is None or st.run_start is None:
         return None
+    starts = store.paid_slots(version)
     return PaceOutcome(st.state, held.resolve(st.run_start, st.now), st.run_start,
-                       info.sealed_at if st.state == "sealed" else None, st.now,
-                       len(store.paid_slots(version)), version_cost(store, info))
+                       info.sealed_at if st.state == "sealed" else None, st.now, len(starts),
+                       version_cost(store, info, starts, st.now))

@@ -244,15 +244,14 @@ def run_cost(store: ReaderStore, info: JobInfo, spec: JobSpec, leases: Sequence[
     return RunCost(WorkerPrices.of(spec, computes_on, spot_price), spot, paid)
 
 
-def version_cost(store: ReaderStore, info: JobInfo, *, spot_price: float | None = None) -> RunCost:
-    """`run_cost` read from the store alone, as `status` and `run`'s summary say it: in the
-    database's time, as `fallback.max_cost` is held (the report takes a test's clock shifts
-    out of its time axis)."""
-    now = store.now()
+def version_cost(store: ReaderStore, info: JobInfo, starts: Sequence[PaidSlot], now: float, *,
+                 spot_price: float | None = None) -> RunCost:
+    """`run_cost` read from the store alone (`starts`: the version's paid starts, as read
+    already), as `status` and `run`'s summary say it: in the database's time, as
+    `fallback.max_cost` is held (the report takes a test's clock shifts out of its time axis)."""
     clock = _Clock([])
     leases = _leases(store.events(info.version, LEASE_KINDS), clock, now)
-    return run_cost(store, info, stored_spec(info), leases, store.paid_slots(info.version), clock, now,
-                    spot_price=spot_price)
+    return run_cost(store, info, stored_spec(info), leases, starts, clock, now, spot_price=spot_price)
 
 
 def _paid_spans(starts: Sequence[PaidSlot], clock: _Clock, now: float) -> list[tuple[float, float]]:
