@@ -21,8 +21,9 @@ from batchline.check.outputs import OutputChecker
 from batchline.check.report import Check, ValidationReport
 from batchline.check.reproduce import Recompute, check_reproducible
 from batchline.errors import BatchlineError
-from batchline.spec import EvalSpec, JobSpec, stored_spec
+from batchline.spec import EvalSpec, JobSpec, JobVersion, stored_spec
 from batchline.store import Store, require_job
+from batchline.targets.files import SHARD_FILES_CHECK, check_shard_files
 
 PSI_EPSILON = 1e-4  # stands in for a category's share where it is absent, so PSI stays finite
 
@@ -42,6 +43,8 @@ def validate(store: Store, version: str, *, record: bool = True, recompute: Reco
     started = time.perf_counter()
     checks = [check_coverage(store, version), check_schema(store, version, spec),
               check_dead_letters(store, version, spec), check_drift(store, version, spec)]
+    if any(t.shard_files() is not None for t in spec.targets):
+        checks.append(check_worker_files(store, JobVersion(info, spec)))
     if spec.validate.eval is not None:
         checks.append(check_eval(store, version, spec, spec.validate.eval))
     if spec.validate.reproduce is not None:
@@ -60,6 +63,27 @@ def check_coverage(store: Store, version: str) -> Check:
     return Check("coverage", passed, figure, {
         "records": cov.records, "missing": cov.missing, "unexpected": cov.unexpected, "both": cov.both,
         "missing_sample": list(cov.missing_sample), "unexpected_sample": list(cov.unexpected_sample)})
+
+
+def check_worker_files(store: Store, job: JobVersion) -> Check:
+    """The files the workers wrote of their shards (`files: per-shard`), each compared with the
+    store's rows before it may be published: at the path the store derives, its pin whole and
+    equal, its rows every column equal (I8). Run here, not in publish, so a publish stays one
+    catalog commit: publish only checks each file's pin against what this check recorded."""
+    files: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    count = 0
+    for t in job.spec.targets:
+        if t.shard_files() is None:
+            continue
+        key = t.target(store.url, job.spec.input.storage).key
+        checked, refused = check_shard_files(store, job, t, key, job.spec.input.storage)
+        files[key] = {str(n): f.to_json() for n, f in sorted(checked.items())}
+        problems.extend(refused)
+        count += len(checked) + len(refused)
+    figure = (f"{count:,} shard files, each the store's rows" if not problems
+              else f"{len(problems)} of {count:,} shard files refused: {problems[0]}")
+    return Check(SHARD_FILES_CHECK, not problems, figure, {"files": files, "refused": problems[:20]})
 
 
 def _sampled(rows: Iterator[Any], total: int, sample: int | None) -> Iterator[Any]:

@@ -248,7 +248,7 @@ class JobInput(KeyedFamily):
 
     def parse(self, key: str, section: Mapping[str, Any], r: SpecReader, ctx: ParseContext) -> JobSource:
         name = r.string(section[key], "input.job")
-        if not NAME_PATTERN.match(name):
+        if not NAME_PATTERN.fullmatch(name):  # `$` alone would let a trailing newline through
             r.fail("input.job", f"{name!r} is not a job's name (lower-case letters, digits, '-' or '_')")
         if section.get("field") is None:
             r.fail("input.field", "is required with input.job: the output field each record's text is read from "

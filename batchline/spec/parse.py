@@ -326,7 +326,7 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     # prompt is required below unless the input is openai-batch, whose lines carry their prompts.
     top = r.section(raw, "", TOP_FIELDS, required=set(SECTIONS[""][1]))
     name = r.string(top["name"], "name")
-    if not NAME_PATTERN.match(name):
+    if not NAME_PATTERN.fullmatch(name):  # `$` alone would let a trailing newline through
         r.fail("name", f"{name!r} must be lower-case letters, digits, '-' or '_', starting with a letter")
     input_spec = _parse_input(r, top, base_dir, resolved)
     chat = input_spec.format == OPENAI_BATCH

@@ -282,3 +282,9 @@ class TargetSpec(Protocol):
         target's columns) as one file named by the version, the shard and the lease epoch,
         whole or not at all; returns what the store records of it (`path`, `rows`, `pin`)."""
         ...
+
+    def stored_shard_rows(self, store: ReaderStore, spec: JobSpec, version: str) -> Callable[[int], Any]:
+        """The rows this target's file of each shard must hold (an Arrow table for a shard's
+        number), read from the store: what a worker's recorded file is checked against before it
+        is published."""
+        ...

@@ -32,6 +32,7 @@ class ShardUnit:
     results: int  # every result, carried ones included
     dead_letters: int
     files: Mapping[str, Any] | None = None  # what its completing worker wrote, by target key
+    epoch: int = 0  # the lease epoch that completed it: its file's name holds it
 
     @property
     def all_carried(self) -> bool:
@@ -52,6 +53,33 @@ def unit_identity(version: str, shard_no: int, slice_: Mapping[str, Any], first_
     return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
+@dataclass(frozen=True)
+class ShardColumns:
+    """A shard's outcomes computed in its version (what its worker's file holds), a column each,
+    as the store keeps them (an ACL as its JSON text): read without making an object a row, for a
+    check that compares a million rows with a file's."""
+
+    ids: list[str]
+    outputs: list[str]
+    acls: list[str | None]
+    labels: list[str | None]
+    models: list[str | None]
+    attempts: list[int]
+    input_tokens: list[int | None]
+    output_tokens: list[int | None]
+    created_at: list[float]
+    dead_ids: list[str]
+    dead_kinds: list[str]
+    dead_errors: list[str | None]
+    dead_acls: list[str | None]
+    dead_attempts: list[int]
+    dead_created_at: list[float]
+
+
+def _columns(rows: list[Any], width: int) -> list[list[Any]]:
+    return [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
+
+
 class ShardOutcomes(StoreBase):
     """Each shard's outcomes as a target lays its rows out (`files: per-shard`)."""
 
@@ -60,7 +88,7 @@ class ShardOutcomes(StoreBase):
         rows = self._read(lambda tx: tx.all(self.q.SHARD_UNITS, {"v": version}))
         return [ShardUnit(int(r[0]), unit_identity(version, int(r[0]), self._unjson(r[1]), r[2], r[3]), int(r[4]),
                           int(r[5] or 0),
-                          int(r[6] or 0), int(r[7] or 0), self._unjson(r[8]) if r[8] is not None else None)
+                          int(r[6] or 0), int(r[7] or 0), self._unjson(r[8]) if r[8] is not None else None, int(r[9] or 0))
                 for r in rows]
 
     def shard_outcomes(self, version: str, shard_no: int, *, computed_only: bool = False) -> tuple[list[Any], list[Any]]:
@@ -76,3 +104,19 @@ class ShardOutcomes(StoreBase):
 
         result: tuple[list[Any], list[Any]] = self._read(body, snapshot=True)
         return result
+
+    def shard_columns(self, version: str, shard_no: int) -> ShardColumns:
+        """The outcomes the shard's worker computed, column by column (`ShardColumns`), in id order."""
+        params = {"v": version, "s": shard_no}
+
+        def body(tx: Any) -> tuple[list[Any], list[Any]]:
+            return tx.all(self.q.COMPUTED_RESULTS_OF_SHARD, params), tx.all(self.q.DEAD_LETTERS_OF_SHARD, params)
+
+        results, dead = self._read(body, snapshot=True)
+        # The statements' columns, as stored_result and stored_dead_letter read them.
+        r = _columns(results, 15)
+        d = _columns(dead, 8)
+        return ShardColumns(ids=r[0], outputs=r[1], acls=r[2], labels=r[10], models=r[12], attempts=r[6],
+                            input_tokens=r[8], output_tokens=r[9], created_at=r[7], dead_ids=d[0],
+                            dead_kinds=d[2], dead_errors=d[3], dead_acls=d[4], dead_attempts=d[5],
+                            dead_created_at=d[7])

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from batchline.acl import Acl
 from batchline.store.beats import WorkerSeen
 from batchline.store.changes import BaseRecord
-from batchline.store.files import ShardUnit
+from batchline.store.files import ShardColumns, ShardUnit
 from batchline.store.lineage import OutboxRow
 from batchline.store.model import (
     ChargeResult,
@@ -359,6 +359,10 @@ class ReaderStore(StoreHandle, ChangeReader, ShardFiles, Protocol):
 
     def shard_units(self, version: str) -> list[ShardUnit]:
         """The version's shards, each with its identity (the input it read) and its outcomes."""
+        ...
+
+    def shard_columns(self, version: str, shard_no: int) -> ShardColumns:
+        """The outcomes the shard's worker computed, column by column, in id order."""
         ...
 
     def shard_slice(self, version: str, shard_no: int) -> dict[str, Any]:

@@ -400,6 +400,69 @@ CREATE TABLE worker_beats (
 CREATE INDEX worker_beats_live ON worker_beats (version, seen_at) WHERE stopped_at IS NULL;
 ALTER TABLE worker_beats ENABLE ROW LEVEL SECURITY;
 """),
+    # A worker changes a shard only as one of the fenced statements it is given (claim, renew,
+    # release, park at a provider, split, take back, complete), and records a shard's file only
+    # in the completion of a shard leased at its current epoch whose every record has an
+    # outcome. A trigger, not row-level security: a policy sees only the new row, and these
+    # rules compare it with the old one. Any role that is not (a member of) the table's owner
+    # is held to them; the owner (planning, carrying, resuming) is not.
+    (21, "a worker's changes to shards are its fenced statements' only", """
+CREATE FUNCTION batchline_shard_fence() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    why text;
+    now_s float8 := batchline_now();
+BEGIN
+    IF pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'MEMBER') THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        -- A split's new shard: ready, nobody's, of no epoch, nothing done of it.
+        IF NEW.state <> 'ready' OR NEW.owner IS NOT NULL OR NEW.epoch <> 0 OR NEW.files IS NOT NULL
+           OR NEW.results_count <> 0 OR NEW.carried <> 0 OR NEW.batch IS NOT NULL OR NEW.claims <> 0 THEN
+            why := 'a new shard is a split''s: ready, nobody''s, nothing done of it';
+        END IF;
+    ELSIF NEW.version <> OLD.version OR NEW.shard_no <> OLD.shard_no OR NEW.slice IS DISTINCT FROM OLD.slice
+          OR NEW.route IS DISTINCT FROM OLD.route OR NEW.first_piece IS DISTINCT FROM OLD.first_piece
+          OR NEW.carried <> OLD.carried THEN
+        why := 'a shard''s version, number, slice, route and carried results are the planner''s';
+    ELSIF OLD.state = 'done' THEN
+        why := 'a completed shard is not changed by a worker';
+    -- Each test below is a violation unless it is known to hold: an unknown (NULL) is refused.
+    ELSIF NEW.files IS DISTINCT FROM OLD.files
+          AND NOT COALESCE(OLD.state = 'leased' AND NEW.state = 'done' AND NEW.epoch = OLD.epoch
+                           AND NEW.owner IS NOT DISTINCT FROM OLD.owner, false) THEN
+        why := 'a shard''s file is recorded only by the completion of its current lease';
+    ELSIF NEW.state = 'done' AND NOT COALESCE(OLD.state = 'leased' AND NEW.epoch = OLD.epoch
+                                              AND NEW.results_count + NEW.dead_count = NEW.record_count, false) THEN
+        why := 'a shard is completed only by its current lease, once every record has an outcome';
+    ELSIF NEW.epoch < OLD.epoch OR NEW.epoch > OLD.epoch + 1 THEN
+        why := 'an epoch only moves up by one, with a claim or a take-back';
+    ELSIF NEW.epoch = OLD.epoch + 1 AND NOT COALESCE(
+            (NEW.state = 'leased' AND (OLD.state = 'ready'
+                                       OR (OLD.state = 'leased' AND OLD.lease_expires <= now_s)
+                                       OR (OLD.state = 'submitted' AND OLD.poll_at <= now_s)))
+            OR (OLD.state = 'leased' AND NEW.state IN ('ready', 'submitted') AND NEW.owner IS NULL), false) THEN
+        why := 'a new epoch is a claim of a claimable shard or the take-back of a lease';
+    ELSIF NEW.epoch = OLD.epoch AND NEW.owner IS DISTINCT FROM OLD.owner AND NEW.owner IS NOT NULL THEN
+        why := 'a lease changes hands only with a new epoch';
+    ELSIF NEW.results_count < OLD.results_count OR NEW.input_tokens < OLD.input_tokens
+          OR NEW.output_tokens < OLD.output_tokens OR NEW.claims < OLD.claims THEN
+        why := 'a shard''s counts of outcomes, tokens and claims never go down';
+    ELSIF (NEW.record_count <> OLD.record_count OR NEW.dead_count < OLD.dead_count
+           OR NEW.end_piece IS DISTINCT FROM OLD.end_piece)
+          AND NOT COALESCE(OLD.state = 'leased' AND NEW.end_piece < OLD.end_piece
+                           AND NEW.record_count < OLD.record_count AND NEW.record_count >= 0, false) THEN
+        why := 'a shard''s records shrink only when a split moves its tail';
+    END IF;
+    IF why IS NOT NULL THEN
+        RAISE EXCEPTION 'shard % of %: %', COALESCE(NEW.shard_no, OLD.shard_no), COALESCE(NEW.version, OLD.version),
+            why USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER shards_fence BEFORE INSERT OR UPDATE ON shards
+    FOR EACH ROW EXECUTE FUNCTION batchline_shard_fence();
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -1102,7 +1165,7 @@ LINEAGE_RETRY = ("UPDATE lineage_outbox SET given_up_at = NULL, tries = 0, next_
 # --- a version's outcomes by shard (batchline.store.files) -----------------------------------
 
 SHARD_UNITS = ("SELECT shard_no, slice, first_piece, end_piece, record_count, carried, results_count, dead_count, "
-               "files FROM shards WHERE version = %(v)s ORDER BY shard_no")
+               "files, epoch FROM shards WHERE version = %(v)s ORDER BY shard_no")
 _SHARD = "r.version = %(v)s AND r.shard_no = %(s)s"
 RESULTS_OF_SHARD = f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE {_SHARD} ORDER BY r.record_id"
 RESULTS_OF_SHARD_CARRY = f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_CARRY_FROM} WHERE {_SHARD} ORDER BY r.record_id"

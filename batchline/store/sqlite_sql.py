@@ -809,7 +809,7 @@ LINEAGE_RETRY = (f"UPDATE lineage_outbox SET given_up_at = NULL, tries = 0, next
 # --- a version's outcomes by shard (batchline.store.files) -----------------------------------
 
 SHARD_UNITS = ("SELECT shard_no, slice, first_piece, end_piece, record_count, carried, results_count, dead_count, "
-               "files FROM shards WHERE version = :v ORDER BY shard_no")
+               "files, epoch FROM shards WHERE version = :v ORDER BY shard_no")
 _SHARD = "r.version = :v AND r.shard_no = :s"
 # A shard's rows through the index by shard: the planner, without statistics, would walk the
 # version's whole primary key in id order instead.

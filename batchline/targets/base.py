@@ -90,6 +90,9 @@ class PublisherWritten:
                          storage: Mapping[str, Any]) -> dict[str, Any]:
         raise NotImplementedError(f"{self.describe()} takes no shard files from workers")
 
+    def stored_shard_rows(self, store: ReaderStore, spec: JobSpec, version: str) -> Callable[[int], Any]:
+        raise NotImplementedError(f"{self.describe()} takes no shard files from workers")
+
 
 class TargetFamily(ABC):
     """One member of the TARGETS table."""

@@ -9,8 +9,11 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from batchline.errors import BatchlineError
 from batchline.store import JobInfo, ReaderStore, StoredResult
@@ -30,7 +33,7 @@ from batchline.targets.columns import (
 )
 
 if TYPE_CHECKING:
-    from batchline.spec import JobVersion
+    from batchline.spec import JobSpec, JobVersion
 
 PARQUET_ROWS_PER_GROUP = 50_000
 
@@ -243,25 +246,47 @@ def atomic_write(out: Path, write: Any) -> int:
 
 
 # --- a worker's file of its shard (files: per-shard) ----------------------------------------------
+#
+# A worker is untrusted (I8): what it records of its file (path, rows, pin) is a claim. The
+# store derives where the file must be (`shard_file_location`, from the version, the shard and
+# the epoch that completed it); the pin is whole (`PIN_KEYS`); and before the file is published
+# its rows are compared with the rows the store holds (`check_shard_file`), every column.
+
+# What a shard file's pin holds: its size and the sha256 of its bytes, and where the object
+# store has them its ETag and version id. A recorded pin must match in every key.
+PIN_KEYS = ("size", "digest", "etag", "version")
 
 
 def shard_file_location(prefix: str, version: str, shard_no: int, epoch: int) -> str:
     """Where a worker writes its shard's file: named by the version, the shard and the lease epoch,
     so a stale owner's file is never the completing owner's."""
-    return f"{prefix.rstrip('/')}/{version}/shard-{shard_no:06d}-epoch-{epoch}.parquet"
+    return f"{version_prefix(prefix, version)}shard-{shard_no:06d}-epoch-{epoch}.parquet"
+
+
+def version_prefix(prefix: str, version: str) -> str:
+    """The version's own staging prefix (ending in `/`): its workers' files, and nothing else."""
+    return f"{prefix.rstrip('/')}/{version}/"
+
+
+def whole_pin(size: int, digest: str | None, etag: str | None = None, version: str | None = None) -> dict[str, Any]:
+    return {k: v for k, v in (("size", size), ("digest", digest), ("etag", etag), ("version", version))
+            if v is not None}
 
 
 def write_shard_file(location: str, table: Any, storage: Mapping[str, Any]) -> dict[str, Any]:
     """`table` as one Parquet file at `location` (a path, or an s3:// or gs:// URL), whole or not
     at all (written beside and renamed; an object uploaded whole), and what the store records of
-    it: the path, the rows, and the pin a publisher checks it against (size and content digest
-    of a file; size, ETag and version of an object)."""
+    it: the path, the rows, and its whole pin (size, sha256 of its bytes, and an object's ETag
+    and version)."""
     import pyarrow.parquet as pq
 
     from batchline.sources import is_remote, open_source, upload
 
+    digest: list[str] = []
+
     def write(tmp: Path) -> int:
         pq.write_table(table, tmp, compression="zstd")
+        digest.append(_sha256(tmp.read_bytes()))
         return int(table.num_rows)
 
     if is_remote(location):
@@ -273,23 +298,224 @@ def write_shard_file(location: str, table: Any, storage: Mapping[str, Any]) -> d
         atomic_write(Path(location), write)
     pin = open_source(location, storage).pin()
     return {"path": location, "rows": int(table.num_rows),
-            "pin": {**pin.to_json(), **({"digest": pin.digest} if pin.digest else {})}}
+            "pin": whole_pin(pin.size, digest[0], pin.etag, pin.version)}
 
 
-def shard_file_problem(entry: Mapping[str, Any], storage: Mapping[str, Any]) -> str | None:
-    """Why a worker's shard file is not what its worker wrote (gone, or another size or content
-    now), or None."""
-    from batchline.errors import BatchlineError
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def _said(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def current_pin(location: str, storage: Mapping[str, Any], *, read: bool = False) -> tuple[dict[str, Any], bytes]:
+    """The file's whole pin as it is now, and with `read` its bytes (an object read conditional on
+    the ETag its pin names, so the digest is of the object that ETag names). Without `read` an
+    object's pin has no digest: its ETag and version bind its content."""
     from batchline.sources import open_source
 
-    try:
-        now = open_source(str(entry["path"]), storage).pin()
-    except BatchlineError as exc:
-        return f"it cannot be read ({' '.join(str(exc).split())})"
-    recorded = dict(entry.get("pin") or {})
-    have = {**now.to_json(), **({"digest": now.digest} if now.digest else {})}
-    for key in ("size", "digest", "etag", "version"):
-        if recorded.get(key) is not None and have.get(key) != recorded.get(key):
-            return f"its {key} is {have.get(key)!r}, not {recorded.get(key)!r} as its worker wrote it"
+    source = open_source(location, storage)
+    pin = source.pin()
+    if not read:
+        return whole_pin(pin.size, pin.digest, pin.etag, pin.version), b""
+    data = source.read(0, pin.size)
+    digest = _sha256(data)
+    if len(data) != pin.size or (pin.digest is not None and pin.digest != digest):
+        raise BatchlineError(f"{location} changed while it was read")
+    return whole_pin(pin.size, digest, pin.etag, pin.version), data
+
+
+def pin_problem(recorded: Any, have: Mapping[str, Any], whose: str) -> str | None:
+    """Why `have` is not the pin `recorded` (every key of PIN_KEYS that `have` holds, and size and
+    digest always), or None."""
+    if not isinstance(recorded, Mapping) or recorded.get("size") is None or not recorded.get("digest"):
+        return f"its pin as {whose} recorded it lacks its size or digest (a pin is whole: {', '.join(PIN_KEYS)})"
+    for key in PIN_KEYS:
+        if key == "digest" and "digest" not in have:
+            continue  # an object's ETag (and version) stand for its content here
+        if have.get(key) != recorded.get(key):
+            return f"its {key} is {have.get(key)!r}, not {recorded.get(key)!r} as {whose} recorded it"
     return None
 
+
+@dataclass(frozen=True)
+class CheckedFile:
+    """A shard's file as the check found it: where, and its whole pin."""
+
+    shard_no: int
+    path: str
+    pin: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "pin": dict(self.pin)}
+
+
+class ShardFileRefused(BatchlineError):
+    """A worker's shard file is not the store's rows: nothing is published (as a failed gate)."""
+
+
+@dataclass(frozen=True)
+class LoadedFile:
+    """A recorded shard file read whole: its pin as it is, and its rows."""
+
+    path: str
+    pin: Mapping[str, Any]
+    rows: Any
+
+
+def load_shard_file(recorded: Any, expected_path: str, storage: Mapping[str, Any]) -> LoadedFile | str:
+    """The file a worker recorded for a shard, read once (no store needed: it may run beside the
+    store's reads): refused unless it lies at `expected_path`, where the store puts that shard's
+    file, and its recorded pin is whole and equal to the file's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not isinstance(recorded, Mapping) or not isinstance(recorded.get("path"), str):
+        return "its worker recorded no file path"
+    path = recorded["path"]
+    if path != expected_path:
+        return f"its worker recorded it at {path}, not at {expected_path}, where the store puts that shard's file"
+    try:
+        have, data = current_pin(path, storage, read=True)
+    except BatchlineError as exc:
+        return f"it cannot be read ({_said(exc)})"
+    problem = pin_problem(recorded.get("pin"), have, "its worker")
+    if problem is not None:
+        return problem
+    try:
+        return LoadedFile(path, have, pq.read_table(pa.BufferReader(data)))
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        return f"it is not a Parquet file ({_said(exc)})"
+
+
+def check_shard_file(loaded: LoadedFile | str, shard_no: int, expected_rows: Callable[[], Any]) -> CheckedFile | str:
+    """A shard's file as `load_shard_file` read it, its rows compared, every column, with
+    `expected_rows()` (the shard's rows as the store holds them, in the file's columns): the file
+    as checked, or why it is refused."""
+    if isinstance(loaded, str):
+        return loaded
+    problem = rows_problem(loaded.rows, expected_rows())
+    return problem if problem is not None else CheckedFile(shard_no, loaded.path, loaded.pin)
+
+
+def rows_problem(actual: Any, expected: Any) -> str | None:
+    """Why a file's rows (`actual`, an Arrow table) are not `expected`, naming the column and
+    record, or None: the same columns of the same types, the same ids in the same order, and
+    every value equal."""
+    have = [(f.name, str(f.type)) for f in actual.schema]
+    want = [(f.name, str(f.type)) for f in expected.schema]
+    if have != want:
+        extra = [n for n, _ in have if n not in dict(want)]
+        missing = [n for n, _ in want if n not in dict(have)]
+        what = (f"columns {extra} the table has not" if extra else f"no column {missing}" if missing
+                else "columns of other types or order than the table's")
+        return f"it holds {what}"
+    ids, store_ids = actual.column("id").to_pylist(), expected.column("id").to_pylist()
+    if ids != store_ids:
+        unknown = [i for i in ids if i not in set(store_ids)]
+        lacking = [i for i in store_ids if i not in set(ids)]
+        if unknown:
+            return f"it holds {unknown[0]!r}{_more(unknown)}, which the store does not hold in this shard"
+        if lacking:
+            return f"it lacks {lacking[0]!r}{_more(lacking)}, which the store holds in this shard"
+        return "it holds the shard's records more than once or out of the store's order"
+    for name in actual.column_names:
+        a, b = actual.column(name), expected.column(name)
+        if a.equals(b):
+            continue
+        for record_id, x, y in zip(store_ids, a.to_pylist(), b.to_pylist(), strict=True):
+            if x != y:
+                return f"its {name} of {record_id!r} is {_short(x)}, the store's {_short(y)}"
+        return f"its {name} column differs from the store's"
+    return None
+
+
+def _more(items: Sequence[Any]) -> str:
+    return f" (and {len(items) - 1:,} more)" if len(items) > 1 else ""
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def under(location: str, prefix: str) -> bool:
+    """`location` lies under `prefix` (which ends in `/`), read as written: a `..` segment, or a
+    location of another scheme or host, never does."""
+    import posixpath
+
+    def plain(text: str) -> str:
+        return text[len("file://"):] if text.startswith("file://") else text
+
+    loc, pre = plain(location), plain(prefix)
+    if not pre.endswith("/") or ".." in loc.split("/"):
+        return False
+    _scheme, sep, rest = loc.partition("://")
+    if sep:
+        return loc.startswith(pre) and "//" not in rest
+    return loc.startswith(pre) and posixpath.normpath(loc) == loc
+
+
+class ShardFileWriter(Protocol):
+    """A target whose files the workers write (`files: per-shard`), as the check reads it."""
+
+    def describe(self) -> str: ...
+
+    def shard_files(self) -> str | None: ...
+
+    def stored_shard_rows(self, store: ReaderStore, spec: JobSpec, version: str) -> Callable[[int], Any]: ...
+
+
+SHARD_FILES_CHECK = "shard_files"
+
+
+def check_shard_files(store: ReaderStore, job: JobVersion, target: ShardFileWriter, key: str,
+                      storage: Mapping[str, Any]) -> tuple[dict[int, CheckedFile], list[str]]:
+    """Every file the version's workers recorded for `target` (its store key `key`), each checked
+    against the store (`check_shard_file`): the files as checked, by shard, and what was refused,
+    a line each naming the shard and the file."""
+    prefix = target.shard_files()
+    checked: dict[int, CheckedFile] = {}
+    problems: list[str] = []
+    if prefix is None:
+        return checked, problems
+    version = job.version
+    stored_rows = target.stored_shard_rows(store, job.spec, version)
+    units = [(u, (u.files or {}).get(key)) for u in store.shard_units(version)]
+    # A shard no worker wrote a file of is written by the publisher from the store.
+    recorded = [(u, entry, shard_file_location(prefix, version, u.shard_no, u.epoch)) for u, entry in units
+                if entry is not None]
+    # The next files are read (and their digests made) while the store's rows of this one are;
+    # both mostly wait outside the interpreter.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="batchline-shard-file") as pool:
+        loads: list[Future[LoadedFile | str] | None] = [
+            pool.submit(load_shard_file, entry, expected, storage) for _u, entry, expected in recorded[:2]]
+        for i, (unit, entry, expected) in enumerate(recorded):
+            if i + 2 < len(recorded):
+                _, ahead, ahead_path = recorded[i + 2]
+                loads.append(pool.submit(load_shard_file, ahead, ahead_path, storage))
+            future, loads[i] = loads[i], None  # a file's rows are let go once compared
+            assert future is not None
+            outcome = check_shard_file(future.result(), unit.shard_no, partial(stored_rows, unit.shard_no))
+            if isinstance(outcome, CheckedFile):
+                checked[unit.shard_no] = outcome
+            else:
+                where = entry.get("path") if isinstance(entry, Mapping) else None
+                problems.append(f"{target.describe()}: the file of shard {unit.shard_no}, {where or expected}: "
+                                f"{outcome}")
+    return checked, problems
+
+
+def validated_files(report: Mapping[str, Any] | None, key: str) -> dict[int, CheckedFile] | None:
+    """The shard files of target `key` a passing validation checked (its `shard_files` check),
+    by shard; None when the report holds no such passing check."""
+    for check in (report or {}).get("checks", []):
+        if check.get("name") == SHARD_FILES_CHECK and check.get("passed"):
+            files = (check.get("details") or {}).get("files", {}).get(key)
+            if files is None:
+                return None
+            return {int(n): CheckedFile(int(n), str(f["path"]), dict(f["pin"])) for n, f in files.items()}
+    return None

@@ -64,9 +64,20 @@ from batchline.sources.iceberg import (
 from batchline.spec import JobSpec, JobVersion, canonical_json
 from batchline.spec.reader import Fields, ParseContext, SpecReader
 from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
-from batchline.store.files import ShardUnit
+from batchline.store.files import ShardColumns, ShardUnit
 from batchline.targets.base import TargetFamily
-from batchline.targets.files import shard_file_location, shard_file_problem, write_shard_file
+from batchline.targets.files import (
+    CheckedFile,
+    ShardFileRefused,
+    check_shard_files,
+    current_pin,
+    pin_problem,
+    shard_file_location,
+    under,
+    validated_files,
+    version_prefix,
+    write_shard_file,
+)
 from batchline.targets.iceberg_schema import (
     CARRY_COLUMN,
     PROVENANCE_COLUMN,
@@ -129,7 +140,7 @@ class IcebergTable:
                     if table.metadata.current_snapshot_id is None:
                         table.append(_empty(table), snapshot_properties={BASELINE: "true"})
                         continue
-                    layout = self._layout(table, store, version, spec, written)
+                    layout = self._layout(table, store, job, written)
                     layout.commit(table, {VERSION_PROPERTY: version, "batchline.name": job.name})
                     self._remove_orphans(version, layout, spec.shards.lease_seconds)
                     return True
@@ -139,17 +150,18 @@ class IcebergTable:
                                              f"other writers ({one_line(exc)}); publish again") from None
         raise BatchlineError(f"{self.describe()}: {version} was not written in {COMMIT_TRIES} tries; publish again")
 
-    def _layout(self, table: Any, store: ReaderStore, version: str, spec: JobSpec,
-                written: dict[str, list[Any]]) -> Layout:
+    def _layout(self, table: Any, store: ReaderStore, job: JobVersion, written: dict[str, list[Any]]) -> Layout:
         """The version's data files, a shard's rows to a file: the base version's file of a shard
         whose every outcome was carried from it (of the same identity and row shape), else a new
         file written from the store. Files written in an earlier try are not written again."""
         from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
+        version, spec = job.version, job.spec
         acl_text = acl_is_text(table.schema())
         shape = row_shape(spec, acl_text)
         base = base_files(table, spec.base_version, shape) if spec.base_version else {}
         rows = TableRows(table.schema().as_arrow(), spec, version, acl_text=acl_text)
+        checked = self._checked_files(store, job, spec)
         write_uuid, counter = uuid.uuid4(), itertools.count()
         layout = Layout(shape)
         def write(results: list[StoredResult], dead: list[StoredDeadLetter]) -> list[Any]:
@@ -164,7 +176,7 @@ class IcebergTable:
                 layout.add(unit.identity, shared, reused=True)
                 continue
             if unit.identity not in written:
-                written[unit.identity] = self._unit_files(table, store, version, unit, write)
+                written[unit.identity] = self._unit_files(table, store, version, unit, write, checked)
             layout.add(unit.identity, written[unit.identity], reused=False)
         return layout
 
@@ -178,30 +190,61 @@ class IcebergTable:
 
         used = {_local(f.file_path) for files in layout.units.values() for f in files}
         cutoff = time.time() - lease_seconds
-        for location, written_at in listing(f"{self.staging}/{version}/", self.storage):
-            if _local(location) not in used and written_at < cutoff:
+        prefix = version_prefix(self.staging, version)
+        for location, written_at in listing(prefix, self.storage):
+            if _local(location) not in used and written_at < cutoff and under(location, prefix):
                 delete(location, self.storage)
 
+    def _checked_files(self, store: ReaderStore, job: JobVersion, spec: JobSpec) -> dict[int, CheckedFile]:
+        """The workers' shard files as a passing validation checked them against the store; where
+        none did (a publish with --force, or a validation made before files were checked), they
+        are checked here, in full, and one that is not the store's rows refuses the publish."""
+        if self.staging is None:
+            return {}
+        latest = store.latest_validation(job.version)
+        checked = validated_files(latest.report if latest is not None else None, self.key)
+        if checked is not None:
+            return checked
+        output = next(t for t in spec.targets if isinstance(t, TableOutput) and t.ref == self.ref)
+        checked, problems = check_shard_files(store, job, output, self.key, self.storage)
+        if problems:
+            raise ShardFileRefused(f"{problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}; "
+                                   "nothing was published")
+        return checked
+
     def _unit_files(self, table: Any, store: ReaderStore, version: str, unit: ShardUnit,
-                    write: Callable[[list[StoredResult], list[StoredDeadLetter]], list[Any]]) -> list[Any]:
-        """A shard's files: the one its completing worker wrote (files: per-shard), checked against
-        what the store recorded of it, and a file of the results carried into it; or, for a shard
-        no worker wrote, one file of its rows written here."""
+                    write: Callable[[list[StoredResult], list[StoredDeadLetter]], list[Any]],
+                    checked: Mapping[int, CheckedFile]) -> list[Any]:
+        """A shard's files: the one its completing worker wrote (files: per-shard), as checked
+        against the store's rows, its pin the same now, and a file of the results carried into
+        it; or, for a shard no worker wrote, one file of its rows written here."""
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
         recorded = (unit.files or {}).get(self.key) if self.staging else None
         if recorded is None:
             return write(*store.shard_outcomes(version, unit.shard_no))
-        path = str(recorded["path"])
-        problem = shard_file_problem(recorded, self.storage)
+        path = str(recorded.get("path")) if isinstance(recorded, Mapping) else "(no path)"
+        known = checked.get(unit.shard_no)
+        problem: str | None
+        if known is None:
+            problem = "it was not checked against the store's rows (it was recorded after the validation)"
+        elif known.path != path or recorded.get("pin") != dict(known.pin):
+            problem = f"its record changed since it was checked (checked: {known.path})"
+        else:
+            try:
+                have, _ = current_pin(path, self.storage)
+            except BatchlineError as exc:
+                problem = f"it cannot be read ({one_line(exc)})"
+            else:
+                problem = pin_problem(known.pin, have, "the check")
         if problem is None:
             added = parquet_file_to_data_file(table.io, table.metadata, path if "://" in path else f"file://{path}")
             if added.record_count != int(recorded["rows"]):
                 problem = f"it holds {added.record_count:,} rows, not {int(recorded['rows']):,} as its worker wrote"
         if problem is not None:
-            raise BatchlineError(f"{self.describe()}: the file of shard {unit.shard_no} of {version}, {path}, {problem}; "
-                                 "nothing was published (its rows are in the store: make the file again by "
-                                 "running that shard's worker again, or publish into another table)")
+            raise ShardFileRefused(f"{self.describe()}: the file of shard {unit.shard_no} of {version}, {path}, "
+                                   f"{problem}; nothing was published (its rows are in the store: validate again, "
+                                   "or make the file again by running that shard's worker again)")
         if not unit.carried:
             return [added]
         results, _dead = store.shard_outcomes(version, unit.shard_no)
@@ -348,11 +391,26 @@ class IcebergTable:
                 return
             gone = _files_of(table, expired)
             kept = _files_of(table, [s for s in meta.snapshots if s.snapshot_id in reached])
+            ours = self._own_prefixes(table, meta.snapshots)
             table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in expired]).commit()
             for path in sorted(gone - kept):
+                if not any(under(path, prefix) for prefix in ours):
+                    continue  # not the table's own, nor the expired versions' staging: never deleted here
                 with contextlib.suppress(FileNotFoundError):
                     table.io.delete(path)
             self._forget_staging(version, {_local(p) for p in kept})
+
+    def _own_prefixes(self, table: Any, snapshots: list[Any]) -> list[str]:
+        """Where a file that expiring snapshots frees may be deleted: under the table's own location,
+        and under the staging prefix of each version of `snapshots` (the table's: a version shares
+        its base's shard files, which lie under the base's prefix)."""
+        own = [f"{table.metadata.location.rstrip('/')}/"]
+        if self.staging is not None:
+            for snapshot in snapshots:
+                props = snapshot.summary.additional_properties if snapshot.summary else {}
+                if props.get(VERSION_PROPERTY):
+                    own.append(version_prefix(self.staging, props[VERSION_PROPERTY]))
+        return own
 
     def _forget_staging(self, version: str, kept: set[str]) -> None:
         """What is left of the version's shard files that no kept snapshot uses (stale owners')."""
@@ -360,8 +418,9 @@ class IcebergTable:
             return
         from batchline.sources import delete, listing
 
-        for location, _written_at in listing(f"{self.staging}/{version}/", self.storage):
-            if _local(location) not in kept:
+        prefix = version_prefix(self.staging, version)
+        for location, _written_at in listing(prefix, self.storage):
+            if _local(location) not in kept and under(location, prefix):
                 delete(location, self.storage)
 
 
@@ -535,8 +594,13 @@ class TableRows:
         import pyarrow as pa
 
         # Built a column at a time: a dict per row cost more than reading the store did.
-        arrays = [pa.array(columns[f.name], type=f.type) if f.name in columns else pa.nulls(n, type=f.type)
-                  for f in self.schema]
+        def array(f: Any) -> Any:
+            if f.name not in columns:
+                return pa.nulls(n, type=f.type)
+            given = columns[f.name]
+            return given if isinstance(given, pa.Array) else pa.array(given, type=f.type)
+
+        arrays = [array(f) for f in self.schema]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     def results(self, rows: list[StoredResult]) -> Any:
@@ -561,12 +625,78 @@ class TableRows:
             "error_kind": [d.kind for d in rows], "error": [d.error for d in rows],
             **({CARRY_COLUMN: carry_values(rows)} if self.carries else {})})
 
+    def from_columns(self, c: ShardColumns) -> Any:
+        """`table`'s rows for a shard with no carried field and no provenance, from the store's
+        columns instead of a row object each: the same values, made a column at a time."""
+        import pyarrow as pa
+
+        assert not self.carries and not self.provenance
+        n, m, version = len(c.ids), len(c.dead_ids), self.version
+        acl_type = self.schema.field("acl").type
+        batches = []
+        if n:
+            batches.append(self._batch(n, {
+                "id": c.ids, "outcome": ["result"] * n,
+                **({"output": self._typed(c.ids, c.outputs)} if self.has_output else {}),
+                "raw_output": c.outputs, "acl": _acls(c.acls, acl_type, self.acl_text), "version": [version] * n,
+                "model": [m or self.default_model for m in c.models], "label": c.labels, "attempt": c.attempts,
+                "input_tokens": c.input_tokens, "output_tokens": c.output_tokens,
+                "created_at": [int(t * 1_000_000) for t in c.created_at]}))
+        if m:
+            batches.append(self._batch(m, {
+                "id": c.dead_ids, "outcome": ["dead_letter"] * m, "acl": _acls(c.dead_acls, acl_type, self.acl_text),
+                "version": [version] * m, "attempt": c.dead_attempts,
+                "created_at": [int(t * 1_000_000) for t in c.dead_created_at],
+                "error_kind": c.dead_kinds, "error": c.dead_errors}))
+        return pa.Table.from_batches(batches, schema=self.schema)
+
+    def _typed(self, ids: list[str], outputs: list[str]) -> Any:
+        """The `output` column from the outputs' JSON text: parsed by Arrow's own JSON reader where
+        every value goes in as it is (no converter, one line each), else as `results` does."""
+        import pyarrow as pa
+        import pyarrow.json as pj
+
+        kind = self.schema.field("output").type
+        data = "\n".join(outputs).encode()
+        if self.convert is None and data.count(b"\n") == len(outputs) - 1:
+            try:
+                parsed = pj.read_json(pa.BufferReader(data), parse_options=pj.ParseOptions(
+                    explicit_schema=pa.schema(list(kind)), unexpected_field_behavior="ignore"))
+                if parsed.num_rows == len(outputs):
+                    return pa.StructArray.from_arrays([parsed.column(f.name).combine_chunks() for f in kind],
+                                                      fields=list(kind))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                pass  # what Arrow's reader will not take, the row-by-row conversion says why
+        import orjson
+
+        loads, convert = orjson.loads, self.convert
+        try:
+            return pa.array([loads(o) for o in outputs] if convert is None else [convert(loads(o)) for o in outputs],
+                            type=kind)
+        except BatchlineError as exc:
+            raise BatchlineError(f"{self.version}: {exc}") from None
+
     def table(self, results: list[StoredResult], dead: list[StoredDeadLetter]) -> Any:
         """One shard's rows: its results, then its dead letters."""
         import pyarrow as pa
 
         batches = [*([self.results(results)] if results else []), *([self.dead_letters(dead)] if dead else [])]
         return pa.Table.from_batches(batches, schema=self.schema)
+
+
+def _acls(texts: list[str | None], kind: Any, as_text: bool) -> Any:
+    """The `acl` column from the store's ACL texts: each distinct one read once (`Acl.from_json`,
+    as a stored result's is), then taken by index."""
+    import pyarrow as pa
+
+    from batchline.acl import Acl
+
+    seen: dict[str | None, int] = {}
+    index = [seen.setdefault(t, len(seen)) for t in texts]
+    distinct = [None if t is None else Acl.from_json(t) for t in seen]
+    values = [None if a is None else (json.dumps(a.to_list(), sort_keys=True) if as_text else a.to_list())
+              for a in distinct]
+    return pa.array(values, type=kind).take(pa.array(index, type=pa.int32()))
 
 
 def _in_batches(rows: Iterator[Any], make: Callable[[list[Any]], Any]) -> Iterator[Any]:
@@ -622,13 +752,31 @@ class TableOutput:
     def write_shard_file(self, spec: JobSpec, version: str, shard_no: int, epoch: int,
                          results: Sequence[StoredResult], dead_letters: Sequence[StoredDeadLetter],
                          storage: Mapping[str, Any]) -> dict[str, Any]:
-        """The shard's rows in the table's columns, as `iceberg_schema` makes them from the spec (a
-        worker reaches no catalog), without field ids: publishing maps the columns by name."""
+        """The shard's rows (`shard_rows`) as one file named by the version, shard and epoch."""
         assert self.staging is not None
+        rows = self.shard_rows(spec, version, results, dead_letters)
+        return write_shard_file(shard_file_location(self.staging, version, shard_no, epoch), rows, storage)
+
+    def _file_rows(self, spec: JobSpec, version: str) -> TableRows:
+        # The table's columns as `iceberg_schema` makes them from the spec (a worker reaches no
+        # catalog), without field ids: publishing maps a file's columns by name.
         arrow = unnumbered(iceberg_schema(spec.output_schema, carry=spec.input.carry,
                                           provenance=spec.provenance).as_arrow())
-        rows = TableRows(arrow, spec, version, acl_text=False).table(list(results), list(dead_letters))
-        return write_shard_file(shard_file_location(self.staging, version, shard_no, epoch), rows, storage)
+        return TableRows(arrow, spec, version, acl_text=False)
+
+    def shard_rows(self, spec: JobSpec, version: str, results: Sequence[StoredResult],
+                   dead_letters: Sequence[StoredDeadLetter]) -> Any:
+        """A shard's rows in its file's columns: what its worker writes."""
+        return self._file_rows(spec, version).table(list(results), list(dead_letters))
+
+    def stored_shard_rows(self, store: ReaderStore, spec: JobSpec, version: str) -> Callable[[int], Any]:
+        """The rows the file of each shard must hold, from the store: what it is checked against.
+        Read column by column where the rows carry no input field and no provenance (a million
+        rows in seconds), else through `shard_rows` itself."""
+        rows = self._file_rows(spec, version)
+        if rows.carries or rows.provenance:
+            return lambda shard_no: rows.table(*store.shard_outcomes(version, shard_no, computed_only=True))
+        return lambda shard_no: rows.from_columns(store.shard_columns(version, shard_no))
 
     def dataset(self, name: str, store: StoreDatasets, state: Mapping[str, Any] | None) -> DatasetName:
         snapshot = (state or {}).get("snapshot_id")

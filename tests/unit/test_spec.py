@@ -105,6 +105,10 @@ def test_to_dict_round_trips_to_the_same_version(tmp_path: Path) -> None:
     (with_change("shards.size", "big"), "shards.size: must be an integer"),
     (with_change("model.digest", "md5:abc"), "model.digest: must be 'sha256:'"),
     (with_change("name", "Bad Name"), "name: 'Bad Name' must be lower-case"),
+    # Regression: a name with a trailing newline was accepted (`$` matches before one).
+    (with_change("name", "nightly\n"), "name: 'nightly\\n' must be lower-case"),
+    (with_change("name", " nightly"), "name: ' nightly' must be lower-case"),
+    (with_change("name", "night\x07ly"), "name: 'night\\x07ly' must be lower-case"),
     (with_change("input.path", "in.jsonl.gz"), "compressed (.gz)"),
     (with_change("input.path", "in.txt"), "cannot tell the format"),
     (with_change("deadline", "tomorrow"), "deadline: 'tomorrow' is neither an ISO 8601 time (2026-12-01T06:00:00Z) nor a window"),

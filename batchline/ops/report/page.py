@@ -44,6 +44,7 @@ from batchline.ops.report.data import (
 from batchline.spec import LOCAL_ROUTE, ProviderSpec
 from batchline.spec.deadline import format_rate
 from batchline.store import ReaderStore, RouteTotals
+from batchline.targets.files import atomic_write
 
 # --- the page -------------------------------------------------------------------------------------
 
@@ -506,11 +507,10 @@ def write_report(store: ReaderStore, version: str, out: Path, *, price: float | 
     data = collect(store, version, price=price)
     text = render(data)
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out)  # a browser reloading the file never sees half a page
+        # Written beside it under a name no one can guess and renamed over it: a browser
+        # reloading the file never sees half a page.
+        atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     except OSError as exc:
         raise BatchlineError(f"cannot write {out}: {exc.strerror or exc}") from None
     return data

@@ -167,3 +167,19 @@ def test_the_report_command_writes_the_page_and_names_a_bad_version_in_one_line(
         cli("report", "nope", "--store", store_url, "--html", str(tmp_path / "x.html"))
     with pytest.raises(BatchlineError, match="must not be negative"):
         cli("report", hostile.version, "--store", store_url, "--html", str(out), "--gpu-hour-price", "-1")
+
+
+def test_a_link_planted_at_the_reports_old_scratch_name_writes_nothing_through_it(
+        hostile: Any, store: Store, tmp_path: Path) -> None:
+    # Regression: the page was written to `.NAME.tmp` beside it, a name anyone with the folder
+    # could plant a link at, so the report overwrote whatever the link named.
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    victim = folder / "victim.txt"
+    victim.write_text("not the report's")
+    out = folder / "report.html"
+    (folder / ".report.html.tmp").symlink_to(victim)
+    write_report(store, hostile.version, out)
+    assert victim.read_text() == "not the report's"
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>") and not out.is_symlink()
+    assert sorted(p.name for p in folder.iterdir()) == [".report.html.tmp", "report.html", "victim.txt"]

@@ -240,3 +240,72 @@ def test_a_worker_under_the_role_cannot_make_the_paid_spend_look_smaller(
     assert after.stopped_at is not None and abs(after.stopped_at - now) < 5
     spent, _per_hour = store.paid_budget(version)
     assert spent == pytest.approx(3.6 * 1800 / 3600, rel=0.01)  # the half hour it ran, not less
+
+
+def test_a_worker_role_changes_shards_only_as_its_fenced_statements_do(store: Store, store_url: str,
+                                                                        role: str) -> None:
+    """The role may update its version's shards (claim, renew, complete ...), but a bare UPDATE
+    or INSERT of its own is held to the shapes of those statements: a shard's file is recorded
+    only by the completion of its current lease, and nothing else is rewritten."""
+    from tests.integration.store.test_contract import answer_all, plan_version
+
+    version = "fenced@1"
+    ids = plan_version(store, version, shards=3, lease_seconds=600)
+    grant(store_url, version, role=role)
+    url = as_role(store_url, role)
+    narrow = PostgresStore(url)
+    try:
+        first, held, freed = (narrow.claim(f"w{i}", version) for i in range(3))
+        assert first is not None and held is not None and freed is not None
+        # One shard completed under the role, recording its file; one leased and live; one ready.
+        answer_all(narrow, first, ids[first.shard_no])
+        answer_all(narrow, held, ids[held.shard_no][:2])
+        narrow.complete(first, {"iceberg:store/x": {"path": "/staging/own.parquet", "rows": 4, "pin": {"size": 1}}})
+        assert narrow.release(freed, "test")
+    finally:
+        narrow.close()
+    completed, leased, ready = first.shard_no, held.shard_no, freed.shard_no
+    rows = {r.shard_no: r for r in store.shard_rows(version)}
+    assert (rows[completed].state, rows[leased].state, rows[ready].state) == ("done", "leased", "ready")
+    files_before = {u.shard_no: u.files for u in store.shard_units(version)}
+    assert files_before[completed] is not None
+    forged = '{"iceberg:store/x": {"path": "/etc/passwd", "rows": 1, "pin": {}}}'
+    refused = {
+        "rewrite a completed shard's file": (f"UPDATE shards SET files = '{forged}' WHERE shard_no = {completed}",
+                                             "a completed shard is not changed by a worker"),
+        "reopen a completed shard": (f"UPDATE shards SET state = 'ready' WHERE shard_no = {completed}",
+                                     "a completed shard is not changed by a worker"),
+        "record a file without completing": (f"UPDATE shards SET files = '{forged}' WHERE shard_no = {leased}",
+                                             "recorded only by the completion of its current lease"),
+        "complete a shard without its outcomes": (
+            f"UPDATE shards SET state = 'done', files = '{forged}' WHERE shard_no = {leased}",
+            "once every record has an outcome"),
+        "complete a ready shard": (f"UPDATE shards SET state = 'done' WHERE shard_no = {ready}",
+                                   "only by its current lease"),
+        "move an epoch back": (f"UPDATE shards SET epoch = epoch - 1 WHERE shard_no = {leased}",
+                               "an epoch only moves up by one"),
+        "take a live lease without a take-back": (
+            f"UPDATE shards SET owner = 'thief', epoch = epoch + 1 WHERE shard_no = {leased}",
+            "a claim of a claimable shard"),
+        "hand a lease over in its epoch": (f"UPDATE shards SET owner = 'thief' WHERE shard_no = {leased}",
+                                           "changes hands only with a new epoch"),
+        "rewrite a slice": (f"UPDATE shards SET slice = '{{}}' WHERE shard_no = {ready}",
+                            "permission denied for table shards"),  # not even a column it may write
+        "undo counted outcomes": (f"UPDATE shards SET results_count = 0 WHERE shard_no = {leased}",
+                                  "never go down"),
+        "shrink a shard without a split": (f"UPDATE shards SET record_count = 1 WHERE shard_no = {ready}",
+                                           "shrink only when a split moves its tail"),
+        "insert a completed shard": (
+            "INSERT INTO shards (version, shard_no, slice, record_count, state, files) "
+            f"VALUES (%(v)s, 99, '{{}}', 0, 'done', '{forged}')", "a new shard is a split's"),
+    }
+    with psycopg.connect(url, autocommit=True) as conn:
+        for what, (statement, why) in refused.items():
+            where = statement if statement.startswith("INSERT") else statement + " AND version = %(v)s"
+            with pytest.raises(errors.InsufficientPrivilege, match=why):
+                conn.execute(where, {"v": version})
+                pytest.fail(f"the database let the worker {what}")
+        # What its statements do still goes: a renewal of the live lease, its release.
+        assert conn.execute("UPDATE shards SET lease_expires = lease_expires + 1 WHERE version = %(v)s "
+                            f"AND shard_no = {leased}", {"v": version}).rowcount == 1
+    assert {u.shard_no: u.files for u in store.shard_units(version)} == files_before

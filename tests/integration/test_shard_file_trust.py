@@ -1,0 +1,247 @@
+"""A worker is untrusted (I8): what it records of its shard's file is checked against the store
+before anything of it is published. A worker (under the role `batchline grants` makes, on
+PostgreSQL) completes a shard recording a forged file: a path outside the staging prefix, its
+own file with an empty pin, a file of as many rows whose ACLs are wider, a file missing one
+record, a file of another shard. Each is refused at validation, naming the shard and the file;
+publish refuses it too (with --force, by its own check), and nothing is published. And `forget`
+never deletes a file outside the version's own prefixes."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from batchline.check.validate import validate
+from batchline.errors import BatchlineError
+from batchline.publish.pointer import publish
+from batchline.spec import JobVersion, stored_spec
+from batchline.store import Store
+from batchline.targets import targets_for
+from batchline.targets.files import ShardFileRefused, version_prefix, whole_pin
+from batchline.worker.supervisor import Worker
+from tests.helpers import make_records, planned
+from tests.iceberg_support import pyiceberg_table
+from tests.stores import SQLITE, WORKER_ROLE
+
+TABLE = "lake.trusted"
+N, SHARD, FORGED = 200, 50, 2
+# SQLite, and PostgreSQL with every worker call under the version's worker role.
+AS_WORKER = [SQLITE, pytest.param(WORKER_ROLE, marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=AS_WORKER)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def per_shard(job_factory: Any, tmp_path: Path) -> Path:
+    records = [{**r, "acl": [f"team-{i % 3}"]} for i, r in enumerate(make_records(N))]
+    path = job_factory(records, shards={"size": SHARD, "lease_seconds": 30})
+    spec = yaml.safe_load(path.read_text())
+    spec["output"]["table"] = {"catalog": "store", "name": TABLE, "warehouse": str(tmp_path / "wh"),
+                               "files": "per-shard"}
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def pinned(path: Path) -> dict[str, Any]:
+    import hashlib
+
+    data = path.read_bytes()
+    return whole_pin(len(data), hashlib.sha256(data).hexdigest())
+
+
+def rewrite(path: Path, change: Callable[[pa.Table], pa.Table]) -> dict[str, Any]:
+    """The file at `path` rewritten as `change` makes its rows; what a worker would record of it."""
+    table = change(pq.read_table(path))
+    pq.write_table(table, path)
+    return {"path": str(path), "rows": table.num_rows, "pin": pinned(path)}
+
+
+def outside(entry: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    foreign = tmp_path / "elsewhere" / "shard.parquet"
+    foreign.parent.mkdir()
+    shutil.copy(entry["path"], foreign)
+    return {**entry, "path": str(foreign), "pin": pinned(foreign)}
+
+
+def wider_acls(entry: dict[str, Any], _tmp_path: Path) -> dict[str, Any]:
+    def widen(t: pa.Table) -> pa.Table:
+        acl = pa.array([["team-0", "team-1", "team-2", "everyone"]] * t.num_rows, type=t.schema.field("acl").type)
+        return t.set_column(t.schema.get_field_index("acl"), "acl", acl)
+
+    return rewrite(Path(entry["path"]), widen)
+
+
+def one_missing(entry: dict[str, Any], _tmp_path: Path) -> dict[str, Any]:
+    return rewrite(Path(entry["path"]), lambda t: t.slice(1))
+
+
+def another_shards(entry: dict[str, Any], _tmp_path: Path) -> dict[str, Any]:
+    other = sorted(Path(entry["path"]).parent.glob("shard-000001-*.parquet"))[0]
+    shutil.copy(other, entry["path"])
+    return {**entry, "pin": pinned(Path(entry["path"]))}
+
+
+def empty_pin(entry: dict[str, Any], _tmp_path: Path) -> dict[str, Any]:
+    return {**entry, "pin": {}}
+
+
+FORGERIES: dict[str, tuple[Callable[[dict[str, Any], Path], dict[str, Any]], str]] = {
+    "a path outside the staging prefix": (outside, r"recorded it at .*elsewhere/shard.parquet, not at .*"
+                                                   r"shard-000002-epoch-1\.parquet"),
+    "its own file with an empty pin": (empty_pin, "its pin as its worker recorded it lacks its size or digest"),
+    "a file of as many rows with wider ACLs": (wider_acls, r"its acl of 'r000100' is \['team-0', 'team-1', "
+                                                           r"'team-2', 'everyone'\], the store's \['team-1'\]"),
+    "a file missing one record": (one_missing, "it lacks 'r000100', which the store holds in this shard"),
+    "a file of another shard": (another_shards, "it holds 'r000050'.*which the store does not hold in this shard"),
+}
+
+
+class Forging:
+    """A worker's store through which shard FORGED's completion records what `forge` makes of the
+    file its worker wrote (the worker's calls go through the version's role, where there is one)."""
+
+    def __init__(self, store: Store, forge: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self._store = store
+        self._forge = forge
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def complete(self, lease: Any, files: Any = None) -> None:
+        if lease.shard_no == FORGED and files:
+            files = {key: self._forge(dict(entry)) for key, entry in files.items()}
+        self._store.complete(lease, files)
+
+
+def forged_version(job_factory: Any, store: Store, tmp_path: Path,
+                   forge: Callable[[dict[str, Any], Path], dict[str, Any]]) -> str:
+    _spec, version = planned(per_shard(job_factory, tmp_path), store)
+    worker = Worker(Forging(store, lambda entry: forge(entry, tmp_path)), version=version,  # type: ignore[arg-type]
+                    poll_seconds=0.1)
+    assert worker.run() == 0
+    job = store.job(version)
+    assert job is not None and job.state == "sealed"
+    return version
+
+
+def nothing_published(store: Store, store_url: str, version: str) -> None:
+    assert store.resolve_name("test-job") is None
+    table = pyiceberg_table(store_url, TABLE)
+    assert table is None or version not in table.metadata.refs
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+def test_a_forged_shard_file_is_refused_at_validation_by_name_and_nothing_is_published(
+        forgery: str, job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    forge, why = FORGERIES[forgery]
+    version = forged_version(job_factory, store, tmp_path, forge)
+    report = validate(store, version)
+    assert not report.passed
+    [check] = [c for c in report.checks if c.name == "shard_files"]
+    assert not check.passed and len(check.details["refused"]) == 1
+    [refused] = check.details["refused"]
+    assert f"the file of shard {FORGED}, " in refused and ".parquet: " in refused
+    assert re.search(why, refused), refused
+    with pytest.raises(BatchlineError, match="failed its latest validation \\(shard_files\\)"):
+        publish(store, version)
+    # Published anyway, on the owner's word: the publisher checks the files itself and refuses.
+    with pytest.raises(ShardFileRefused, match=f"the file of shard {FORGED}, .*nothing was published"):
+        publish(store, version, force=True, reason="the owner says so")
+    nothing_published(store, store_url, version)
+
+
+def test_the_shard_file_check_exits_as_a_failed_gate_in_one_line(job_factory: Any, store: Store, store_url: str,
+                                                                    tmp_path: Path) -> None:
+    version = forged_version(job_factory, store, tmp_path, wider_acls)
+    done = subprocess.run([sys.executable, "-m", "batchline", "publish", version, "--store", store_url,
+                           "--force", "--reason", "test"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    [line] = [x for x in done.stderr.splitlines() if x.strip()]
+    assert f"the file of shard {FORGED}, " in line and "its acl of 'r000100'" in line
+    nothing_published(store, store_url, version)
+
+
+def test_a_file_swapped_after_validation_is_refused_by_publish(job_factory: Any, store: Store, store_url: str,
+                                                                 tmp_path: Path) -> None:
+    _spec, version = planned(per_shard(job_factory, tmp_path), store)
+    assert Worker(store, version=version, poll_seconds=0.1).run() == 0
+    assert validate(store, version).passed
+    [unit] = [u for u in store.shard_units(version) if u.shard_no == FORGED]
+    assert unit.files is not None
+    path = Path(next(iter(unit.files.values()))["path"])
+    wider_acls({"path": str(path)}, tmp_path)  # the same path, other bytes, after the check
+    with pytest.raises(ShardFileRefused, match=rf"shard {FORGED} of {version}, {path}, its (size|digest) is .*as the check "
+                                               "recorded it; nothing was published"):
+        publish(store, version)
+    nothing_published(store, store_url, version)
+
+
+def test_forget_never_deletes_a_file_outside_the_versions_own_prefixes(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    """A branch that holds a foreign file (as a table written before files were checked might):
+    forgetting the version deletes its own files and leaves the foreign one in place."""
+    from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+    _spec, version = planned(per_shard(job_factory, tmp_path), store)
+    assert Worker(store, version=version, poll_seconds=0.1).run() == 0
+    assert validate(store, version).passed
+    job = JobVersion.of(store, version)
+    [target] = targets_for(stored_spec(job.info), store_url)
+    assert target.stage(store, job)
+    own = sorted((tmp_path / "wh" / "batchline-staging" / version).glob("*.parquet"))
+    foreign = tmp_path / "someone-elses" / "data.parquet"
+    foreign.parent.mkdir()
+    shutil.copy(own[0], foreign)
+    table = pyiceberg_table(store_url, TABLE)
+    with table.transaction() as txn, txn.update_snapshot(branch=version).fast_append() as append:
+        append.append_data_file(parquet_file_to_data_file(table.io, table.metadata, f"file://{foreign}"))
+    (tmp_path / "wh" / "batchline-staging" / "other-version").mkdir()
+    neighbour = tmp_path / "wh" / "batchline-staging" / "other-version" / "shard-000000-epoch-1.parquet"
+    shutil.copy(own[0], neighbour)
+    target.forget("test-job", version)
+    assert foreign.exists() and neighbour.exists()
+    assert not any(p.exists() for p in own)
+    assert version_prefix(str(tmp_path / "wh" / "batchline-staging"), version).endswith(f"/{version}/")
+
+
+@pytest.mark.parametrize("schema", [
+    None,  # the tests' schema: strings only, read by Arrow's JSON reader
+    {"type": "object", "properties": {"category": {"type": "string"}, "count": {"type": "integer"},
+                                      "extra": {}}, "required": ["category"]},  # a long and a JSON column
+])
+def test_the_rows_a_file_is_checked_against_are_the_rows_its_worker_writes(
+        schema: dict[str, Any] | None, job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    """The check reads the store a column at a time; the worker writes from row objects: for every
+    shard, results and dead letters alike, the two make the same table."""
+    path = per_shard(job_factory, tmp_path)
+    if schema is not None:
+        spec = yaml.safe_load(path.read_text())
+        (path.parent / "schema.json").write_text(__import__("json").dumps(schema))
+        path.write_text(yaml.safe_dump(spec))
+    spec_dict = yaml.safe_load(path.read_text())
+    spec_dict["model"]["options"] = {"error_on": ["r000007", "r000120"]}
+    spec_dict.setdefault("validate", {})["max_dead_letter_rate"] = 0.5
+    path.write_text(yaml.safe_dump(spec_dict))
+    _spec, version = planned(path, store)
+    assert Worker(store, version=version, poll_seconds=0.1).run() == 0
+    job = JobVersion.of(store, version)
+    [output] = job.spec.targets
+    stored = output.stored_shard_rows(store, job.spec, version)
+    shards = [u.shard_no for u in store.shard_units(version)]
+    for shard_no in shards:
+        written = output.shard_rows(job.spec, version, *store.shard_outcomes(version, shard_no, computed_only=True))
+        assert stored(shard_no).equals(written), shard_no
+    assert sum(stored(n).num_rows for n in shards) == N
+    assert validate(store, version).passed
