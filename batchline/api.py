@@ -239,8 +239,8 @@ class Jobs:
         from batchline.spec import load_spec
         from batchline.spec.deadline import parse_deadline
 
-        if workers < 1:
-            raise BatchlineError(f"workers must be at least 1, not {workers}")
+        if workers < 0 or (workers == 0 and spot_trace is not None):
+            raise BatchlineError(f"workers must be at least {1 if spot_trace is not None else 0}, not {workers}")
         job = load_spec(spec)
 
         def refuse(where: str, why: str) -> NoReturn:

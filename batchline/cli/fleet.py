@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -84,6 +85,11 @@ def _launch_k8s(targets: Subcommands) -> None:
     p.add_argument("--store-secret", required=True, metavar="NAME",
                    help="a Secret whose key (--store-secret-key) holds the store URL")
     p.add_argument("--store-secret-key", default="url", metavar="KEY")
+    p.add_argument("--worker-secret", default=None, metavar="NAME",
+                   help="with --schedule: the worker slots' Secret, a store URL whose role `batchline grants --name "
+                        "JOB` makes (it can work the job's versions, not plan or publish them); --store-secret is "
+                        "then the owner's, for the control Job that plans and publishes")
+    p.add_argument("--worker-secret-key", default="url", metavar="KEY")
     p.add_argument("--namespace", default="default")
     p.add_argument("--gpus-per-worker", type=int, default=1, metavar="G")
     p.add_argument("--gpu-resource", default="nvidia.com/gpu")
@@ -107,8 +113,21 @@ def _launch_k8s(targets: Subcommands) -> None:
     p.add_argument("--preemption-notice", choices=("none", "aws", "gcp"), default="none",
                    help="also watch the cloud's preemption notice (SIGTERM on eviction always works)")
     p.add_argument("--no-take-back", dest="take_back", action="store_false",
-                   help="give workers no API rights and no token: a dead pod's lease then runs out instead of "
-                        "being taken back when another worker finds the pod gone")
+                   help="give the pacer no right to read pods: a dead pod's lease then runs out instead of being "
+                        "taken back when the pacer finds the pod gone (workers never read pods)")
+    p.add_argument("--egress-cidr", action="append", default=[], metavar="CIDR",
+                   help="an address range workers may connect to (the store, the object store, the catalog); with "
+                        "--egress-selector, at least one is required: the workers' NetworkPolicy allows DNS and "
+                        "these alone")
+    p.add_argument("--egress-selector", action="append", default=[], metavar="SELECTOR",
+                   help="pods workers may connect to, by labels: namespace:KEY=VALUE,... and/or pod:KEY=VALUE,..., "
+                        "separated by ';'")
+    p.add_argument("--api-server-cidr", action="append", default=[], metavar="CIDR",
+                   help="with --fallback-queue: the API server's addresses, which the pacer alone may reach "
+                        "(kubectl get endpoints kubernetes)")
+    p.add_argument("--cluster-objects", action="store_true",
+                   help="print only the cluster-scoped objects, for whoever administers the cluster: the admission "
+                        "policy that lets the pacer create only this version's paid workers")
     p.add_argument("--lake-secret", default=None, metavar="NAME",
                    help="a Secret whose keys (AWS_ACCESS_KEY_ID, ...) become the workers' environment, for the "
                         "object store")
@@ -150,6 +169,9 @@ def _pace(sub: Subcommands) -> None:
     p.add_argument("--tick-seconds", type=float, default=30.0, metavar="SECONDS", help="how often it decides")
     p.add_argument("--kubeconfig", default=None, metavar="FILE",
                    help="outside the cluster: a kubeconfig (default: the pod's own service account)")
+    p.add_argument("--take-back", action="store_true",
+                   help="each tick, take back the leases of workers whose pods the API server says are gone (needs "
+                        "get on pods; the workers themselves hold no token)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve the pacer's gauges (committed and expected records, workers by kind, paid spend, "
                         "mode) as Prometheus metrics on this port (needs the metrics extra)")
@@ -162,7 +184,10 @@ def _grants(sub: Subcommands) -> None:
                        description="Create (or print, with --dry-run) a worker role that can claim and renew "
                                    "the version's shards and insert its results, dead letters and events, and "
                                    "nothing else; print the access the worker needs outside the database.")
-    p.add_argument("version", metavar="VERSION")
+    p.add_argument("version", nargs="?", default=None, metavar="VERSION")
+    p.add_argument("--name", default=None, metavar="NAME",
+                   help="instead of one version: every version of this job's name, planned now or later (the "
+                        "worker Secret of a scheduled run, whose version is planned each night)")
     add_store_option(p, "postgresql://... as the store's owner")
     p.add_argument("--role", default=None, metavar="NAME", help="default: derived from the version")
     p.add_argument("--password-env", default=None, metavar="VAR",
@@ -205,16 +230,25 @@ def cmd_launch_ray(args: argparse.Namespace) -> int:
 def cmd_launch_k8s(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from batchline.launch.k8s import K8sOptions, Schedule, header, scheduled_spec, to_yaml
-    from batchline.launch.manifests import render
+    from batchline.errors import SpecError
+    from batchline.launch.k8s import (
+        K8sOptions,
+        Schedule,
+        header,
+        pod_refusals,
+        scheduled_spec,
+        to_yaml,
+    )
+    from batchline.launch.k8s_isolation import Egress, egress_cidr, egress_selector
+    from batchline.launch.manifests import render, render_cluster_objects
 
     if (args.job is None) == (args.schedule is None):
         raise BatchlineError("give --job VERSION (work on a planned version now) or --schedule CRON with --spec "
                              "JOB.yaml (plan and run at each scheduled time)")
     if (args.schedule is None) != (args.spec is None):
         raise BatchlineError("--schedule and --spec go together")
-    if args.schedule is None and (args.time_zone or args.publish):
-        raise BatchlineError("--time-zone and --publish go with --schedule")
+    if args.schedule is None and (args.time_zone or args.publish or args.worker_secret):
+        raise BatchlineError("--time-zone, --publish and --worker-secret go with --schedule")
     annotations = key_values(args.service_account_annotation, "--service-account-annotation")
     grace = 30.0
     job_fallback = None
@@ -223,17 +257,22 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
         schedule = replace(scheduled_spec(args.spec), cron=args.schedule, time_zone=args.time_zone,
                            publish=args.publish)
         grace = schedule.grace_seconds
-    elif args.store:
-        store = open_store(args.store, create=False)
+    elif args.store or os.environ.get("BATCHLINE_STORE"):
+        store = open_store(args.store or os.environ["BATCHLINE_STORE"], create=False)
         try:
             job = store.job(args.job)
         finally:
             store.close()
         if job is None:
             raise NoSuchVersion(args.job, store.where())
+        # What the pods could never read (a file on this machine) is refused as --schedule refuses it.
+        refusals = pod_refusals(dict(job.spec))
+        if refusals:
+            raise SpecError(f"{args.job}: {refusals[0]}")
         stored = stored_spec(job)
         grace = stored.shards.grace_seconds
-        _refuse_past_deadline(open_store(args.store, create=False), args.job, close=True)
+        _refuse_past_deadline(open_store(args.store or os.environ["BATCHLINE_STORE"], create=False), args.job,
+                              close=True)
         job_fallback = stored.fallback
         if job_fallback is not None and args.fallback_queue is None:
             raise BatchlineError(f"{args.job} has a fallback section, and these manifests could not start its paid "
@@ -247,9 +286,16 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
         memory=args.memory, weights_cache_size=args.weights_cache_size, scratch_size=args.scratch_size,
         grace_seconds=grace, priority_class=args.priority_class,
         preemption_notice=args.preemption_notice, take_back=args.take_back, lake_secret=args.lake_secret,
-        service_account_annotations=annotations, schedule=schedule, kueue_sample=args.kueue_sample,
-        kueue_api=args.kueue_api, fallback=pool)
-    text = header(options) + to_yaml(render(options))
+        service_account_annotations=annotations, schedule=schedule, worker_secret=args.worker_secret,
+        worker_secret_key=args.worker_secret_key, kueue_sample=args.kueue_sample,
+        kueue_api=args.kueue_api, fallback=pool,
+        egress=Egress(tuple(egress_cidr(c) for c in args.egress_cidr),
+                      tuple(egress_selector(s) for s in args.egress_selector),
+                      tuple(egress_cidr(c, "--api-server-cidr") for c in args.api_server_cidr)))
+    if args.cluster_objects:
+        text = to_yaml(render_cluster_objects(options))
+    else:
+        text = header(options) + to_yaml(render(options))
     what = f"{args.workers} scheduled worker slots" if schedule else f"{args.workers} worker Jobs"
     if args.out:
         if args.out.is_dir():
@@ -357,7 +403,14 @@ def cmd_pace(args: argparse.Namespace) -> int:
 
     spec = stored_spec(require_job(store, args.job))
     launcher = K8sPaid(client.BatchV1Api(), args.namespace, template, stop_seconds=spec.shards.grace_seconds)
-    pacer = Pacer(store, args.job, launcher, tick_seconds=args.tick_seconds, by="k8s-pacer", spec=spec, log=log.info)
+    take_back = None
+    if args.take_back:
+        from batchline.worker.liveness import kubernetes_pod_lookup, take_back_dead
+
+        lookup = kubernetes_pod_lookup()
+        take_back = (lambda: take_back_dead(store, args.job, "k8s-pacer", lookup=lookup)) if lookup else None
+    pacer = Pacer(store, args.job, launcher, tick_seconds=args.tick_seconds, by="k8s-pacer", spec=spec, log=log.info,
+                  take_back=take_back)
     stopping = threading.Event()
 
     def on_signal(name: str) -> None:
@@ -377,7 +430,7 @@ def cmd_pace(args: argparse.Namespace) -> int:
 def cmd_grants(args: argparse.Namespace) -> int:
     from batchline.ops.grants import grant
 
-    plan = grant(args.store or default_url(), args.version, role=args.role, dry_run=args.dry_run,
+    plan = grant(args.store or default_url(), args.version, name=args.name, role=args.role, dry_run=args.dry_run,
                  password_env=args.password_env)
     print(f"-- {'would run' if args.dry_run else 'ran'}, for role {plan.role} on {plan.version}:")
     for statement in plan.statements:

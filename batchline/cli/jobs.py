@@ -8,6 +8,8 @@ import json
 import os
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,9 @@ def _run(sub: Subcommands) -> None:
     p = store_command(sub, "run", "plan the job if new and run N local workers until it is done; with --publish, "
                                   "then validate it and publish it if it passes")
     p.add_argument("spec", metavar="JOB.yaml")
-    p.add_argument("--workers", type=int, default=1, metavar="N")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="local workers to run (0: none here; the version's workers run elsewhere, such as a "
+                        "scheduled run's worker slots, and this command waits for them)")
     p.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
                    help="where worker logs go (default: a folder of this run's own under $BATCHLINE_LOG_DIR)")
     p.add_argument("--publish", action="store_true", help="validate when done and publish if it passes")
@@ -68,6 +72,12 @@ def _changes(sub: Subcommands) -> None:
 def _worker(sub: Subcommands) -> None:
     p = store_command(sub, "worker", "run one worker; exits 0 when no work is left, 75 when stopped early")
     p.add_argument("--job", default=None, metavar="VERSION", help="work on this version only")
+    p.add_argument("--name", default=None, metavar="NAME", help="with --plan-key: the job's name")
+    p.add_argument("--plan-key", default=None, metavar="KEY",
+                   help="instead of --job: work on the version the run KEY of --name planned (a scheduled run's "
+                        "worker slot), waiting up to --wait-for-work SECONDS for it to be planned")
+    p.add_argument("--wait-for-work", type=float, default=0.0, metavar="SECONDS",
+                   help="with --plan-key: how long to wait for the run's version to be planned before exiting 0")
     p.add_argument("--poll-seconds", type=float, default=1.0, metavar="SECONDS",
                    help="how often to look for shards while others hold the leases")
     p.add_argument("--store-wait", type=float, default=float(os.environ.get("BATCHLINE_STORE_WAIT", 300)),
@@ -260,8 +270,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from batchline.spec import stored_spec
     from batchline.spec.deadline import parse_deadline
 
-    if args.workers < 1:
-        raise BatchlineError("--workers must be at least 1")
+    if args.workers < 0:
+        raise BatchlineError("--workers must be at least 0 (0: the version's workers run elsewhere, and this command "
+                             "plans it, waits for it and with --publish publishes it)")
     summary = Jobs(args.store).run(args.spec, workers=args.workers, log_dir=args.log_dir, plan_key=args.plan_key,
                                    deadline=args.deadline, spot_trace=args.spot_trace,
                                    spot_trace_start=args.spot_trace_start)
@@ -329,6 +340,22 @@ def cmd_changes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keyed_version(store: Store, name: str, key: str, wait: float, stop: threading.Event,
+                   log: Callable[[str], None]) -> str | None:
+    """The version the run `key` of `name` planned, waited for up to `wait` seconds (a scheduled
+    run's worker slot starts as its control plans); None, said, when none was planned by then."""
+    deadline = time.monotonic() + wait
+    while True:
+        version = store.keyed_version(name, key)
+        if version is not None:
+            log(f"run {key!r} of {name} is {version}")
+            return version
+        if time.monotonic() >= deadline or stop.is_set():
+            log(f"no version of {name} was planned for run {key!r} within {wait:g} s: no work")
+            return None
+        stop.wait(min(5.0, max(0.1, deadline - time.monotonic())))
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from batchline.lineage import lineage_config
     from batchline.ops.logs import configure_worker_logging
@@ -358,10 +385,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
     watcher = start_watcher(args.preemption_notice, stop, base_url=args.metadata_url, log=log.info)
     from batchline.worker.paid import PaidSlotKeeper, PaidSlotRef
 
+    if (args.plan_key is None) != (args.name is None) or (args.plan_key is not None and args.job is not None) \
+            or args.wait_for_work < 0 or (args.wait_for_work and args.plan_key is None):
+        raise BatchlineError("--plan-key KEY goes with --name NAME (and --wait-for-work SECONDS, not negative), "
+                             "instead of --job")
     paid = PaidSlotRef.parse(args.paid_slot) if args.paid_slot else None
     if paid is not None and args.job is None:
         raise BatchlineError("--paid-slot needs --job VERSION: a paid worker works the version its pacer bought it for")
     store = open_store(args.store, create=False, wait_seconds=args.store_wait, log=log.info, worker=True)
+    if args.plan_key is not None:
+        args.job = _keyed_version(store, args.name, args.plan_key, args.wait_for_work, stop, log.info)
+        if args.job is None:
+            return 0
     from batchline.worker.heartbeat import Heartbeat
     from batchline.worker.liveness import process_identity
 

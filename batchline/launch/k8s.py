@@ -35,14 +35,17 @@ Which objects, and why:
   command line. Make it with `kubectl create secret generic NAME
   --from-literal=url=postgresql://...`, ideally with a role from `batchline
   grants`, which can touch this job version only.
-- **Leases of dead pods taken back at once.** Each worker knows its pod
+- **Leases of dead pods taken back by the pacer.** Each worker knows its pod
   (name, namespace and uid from the downward API) and tells the store when it
-  claims; an idle worker asks the API server whether a lease owner's pod is
-  still there and takes back the lease of one that is gone instead of waiting
-  for it to run out. For that the worker's ServiceAccount has one Role: `get`
-  on `pods` in its own namespace, nothing else (no list, no watch, no other
-  resource), and its token is mounted. `--no-take-back` renders no Role and
-  mounts no token: dead workers' leases then run out.
+  claims; the pacer (with `--fallback-queue`) asks the API server whether a lease
+  owner's pod is still there and takes back the lease of one that is gone instead
+  of waiting for it to run out. Workers hold no token and have no Role: reading
+  pods would show a worker every pod spec of the namespace. Without a pacer (or
+  with `--no-take-back`), a lease whose pod died without its grace period runs out.
+- **Isolated on the network** (`batchline.launch.k8s_isolation`): a NetworkPolicy
+  per version lets worker pods accept nothing and reach DNS and what
+  `--egress-cidr` and `--egress-selector` name; an admission policy
+  (`--cluster-objects`) lets the pacer create only this version's paid workers.
 - **Kept apart from the interactive engine on a shared node.** Its own
   ServiceAccount with no other rights on the API; a non-root user, no privilege escalation, every capability
   dropped, the runtime's seccomp profile, a read-only root filesystem; no
@@ -93,7 +96,8 @@ Which objects, and why:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+import shlex
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -102,6 +106,7 @@ import yaml
 
 from batchline.errors import BatchlineError, SpecError
 from batchline.launch import FATAL_EXITS, slug
+from batchline.launch.k8s_isolation import Egress
 from batchline.worker.liveness import POD_ENV
 
 EXIT_PREEMPTED = 75
@@ -150,6 +155,9 @@ class K8sOptions:
     lake_secret: str | None = None  # a Secret whose keys become the worker's environment
     service_account_annotations: dict[str, str] = field(default_factory=dict)  # workload identity
     schedule: Schedule | None = None  # a CronJob per slot instead of a Job per worker
+    # A scheduled run's worker slots' Secret: a role for the job's name, which cannot plan or publish.
+    worker_secret: str | None = None
+    worker_secret_key: str = "url"
     kueue_sample: bool = False  # also a ResourceFlavor, ClusterQueue and LocalQueue that admit the fleet
     kueue_api: str = KUEUE_APIS[0]  # the sample's kueue.x-k8s.io version
     # Where the pods are placed besides the queue (a paid worker's on-demand nodes).
@@ -157,6 +165,7 @@ class K8sOptions:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     # Paid workers a pacer Deployment buys while the job is behind (batchline.launch.k8s_pacer).
     fallback: PaidPool | None = None
+    egress: Egress = field(default_factory=Egress)  # what a worker (and the pacer) may connect to
 
 
 @dataclass(frozen=True)
@@ -184,6 +193,7 @@ class Schedule:
 
 
 SPEC_DIR = "/etc/batchline/job"
+CONTROL = "control"  # the component label of a scheduled run's control Job
 # The Job name the CronJob controller gives ends in the scheduled minute, the same for
 # every slot of one scheduled run: the run's key.
 RUN_KEY = '"${BATCHLINE_SCHEDULED_JOB##*-}"'
@@ -208,25 +218,11 @@ def priority_class(o: K8sOptions) -> dict[str, Any]:
 
 
 def service_account(o: K8sOptions) -> dict[str, Any]:
-    # No rights on the API but the Role below (with take-back), so no token without it.
+    # No rights on the API, and no token: a worker never talks to the API server.
     meta: dict[str, Any] = {"name": o.service_account, "namespace": o.namespace, "labels": _labels(o)}
     if o.service_account_annotations:
         meta["annotations"] = dict(o.service_account_annotations)
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
-            "automountServiceAccountToken": o.take_back}
-
-
-def pod_reader_role(o: K8sOptions) -> list[dict[str, Any]]:
-    """`get` on pods of its own namespace: enough to prove a lease owner's pod gone, nothing more."""
-    name = f"{o.service_account}-pod-reader"
-    meta = {"name": name, "namespace": o.namespace, "labels": _labels(o)}
-    return [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
-         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-         "subjects": [{"kind": "ServiceAccount", "name": o.service_account, "namespace": o.namespace}]},
-    ]
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False}
 
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
@@ -299,7 +295,7 @@ def _downward(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def _job_spec(o: K8sOptions, index: int, command: list[str], args: list[str],
+def _job_spec(o: K8sOptions, index: int | None, command: list[str], args: list[str],
               env: list[dict[str, Any]], mounts: list[dict[str, Any]], volumes: list[dict[str, Any]]) -> dict[str, Any]:
     res = resources(o)
     container_resources: dict[str, Any] = {"requests": res.requests(o.gpu_resource), "limits": {"memory": res.memory}}
@@ -332,7 +328,7 @@ def _job_spec(o: K8sOptions, index: int, command: list[str], args: list[str],
         "restartPolicy": "Never",  # the Job replaces pods; required by a pod failure policy
         "priorityClassName": o.priority_class,
         "serviceAccountName": o.service_account,
-        "automountServiceAccountToken": o.take_back,
+        "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "hostNetwork": False, "hostPID": False, "hostIPC": False,
         "terminationGracePeriodSeconds": int(o.grace_seconds) + TERMINATION_MARGIN_SECONDS,
@@ -391,25 +387,17 @@ def spec_config_map(o: K8sOptions) -> dict[str, Any]:
             "data": {_config_key(path): text for path, text in o.schedule.files.items()}}
 
 
-def scheduled_job(o: K8sOptions, index: int) -> dict[str, Any]:
-    """Slot `index` of a scheduled run: at each scheduled time, plan the spec (or find the
-    version another slot planned for this time) and work on it until it is done."""
+# How long a scheduled worker slot waits for the night's version to be planned (its plan starts
+# with it): the planning of tens of millions of records takes minutes.
+PLAN_WAIT_SECONDS = 3600
+# The control Job plans, waits and publishes: no model, a planner's memory.
+CONTROL_RESOURCES = {"cpu": "1", "memory": "2Gi", "weights_cache_size": "256Mi"}
+
+
+def _cron(o: K8sOptions, name: str, labels: dict[str, str], job_spec: dict[str, Any], *,
+          queued: bool = True) -> dict[str, Any]:
     sched = o.schedule
     assert sched is not None
-    spec_file = next(iter(sched.files))
-    run = ["batchline", "run", f"{SPEC_DIR}/{spec_file}", "--workers", "1", "--log-dir", "/tmp/batchline-logs",
-           "--plan-key", RUN_KEY]
-    if sched.publish and index == 0:
-        run.append("--publish")
-    # `run` passes the notice option on through BATCHLINE_PREEMPTION_NOTICE.
-    env = [_downward("BATCHLINE_SCHEDULED_JOB", "metadata.labels['batch.kubernetes.io/job-name']")]
-    if o.preemption_notice != "none":
-        env.append({"name": "BATCHLINE_PREEMPTION_NOTICE", "value": o.preemption_notice})
-    config = spec_config_map(o)["metadata"]["name"]
-    volume = {"name": "job-spec", "configMap": {
-        "name": config, "items": [{"key": _config_key(path), "path": path} for path in sched.files]}}
-    mount = {"name": "job-spec", "mountPath": SPEC_DIR, "readOnly": True}
-    job_spec = _job_spec(o, index, ["sh", "-c"], ["exec " + " ".join(run)], env, [mount], [volume])
     cron: dict[str, Any] = {
         "schedule": sched.cron,
         # A run that overran its night is not met by the next one; the next starts once it ends.
@@ -417,19 +405,61 @@ def scheduled_job(o: K8sOptions, index: int) -> dict[str, Any]:
         "startingDeadlineSeconds": sched.starting_deadline_seconds,
         "successfulJobsHistoryLimit": 3,
         "failedJobsHistoryLimit": 3,
-        "jobTemplate": {"metadata": {"labels": {**_labels(o, index), QUEUE_LABEL: o.queue}}, "spec": job_spec},
+        "jobTemplate": {"metadata": {"labels": {**labels, **({QUEUE_LABEL: o.queue} if queued else {})}},
+                        "spec": job_spec},
     }
     if sched.time_zone:
         cron["timeZone"] = sched.time_zone
-    return {
-        "apiVersion": "batch/v1", "kind": "CronJob",
-        # The controller appends 11 characters to name each Job, within 63.
-        "metadata": {"name": f"batchline-{slug(sched.job_name, 36)}-{index}", "namespace": o.namespace,
-                     "labels": _labels(o, index)},
-        "spec": cron,
-    }
+    # The controller appends 11 characters to name each Job, within 63.
+    return {"apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": name, "namespace": o.namespace, "labels": labels}, "spec": cron}
 
 
+def scheduled_control(o: K8sOptions) -> dict[str, Any]:
+    """The control of a scheduled run, with the owner's Secret: at each scheduled time, plan the
+    spec (or find the version planned for this time, should it start again), wait while the
+    worker slots work it, and with --publish validate and publish it. It runs no worker."""
+    sched = o.schedule
+    assert sched is not None
+    spec_file = next(iter(sched.files))
+    run = ["batchline", "run", f"{SPEC_DIR}/{spec_file}", "--workers", "0", "--log-dir", "/tmp/batchline-logs",
+           *(["--publish"] if sched.publish else [])]
+    # Every word quoted for the shell but the run key, which the shell expands from the Job's name.
+    line = "exec " + " ".join(shlex.quote(word) for word in run) + " --plan-key " + RUN_KEY
+    env = [_downward("BATCHLINE_SCHEDULED_JOB", "metadata.labels['batch.kubernetes.io/job-name']")]
+    config = spec_config_map(o)["metadata"]["name"]
+    volume = {"name": "job-spec", "configMap": {
+        "name": config, "items": [{"key": _config_key(path), "path": path} for path in sched.files]}}
+    mount = {"name": "job-spec", "mountPath": SPEC_DIR, "readOnly": True}
+    control = replace(o, gpus_per_worker=0, cpu=CONTROL_RESOURCES["cpu"], memory=CONTROL_RESOURCES["memory"],
+                      weights_cache_size=CONTROL_RESOURCES["weights_cache_size"])
+    job_spec = _job_spec(control, None, ["sh", "-c"], [line], env, [mount], [volume])
+    labels = {**_labels(o), "app.kubernetes.io/component": CONTROL}
+    job_spec["template"]["metadata"]["labels"] = labels
+    # Not queued through Kueue: were the worker slots to hold the queue's quota while they wait for
+    # the plan, a queued control could never start to make it.
+    job_spec["suspend"] = False
+    return _cron(o, f"batchline-{slug(sched.job_name, 36)}-control", labels, job_spec, queued=False)
+
+
+def scheduled_job(o: K8sOptions, index: int) -> dict[str, Any]:
+    """Worker slot `index` of a scheduled run, with the worker's Secret (a role for the job's name,
+    `batchline grants --name`): at each scheduled time, wait for the night's version to be
+    planned, and work on it until it is done. It cannot plan or publish."""
+    sched = o.schedule
+    assert sched is not None
+    if o.worker_secret is None:
+        raise BatchlineError("a scheduled run's worker slots get a Secret of their own, which can work the job's "
+                             "versions and not plan or publish them: give --worker-secret NAME (a store URL whose "
+                             "role `batchline grants --name JOB` makes)")
+    slot = replace(o, store_secret=o.worker_secret, store_secret_key=o.worker_secret_key)
+    # The night's version is the one its control plans for this run's key, found in the store.
+    words = ["batchline", "worker", "--name", sched.job_name, "--wait-for-work", str(PLAN_WAIT_SECONDS),
+             *_notice_args(o)]
+    line = "exec " + " ".join(shlex.quote(word) for word in words) + " --plan-key " + RUN_KEY
+    env = [_downward("BATCHLINE_SCHEDULED_JOB", "metadata.labels['batch.kubernetes.io/job-name']")]
+    job_spec = _job_spec(slot, index, ["sh", "-c"], [line], env, [], [])
+    return _cron(o, f"batchline-{slug(sched.job_name, 36)}-{index}", _labels(o, index), job_spec)
 
 
 def kueue_sample(o: K8sOptions) -> list[dict[str, Any]]:

@@ -8,10 +8,14 @@
   from the store every tick and keeps the paid slots at what the pacing rule
   wants (`batchline.launch.pacer`). It needs the store URL (the same Secret as the
   workers) and nothing of the cluster but `jobs`;
-- **its own ServiceAccount and a namespaced Role on `jobs` only** (get, list,
-  watch, create, delete). RBAC cannot filter by label, so the pacer itself
-  touches only Jobs that carry this version's label and a paid slot's label: it
-  lists by that selector and checks a Job's labels before it deletes it;
+- **its own ServiceAccount and a namespaced Role on `jobs`** (get, list,
+  watch, create, delete) **and `get` on pods** (to prove a lease owner's pod gone
+  and take its lease back, which the workers, holding no token, cannot; not with
+  `--no-take-back`). RBAC cannot filter by label: the pacer itself touches only
+  Jobs that carry this version's label and a paid slot's label (it lists by that
+  selector and checks a Job's labels before it deletes it), and the admission
+  policy `--cluster-objects` renders (`batchline.launch.k8s_isolation`) holds its
+  token to that in the API server;
 - **the paid worker Job template** (a ConfigMap): an ordinary worker Job of the
   version (the same image, Secret, security context, pod failure policy), in the
   paid LocalQueue (`--fallback-queue`), with the paid node selector, tolerations
@@ -126,7 +130,7 @@ def pacer_objects(o: K8sOptions) -> list[dict[str, Any]]:
                 "containers": [{
                     "name": "pacer", "image": o.image, "command": ["batchline"],
                     "args": ["pace", "--job", o.version, "--namespace", o.namespace,
-                             "--template", f"{TEMPLATE_DIR}/{TEMPLATE_KEY}"],
+                             "--template", f"{TEMPLATE_DIR}/{TEMPLATE_KEY}", *(["--take-back"] if o.take_back else [])],
                     "env": [{"name": "BATCHLINE_STORE",
                              "valueFrom": {"secretKeyRef": {"name": o.store_secret, "key": o.store_secret_key}}},
                             {"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "HOME", "value": "/tmp"}],
@@ -145,7 +149,9 @@ def pacer_objects(o: K8sOptions) -> list[dict[str, Any]]:
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": PACER_ACCOUNT, **meta}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": role, **meta},
          "rules": [{"apiGroups": ["batch"], "resources": ["jobs"],
-                    "verbs": ["get", "list", "watch", "create", "delete"]}]},
+                    "verbs": ["get", "list", "watch", "create", "delete"]},
+                   # To prove a lease owner's pod gone and take its lease back (the workers cannot).
+                   *([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}] if o.take_back else [])]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": role, **meta},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
          "subjects": [{"kind": "ServiceAccount", "name": PACER_ACCOUNT, "namespace": o.namespace}]},

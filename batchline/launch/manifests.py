@@ -10,13 +10,14 @@ from batchline.launch.k8s import (
     K8sOptions,
     check_cron,
     kueue_sample,
-    pod_reader_role,
     priority_class,
+    scheduled_control,
     scheduled_job,
     service_account,
     spec_config_map,
     worker_job,
 )
+from batchline.launch.k8s_isolation import admission_policy, network_policies
 from batchline.launch.k8s_pacer import pacer_objects
 
 
@@ -26,9 +27,15 @@ def render(o: K8sOptions) -> list[dict[str, Any]]:
     if o.preemption_notice not in ("none", "aws", "gcp"):
         raise BatchlineError(f"--preemption-notice must be aws, gcp or none, not {o.preemption_notice!r}")
     common = [*(kueue_sample(o) if o.kueue_sample else []), priority_class(o), service_account(o),
-              *(pod_reader_role(o) if o.take_back else [])]
+              *network_policies(o)]
     if o.schedule is None:
         paid = pacer_objects(o) if o.fallback is not None else []
         return [*common, *(worker_job(o, i) for i in range(o.workers)), *paid]
     check_cron(o.schedule.cron)
-    return [*common, spec_config_map(o), *(scheduled_job(o, i) for i in range(o.workers))]
+    return [*common, spec_config_map(o), scheduled_control(o), *(scheduled_job(o, i) for i in range(o.workers))]
+
+
+def render_cluster_objects(o: K8sOptions) -> list[dict[str, Any]]:
+    """`launch k8s --cluster-objects`: the cluster-scoped objects batchline's namespaced ones rely
+    on, for whoever administers the cluster: the admission policy for the pacer's Jobs."""
+    return admission_policy(o)

@@ -122,6 +122,9 @@ class Pacer:
     log: Callable[[str], None] = lambda _m: None
     spec: JobSpec | None = None
     deadline_override: Deadline | None = None  # given on the command line instead of the spec's
+    # Takes back the leases of owners proven dead (on Kubernetes: pods the API server says are
+    # gone), each tick; how many.
+    take_back: Callable[[], int] | None = None
     _warned: set[str] = field(default_factory=set)
     _opened: bool = False
     _prior: float | None = None
@@ -261,6 +264,10 @@ class Pacer:
         if not self._opened:
             self.store.open_run(self.version, self.by)
             self._opened = True
+        if self.take_back is not None:
+            taken = self.take_back()
+            if taken:
+                self.log(f"took back {taken} lease{'s' if taken != 1 else ''} of workers proven dead")
         obs, slots, spot, spend = self.observe()
         if obs is None:
             return None

@@ -32,15 +32,14 @@ from batchline.store import postgres_sql as q
 from batchline.store import require_job
 from batchline.store.postgres import WORKER_SESSION_SETTINGS, redact
 
-# Row-level security admits the role to its version's rows only. Where a
-# command needs more than `version = {v}`, it is said here: sealing and halting
-# are the changes a worker makes to its job (from ready to sealed, or to halted
-# when its dead letters pass their bound), and a worker cannot forge a carried
-# result. {v} is the version as a literal.
+# Row-level security admits the role to its version's rows only (or, for a role made for a
+# job's name, to the rows of every version of that name: `Scope`). Where a command needs more
+# than `{mine}` (those rows), it is said here: sealing and halting are the changes a worker
+# makes to its job (from ready to sealed, or to halted when its dead letters pass their bound),
+# and a worker cannot forge a carried result.
 _POLICY_OVERRIDES: dict[tuple[str, str], tuple[str | None, str | None]] = {
-    ("jobs", "UPDATE"): ("version = {v} AND state = 'ready'",
-                         "version = {v} AND state IN ('ready', 'sealed', 'halted')"),
-    ("results", "INSERT"): (None, "version = {v} AND origin IS NULL"),
+    ("jobs", "UPDATE"): ("{mine} AND state = 'ready'", "{mine} AND state IN ('ready', 'sealed', 'halted')"),
+    ("results", "INSERT"): (None, "{mine} AND origin IS NULL"),
 }
 # Tables without a version column that every worker reads: the schema version and the test clock.
 _UNVERSIONED = ("schema_migrations", "clock")
@@ -64,9 +63,41 @@ def worker_rights() -> list[TableRight]:
             for (table, privilege), columns in sorted(wanted.items())]
 
 
-def role_name(version: str) -> str:
+@dataclass(frozen=True)
+class Scope:
+    """Whose rows a worker role may touch: one version's, or (`name`) every version of one job's
+    name, planned now or later (a scheduled run plans a new version each night, and its worker
+    slots hold a credential made before it)."""
+
+    version: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        from batchline.spec.model import NAME_PATTERN
+
+        if (self.version is None) == (self.name is None):
+            raise BatchlineError("give a VERSION or --name NAME: the role is bound to one version or one job's name")
+        if self.name is not None and not NAME_PATTERN.fullmatch(self.name):
+            raise BatchlineError(f"--name {self.name!r} is not a job name (lower-case letters, digits, '-' or '_', "
+                                 "starting with a letter)")
+
+    def predicate(self) -> sql.Composed:
+        # A version is NAME@DIGEST and a name holds no '@': the prefix names the job's versions alone.
+        if self.name is not None:
+            return sql.SQL("starts_with(version, {})").format(sql.Literal(f"{self.name}@"))
+        return sql.SQL("version = {}").format(sql.Literal(self.version))
+
+    def describe(self) -> str:
+        return f"every version of {self.name}" if self.name is not None else str(self.version)
+
+    @property
+    def key(self) -> str:
+        return f"name:{self.name}" if self.name is not None else str(self.version)
+
+
+def role_name(scope: str) -> str:
     # Role names are at most 63 bytes and versions are free text: name by digest.
-    return f"batchline_worker_{hashlib.sha256(version.encode()).hexdigest()[:16]}"
+    return f"batchline_worker_{hashlib.sha256(scope.encode()).hexdigest()[:16]}"
 
 
 @dataclass
@@ -83,12 +114,12 @@ def _policy_name(role: str, table: str, command: str) -> str:
     return f"bl_{hashlib.sha256(role.encode()).hexdigest()[:12]}_{table}_{command.lower()}"
 
 
-def statements(version: str, role: str, schema: str, *, role_exists: bool,
+def statements(scope: Scope, role: str, schema: str, *, role_exists: bool,
                password: str | None) -> list[sql.Composed]:
     """Idempotent: run again, it leaves the same role, rights and policies."""
     r = sql.Identifier(role)
     s = sql.Identifier(schema)
-    v = sql.Literal(version)
+    mine = scope.predicate()
     out: list[sql.Composed] = []
     options: sql.Composable = sql.SQL("LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT")
     if password is not None:
@@ -110,15 +141,15 @@ def statements(version: str, role: str, schema: str, *, role_exists: bool,
         if right.table in _UNVERSIONED:
             continue
         using, check = _POLICY_OVERRIDES.get((right.table, right.privilege), (
-            "version = {v}" if right.privilege != "INSERT" else None,
-            "version = {v}" if right.privilege != "SELECT" else None))
+            "{mine}" if right.privilege != "INSERT" else None,
+            "{mine}" if right.privilege != "SELECT" else None))
         name = sql.Identifier(_policy_name(role, right.table, right.privilege))
         out.append(sql.SQL("DROP POLICY IF EXISTS {} ON {}").format(name, table))
         clauses: list[sql.Composable] = []
         if using is not None:
-            clauses.append(sql.SQL("USING ({})").format(sql.SQL(using).format(v=v)))
+            clauses.append(sql.SQL("USING ({})").format(sql.SQL(using).format(mine=mine)))
         if check is not None:
-            clauses.append(sql.SQL("WITH CHECK ({})").format(sql.SQL(check).format(v=v)))
+            clauses.append(sql.SQL("WITH CHECK ({})").format(sql.SQL(check).format(mine=mine)))
         out.append(sql.SQL("CREATE POLICY {} ON {} FOR {} TO {} {}").format(
             name, table, sql.SQL(right.privilege), r, sql.SQL(" ").join(clauses)))
     return out
@@ -154,12 +185,14 @@ def snapshot_access(spec: dict[str, Any]) -> list[str]:
     return lines
 
 
-def grant(store_url: str, version: str, *, role: str | None = None, dry_run: bool = False,
-          password_env: str | None = None) -> GrantPlan:
+def grant(store_url: str, version: str | None = None, *, name: str | None = None, role: str | None = None,
+          dry_run: bool = False, password_env: str | None = None) -> GrantPlan:
+    """The worker role for one version, or (`name`) for every version of one job's name."""
     if not store_url.startswith(("postgresql://", "postgres://")):
         raise BatchlineError("grants needs a PostgreSQL store (--store postgresql://...): a SQLite file "
                              "can only be guarded by the file's own permissions")
-    role = role or role_name(version)
+    scope = Scope(version, name)
+    role = role or role_name(scope.key)
     password = None
     if password_env:
         password = os.environ.get(password_env)
@@ -170,8 +203,12 @@ def grant(store_url: str, version: str, *, role: str | None = None, dry_run: boo
     # Opening the store as its owner also brings the schema (and row-level security) up to date.
     store = PostgresStore(store_url)
     try:
-        job = require_job(store, version)
-        spec = job.spec
+        if version is not None:
+            spec: dict[str, Any] | None = require_job(store, version).spec
+        else:
+            # What outside the database its workers need is what the latest version of the name needs.
+            named = [j for j in store.jobs() if j.name == name]
+            spec = named[-1].spec if named else None
     finally:
         store.close()
     try:
@@ -180,10 +217,13 @@ def grant(store_url: str, version: str, *, role: str | None = None, dry_run: boo
             role_exists = bool(exists and exists[0])
             schema_row = conn.execute("SELECT current_schema()").fetchone()
             schema = str(schema_row[0]) if schema_row and schema_row[0] else "public"
-            todo = statements(version, role, schema, role_exists=role_exists, password=password)
-            shown = [s.as_string(conn) for s in statements(version, role, schema, role_exists=role_exists,
+            todo = statements(scope, role, schema, role_exists=role_exists, password=password)
+            shown = [s.as_string(conn) for s in statements(scope, role, schema, role_exists=role_exists,
                                                            password="********" if password else None)]
-            plan = GrantPlan(version, role, shown, snapshot_access(spec))
+            access = snapshot_access(spec) if spec is not None else [
+                f"no version of {name} is planned yet: its input snapshot, weights and staging prefix, as "
+                "`batchline grants VERSION --dry-run` prints them for a planned version"]
+            plan = GrantPlan(scope.describe(), role, shown, access)
             if not dry_run:
                 with conn.transaction():
                     for statement in todo:

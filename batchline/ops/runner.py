@@ -337,6 +337,8 @@ class LocalRunner:
                 if now - last_draw >= self.refresh_seconds or alive == 0:
                     self._draw(status, self._running(slots), now - started)
                     last_draw = now
+                if self.workers == 0 and status.state == "ready":
+                    alive += 1  # its workers run elsewhere (scheduled worker slots, a fleet): wait for them
                 if alive == 0 or (status.state == "sealed" and not self._any_alive(slots)):
                     break
                 time.sleep(0.2)

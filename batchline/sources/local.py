@@ -121,7 +121,7 @@ class LocalFiles(LocationFamily):
                 "by no worker" for path in locations]
 
     def location_refusal(self, location: str, where: str) -> str | None:
-        return (f"{location} is on this machine; a scheduled job's pods read the lake: give an object URL, "
+        return (f"{location} is on this machine, where pods elsewhere cannot read it: give an object URL, "
                 "prefix or glob, or a table")
 
 

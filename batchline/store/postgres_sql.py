@@ -463,6 +463,11 @@ END $$;
 CREATE TRIGGER shards_fence BEFORE INSERT OR UPDATE ON shards
     FOR EACH ROW EXECUTE FUNCTION batchline_shard_fence();
 """),
+    # A scheduled run's worker slots find the night's version by its key, under a role made for
+    # the job's name: it sees that job's keys alone.
+    (22, "plan keys under row-level security", """
+ALTER TABLE plan_keys ENABLE ROW LEVEL SECURITY;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -1001,7 +1006,9 @@ PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, valida
 IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = %(v)s)"
 KEY_PLAN = ("INSERT INTO plan_keys (name, key, version, created_at) VALUES (%(name)s, %(key)s, %(v)s, batchline_now()) "
             "ON CONFLICT (name, key) DO NOTHING")
-KEYED_VERSION = "SELECT version FROM plan_keys WHERE name = %(name)s AND key = %(key)s"
+# A scheduled run's worker slot finds the night's version by its key (its role sees its job's keys alone).
+KEYED_VERSION = WorkerStatement("SELECT version FROM plan_keys WHERE name = %(name)s AND key = %(key)s",
+                                *reads("plan_keys"))
 PIN_RUNTIME = WorkerStatement(
     "INSERT INTO engine_runtimes (version, runtime, worker, pinned_at) VALUES (%(v)s, %(runtime)s, %(w)s, "
     "batchline_now()) ON CONFLICT (version) DO NOTHING", inserts("engine_runtimes"), *reads("clock"))

@@ -178,7 +178,7 @@ def test_an_export_or_manifests_to_an_existing_folder_say_so_in_one_line(job_fac
     for args in (["export", version, "--store", store_url, "--format", "parquet", "--out", str(folder)],
                  ["export", version, "--store", store_url, "--out", str(folder)],
                  ["export", version, "--store", store_url, "--format", "openai-batch", "--out", str(folder)],
-                 ["launch", "k8s", "--job", version, "--image", "i", "--queue", "q", "--store-secret", "s",
+                 ["launch", "k8s", "--job", version, "--image", "i", "--queue", "q", "--store-secret", "s", "--egress-cidr", "10.20.0.0/16",
                   "--gpus-per-worker", "0", "--out", str(folder)]):
         done = cli(*args)
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr

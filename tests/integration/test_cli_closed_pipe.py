@@ -52,5 +52,5 @@ def test_a_command_whose_reader_left_exits_quietly_without_a_traceback(
 
 def test_manifests_printed_into_a_closed_pipe_exit_quietly() -> None:
     done = run_into_closed_pipe("launch", "k8s", "--job", "job@1", "--workers", "50", "--image", "img",
-                                "--queue", "q", "--store-secret", "s", "--gpus-per-worker", "0")
+                                "--queue", "q", "--store-secret", "s", "--egress-cidr", "10.20.0.0/16", "--gpus-per-worker", "0")
     assert (done.stderr, done.returncode) == ("", EXIT_READER_LEFT)

@@ -18,7 +18,14 @@ from batchline.launch.manifests import render
 kubernetes = pytest.importorskip("kubernetes")
 
 MODELS = {"PriorityClass": "V1PriorityClass", "ServiceAccount": "V1ServiceAccount", "Job": "V1Job",
-          "Role": "V1Role", "RoleBinding": "V1RoleBinding"}
+          "Role": "V1Role", "RoleBinding": "V1RoleBinding", "NetworkPolicy": "V1NetworkPolicy",
+          "ValidatingAdmissionPolicy": "V1ValidatingAdmissionPolicy",
+          "ValidatingAdmissionPolicyBinding": "V1ValidatingAdmissionPolicyBinding"}
+
+from batchline.launch.k8s_isolation import Egress  # noqa: E402
+
+# Where the workers may connect besides DNS (the store's, the object store's and the catalog's network).
+EGRESS = Egress(cidrs=("10.20.0.0/16",), api_server=("172.20.0.1/32",))
 
 
 # What a GPU worker must state.
@@ -39,14 +46,13 @@ def jobs_of(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def objects() -> list[dict[str, Any]]:
-    options = K8sOptions(version="ticket-triage@3f9a0c1d2e", workers=3, image="registry.example/batchline:1",
+    options = K8sOptions(egress=EGRESS, version="ticket-triage@3f9a0c1d2e", workers=3, image="registry.example/batchline:1",
                          queue="batch-gpu", store_secret="batchline-store", grace_seconds=45, **GPU_WORKER)
     return list(yaml.safe_load_all(to_yaml(render(options))))
 
 
 def test_every_manifest_parses_as_a_kubernetes_object(objects: list[dict[str, Any]]) -> None:
-    assert [o["kind"] for o in objects] == ["PriorityClass", "ServiceAccount", "Role", "RoleBinding", "Job", "Job",
-                                            "Job"]
+    assert [o["kind"] for o in objects] == ["PriorityClass", "ServiceAccount", "NetworkPolicy", "Job", "Job", "Job"]
     for obj in objects:
         parse(obj)
 
@@ -89,29 +95,18 @@ def test_the_store_url_comes_from_a_secret_and_nowhere_else(objects: list[dict[s
     assert container.args == ["worker", "--job", "ticket-triage@3f9a0c1d2e"]
 
 
-def test_a_worker_may_only_get_pods_of_its_namespace_to_prove_an_owner_gone(objects: list[dict[str, Any]]) -> None:
+def test_a_worker_holds_no_token_and_no_role_so_it_reads_no_other_pod(objects: list[dict[str, Any]]) -> None:
+    # Regression: a worker's Role let it `get` every pod of the namespace (their specs, literal env
+    # values included) to prove a lease owner gone; that proof is the pacer's now.
+    assert not [o for o in objects if o["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
     sa = parse(objects[1])
-    role, binding = (parse(o) for o in objects if o["kind"] in ("Role", "RoleBinding"))
-    assert [(r.api_groups, r.resources, r.verbs) for r in role.rules] == [([""], ["pods"], ["get"])]
-    assert role.metadata.namespace == sa.metadata.namespace == binding.metadata.namespace
-    assert (binding.role_ref.kind, binding.role_ref.name) == ("Role", role.metadata.name)
-    assert [(s.kind, s.name) for s in binding.subjects] == [("ServiceAccount", sa.metadata.name)]
-    assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
     pod = parse(jobs_of(objects)[0]).spec.template.spec
-    assert sa.automount_service_account_token is True and pod.automount_service_account_token is True
+    assert sa.automount_service_account_token is False and pod.automount_service_account_token is False
+    # It still says which pod it is, for the pacer's proof when its pod is gone.
     env = {e.name: e.value_from.field_ref.field_path for e in pod.containers[0].env
            if e.value_from is not None and e.value_from.field_ref is not None}
     assert env == {"BATCHLINE_POD_NAME": "metadata.name", "BATCHLINE_POD_NAMESPACE": "metadata.namespace",
                    "BATCHLINE_POD_UID": "metadata.uid"}
-
-
-def test_without_take_back_a_worker_has_no_api_rights_and_no_token() -> None:
-    options = K8sOptions(version="v@1", workers=1, image="i", queue="q", store_secret="s", take_back=False,
-                         gpus_per_worker=0)
-    objects = render(options)
-    assert not [o for o in objects if o["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
-    assert parse(objects[1]).automount_service_account_token is False
-    assert parse(jobs_of(objects)[0]).spec.template.spec.automount_service_account_token is False
 
 
 def test_a_worker_is_kept_away_from_the_rest_of_a_shared_node(objects: list[dict[str, Any]]) -> None:
@@ -134,15 +129,15 @@ def test_a_worker_is_kept_away_from_the_rest_of_a_shared_node(objects: list[dict
 
 def test_bad_options_are_refused() -> None:
     with pytest.raises(BatchlineError, match="at least 1"):
-        render(K8sOptions(version="v@1", workers=0, image="i", queue="q", store_secret="s", gpus_per_worker=0))
+        render(K8sOptions(egress=EGRESS, version="v@1", workers=0, image="i", queue="q", store_secret="s", gpus_per_worker=0))
     with pytest.raises(BatchlineError, match="aws, gcp or none"):
-        render(K8sOptions(version="v@1", workers=1, image="i", queue="q", store_secret="s",
+        render(K8sOptions(egress=EGRESS, version="v@1", workers=1, image="i", queue="q", store_secret="s",
                           preemption_notice="azure", gpus_per_worker=0))
 
 
 def test_a_long_version_keeps_its_whole_hash_and_a_short_one_reads_as_before() -> None:
     def names(version: str) -> list[str]:
-        objects = render(K8sOptions(version=version, workers=2, image="i", queue="q", store_secret="s",
+        objects = render(K8sOptions(egress=EGRESS, version=version, workers=2, image="i", queue="q", store_secret="s",
                                     gpus_per_worker=0))
         return [o["metadata"]["name"] for o in jobs_of(objects)] + [
             o["metadata"]["labels"]["batchline/job"] for o in jobs_of(objects)]
@@ -167,7 +162,7 @@ def test_a_gpu_worker_is_refused_cpu_demo_requests_and_told_what_to_state(
         capsys: pytest.CaptureFixture[str]) -> None:
     from batchline.cli import main
 
-    base = ["launch", "k8s", "--job", "v@1", "--image", "i", "--queue", "q", "--store-secret", "s",
+    base = ["launch", "k8s", "--job", "v@1", "--image", "i", "--queue", "q", "--store-secret", "s", "--egress-cidr", "10.20.0.0/16",
             "--gpus-per-worker", "1"]
     assert main(base) == 1
     out, err = capsys.readouterr()
@@ -177,11 +172,11 @@ def test_a_gpu_worker_is_refused_cpu_demo_requests_and_told_what_to_state(
     err = capsys.readouterr().err
     assert "state --memory, --weights-cache-size" in err and "--cpu," not in err
     # Stated, they are what the pod gets; a worker without GPUs keeps the small defaults.
-    gpu = container_of(jobs_of(render(K8sOptions(version="v@1", workers=1, image="i", queue="q",
+    gpu = container_of(jobs_of(render(K8sOptions(egress=EGRESS, version="v@1", workers=1, image="i", queue="q",
                                                  store_secret="s", **GPU_WORKER)))[0])
     assert (gpu.resources.requests["cpu"], gpu.resources.requests["memory"], gpu.resources.limits["memory"],
             gpu.resources.requests["nvidia.com/gpu"]) == ("8", "64Gi", "64Gi", "1")
-    cpu = container_of(jobs_of(render(K8sOptions(version="v@1", workers=1, image="i", queue="q",
+    cpu = container_of(jobs_of(render(K8sOptions(egress=EGRESS, version="v@1", workers=1, image="i", queue="q",
                                                  store_secret="s", gpus_per_worker=0)))[0])
     assert (cpu.resources.requests["cpu"], cpu.resources.requests["memory"]) == ("1", "8Gi")
     assert "nvidia.com/gpu" not in cpu.resources.requests
@@ -193,7 +188,7 @@ def test_the_weights_cache_is_a_volume_of_its_own_sized_as_told_and_scratch_too(
 
     from batchline.digests import cache_dir
 
-    job = jobs_of(render(K8sOptions(version="v@1", workers=1, image="i", queue="q", store_secret="s",
+    job = jobs_of(render(K8sOptions(egress=EGRESS, version="v@1", workers=1, image="i", queue="q", store_secret="s",
                                     cpu="8", memory="64Gi", weights_cache_size="40Gi", scratch_size="2Gi")))[0]
     pod = parse(job).spec.template.spec
     container = container_of(job)
@@ -208,7 +203,7 @@ def test_the_weights_cache_is_a_volume_of_its_own_sized_as_told_and_scratch_too(
     # The pod is placed on a node with the disk for both.
     assert parse_quantity(container.resources.requests["ephemeral-storage"]) >= parse_quantity("42Gi")
     with pytest.raises(BatchlineError, match="--scratch-size 'lots' is not a Kubernetes quantity"):
-        render(K8sOptions(version="v@1", workers=1, image="i", queue="q", store_secret="s", gpus_per_worker=0,
+        render(K8sOptions(egress=EGRESS, version="v@1", workers=1, image="i", queue="q", store_secret="s", gpus_per_worker=0,
                           scratch_size="lots"))
 
 
@@ -217,7 +212,7 @@ def test_the_manifests_say_that_without_kueue_their_jobs_stay_suspended(tmp_path
 
     out = tmp_path / "fleet.yaml"
     assert main(["launch", "k8s", "--job", "v@1", "--workers", "2", "--image", "i", "--queue", "batch",
-                 "--store-secret", "s", "--gpus-per-worker", "0", "--out", str(out)]) == 0
+                 "--store-secret", "s", "--egress-cidr", "10.20.0.0/16", "--gpus-per-worker", "0", "--out", str(out)]) == 0
     text = out.read_text()
     comment = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
     assert "Without Kueue" in comment and "stay suspended and no worker starts" in comment
@@ -233,7 +228,7 @@ def test_the_kueue_sample_admits_every_worker_of_the_fleet_it_was_rendered_for(
         api: str, worker: dict[str, Any]) -> None:
     from kubernetes.utils import parse_quantity
 
-    objects = render(K8sOptions(version="v@1", workers=5, image="i", queue="batch", namespace="jobs",
+    objects = render(K8sOptions(egress=EGRESS, version="v@1", workers=5, image="i", queue="batch", namespace="jobs",
                                 store_secret="s", kueue_sample=True, kueue_api=api, **worker))
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for obj in objects:

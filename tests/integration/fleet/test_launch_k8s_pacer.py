@@ -37,9 +37,14 @@ VERSION = "ticket-triage@3f9a0c1d2e"
 POOL = PaidPool("on-demand", 4, {"capacity": "on-demand"},
                 [{"key": "capacity", "operator": "Equal", "value": "on-demand", "effect": "NoSchedule"}], "paid")
 
+from batchline.launch.k8s_isolation import Egress  # noqa: E402
+
+# Where the workers may connect besides DNS (the store's, the object store's and the catalog's network).
+EGRESS = Egress(cidrs=("10.20.0.0/16",), api_server=("172.20.0.1/32",))
+
 
 def options(**kw: Any) -> K8sOptions:
-    return K8sOptions(version=VERSION, workers=2, image="registry.example/batchline:1", queue="batch-spot",
+    return K8sOptions(egress=EGRESS, version=VERSION, workers=2, image="registry.example/batchline:1", queue="batch-spot",
                       store_secret="batchline-store", gpus_per_worker=0, namespace="jobs", fallback=POOL, **kw)
 
 
@@ -61,7 +66,7 @@ def test_every_object_of_the_paid_pool_parses_as_a_kubernetes_object() -> None:
     parse(paid_job(template, "paid-3", 2))
 
 
-def test_one_pacer_at_a_time_with_rights_on_jobs_alone() -> None:
+def test_one_pacer_at_a_time_with_rights_on_jobs_and_reading_pods() -> None:
     found = kinds(render(options()))
     [deployment] = found["Deployment"]
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
@@ -72,7 +77,14 @@ def test_one_pacer_at_a_time_with_rights_on_jobs_alone() -> None:
     assert container["env"][0]["valueFrom"] == {"secretKeyRef": {"name": "batchline-store", "key": "url"}}
     roles = [r for r in found["Role"] if r["metadata"]["name"] == "batchline-pacer-jobs"]
     assert [r["rules"] for r in roles] == [[{"apiGroups": ["batch"], "resources": ["jobs"],
-                                             "verbs": ["get", "list", "watch", "create", "delete"]}]]
+                                             "verbs": ["get", "list", "watch", "create", "delete"]},
+                                            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]]
+    assert container["args"][-1] == "--take-back" and pod["automountServiceAccountToken"] is True
+    # Without take-back, the pacer reads no pod either.
+    quiet = kinds(render(options(take_back=False)))
+    [role] = [r for r in quiet["Role"] if r["metadata"]["name"] == "batchline-pacer-jobs"]
+    assert [r["resources"] for r in role["rules"]] == [["jobs"]]
+    assert "--take-back" not in quiet["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
     [binding] = [b for b in found["RoleBinding"] if b["metadata"]["name"] == "batchline-pacer-jobs"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "batchline-pacer", "namespace": "jobs"}]
 
@@ -143,7 +155,7 @@ class FakeBatchApi:
 
 
 def k8s_pacer(store: Store, version: str, api: FakeBatchApi) -> Pacer:
-    template = paid_job_template(K8sOptions(version=version, workers=1, image="img", queue="spot",
+    template = paid_job_template(K8sOptions(egress=EGRESS, version=version, workers=1, image="img", queue="spot",
                                             store_secret="s", gpus_per_worker=0, fallback=POOL))
     return Pacer(store, version, K8sPaid(api, "default", template), tick_seconds=30, by="k8s-pacer")
 
@@ -198,16 +210,22 @@ def test_the_k8s_pacer_deletes_only_paid_jobs_of_its_own_version(job_factory: An
 
 
 def test_launch_k8s_refuses_a_fallback_it_could_not_place(
-        job_factory: Any, store: Store, store_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from tests.helpers import planned
+        lake_env: Any, store: Store, store_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from batchline.plan.planner import plan
+    from tests.helpers import make_records
+    from tests.integration.lake.test_object_inputs import jsonl, object_spec
 
-    _spec, version = planned(job_factory(n=5, deadline="6h", fallback={"workers": 2}), store)
-    argv = ["launch", "k8s", "--job", version, "--image", "img", "--queue", "spot", "--store-secret", "s",
+    url = lake_env.bucket().put("in/tickets.jsonl", jsonl(make_records(5)))
+    version = plan(object_spec(tmp_path, {"path": url}, deadline="6h", fallback={"workers": 2}), store).version
+    argv = ["launch", "k8s", "--job", version, "--image", "img", "--queue", "spot", "--store-secret", "s", "--egress-cidr", "10.20.0.0/16",
             "--gpus-per-worker", "0", "--store", store_url]
     assert main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert "has a fallback section, and these manifests could not start its paid workers: give --fallback-queue" \
         in err and len(err.splitlines()) == 1
+    assert main([*argv, "--fallback-queue", "on-demand", "--out", str(tmp_path / "fleet.yaml")]) == 1
+    assert "give --api-server-cidr" in capsys.readouterr().err
+    argv = [*argv[:-2], "--api-server-cidr", "172.20.0.1/32", *argv[-2:]]
     assert main([*argv, "--fallback-queue", "on-demand", "--out", str(tmp_path / "fleet.yaml")]) == 0
     rendered = list(yaml.safe_load_all((tmp_path / "fleet.yaml").read_text()))
     assert any(o["kind"] == "Deployment" for o in rendered)

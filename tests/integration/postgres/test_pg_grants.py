@@ -309,3 +309,35 @@ def test_a_worker_role_changes_shards_only_as_its_fenced_statements_do(store: St
         assert conn.execute("UPDATE shards SET lease_expires = lease_expires + 1 WHERE version = %(v)s "
                             f"AND shard_no = {leased}", {"v": version}).rowcount == 1
     assert {u.shard_no: u.files for u in store.shard_units(version)} == files_before
+
+
+def test_a_role_for_a_jobs_name_works_its_versions_and_cannot_plan_publish_or_see_another_job(
+        job_factory: Any, store: Store, store_url: str, role: str) -> None:
+    """`batchline grants --name`: a scheduled run's worker slots hold it before the night's version
+    is planned; it reaches every version of its job's name and nothing else."""
+    _spec, mine = planned(job_factory(n=20, name="nightly"), store)
+    _other_spec, other = planned(job_factory(make_records(10, "o"), name="nightly-other"), store)
+    store.key_plan("nightly", "29420160", mine)
+    store.key_plan("nightly-other", "29420160", other)
+    plan = grant(store_url, name="nightly", role=role)
+    assert plan.created and plan.version == "every version of nightly"
+    narrow = PostgresStore(as_role(store_url, role))
+    try:
+        assert [j.version for j in narrow.jobs()] == [mine]
+        assert narrow.keyed_version("nightly", "29420160") == mine
+        assert narrow.keyed_version("nightly-other", "29420160") is None  # another job's key is invisible
+        lease = narrow.claim("slot-0", None)
+        assert lease is not None and lease.version == mine
+        with pytest.raises(StoreError, match="permission denied"):
+            narrow.publish("nightly", mine, "intruder", None, None, expected=None)
+    finally:
+        narrow.close()
+    with psycopg.connect(as_role(store_url, role), autocommit=True) as conn:
+        for statement in ("INSERT INTO jobs (version, name, state, spec, created_at) "
+                          "VALUES ('nightly@forged', 'nightly', 'ready', '{}', 0)",
+                          "INSERT INTO plan_keys (name, key, version, created_at) VALUES ('nightly', 'k', 'nightly@x', 0)",
+                          "INSERT INTO validations (version, passed, report, ts) VALUES (%(v)s, true, '{}', 0)"):
+            with pytest.raises(errors.InsufficientPrivilege):
+                conn.execute(statement, {"v": mine})
+    with pytest.raises(BatchlineError, match="--name 'Nightly' is not a job name"):
+        grant(store_url, name="Nightly", role=role)
