@@ -110,13 +110,12 @@ class ShardOutcomes(StoreBase):
         params = {"v": version, "s": shard_no}
 
         def body(tx: Any) -> tuple[list[Any], list[Any]]:
-            return tx.all(self.q.COMPUTED_RESULTS_OF_SHARD, params), tx.all(self.q.DEAD_LETTERS_OF_SHARD, params)
+            return tx.all(self.q.SHARD_COLUMNS, params), tx.all(self.q.DEAD_LETTERS_OF_SHARD, params)
 
         results, dead = self._read(body, snapshot=True)
-        # The statements' columns, as stored_result and stored_dead_letter read them.
-        r = _columns(results, 15)
-        d = _columns(dead, 8)
-        return ShardColumns(ids=r[0], outputs=r[1], acls=r[2], labels=r[10], models=r[12], attempts=r[6],
-                            input_tokens=r[8], output_tokens=r[9], created_at=r[7], dead_ids=d[0],
+        r = _columns(results, 9)  # SHARD_COLUMNS' columns
+        d = _columns(dead, 8)  # as stored_dead_letter reads them
+        return ShardColumns(ids=r[0], outputs=r[1], acls=r[2], labels=r[3], models=r[4], attempts=r[5],
+                            input_tokens=r[6], output_tokens=r[7], created_at=r[8], dead_ids=d[0],
                             dead_kinds=d[2], dead_errors=d[3], dead_acls=d[4], dead_attempts=d[5],
                             dead_created_at=d[7])

@@ -1187,6 +1187,8 @@ COMPUTED_RESULTS_OF_SHARD = WorkerStatement(
 COMPUTED_RESULTS_OF_SHARD_CARRY = WorkerStatement(
     f"SELECT {_COMPUTED_COLUMNS}, c.carry FROM results r {_CARRY_FROM} WHERE {_SHARD} AND r.origin IS NULL "
     f"ORDER BY r.record_id", *reads("results", "records"))
+# What a shard's worker computed, the columns its file holds alone (ShardOutcomes.shard_columns).
+SHARD_COLUMNS = f"SELECT r.record_id, r.output, r.acl, r.label, r.model, r.attempt, r.input_tokens, r.output_tokens, r.created_at FROM results r WHERE {_SHARD} AND r.origin IS NULL ORDER BY r.record_id"
 DEAD_LETTERS_OF_SHARD = WorkerStatement(
     f"SELECT {_DEAD_COLUMNS} FROM dead_letters d WHERE d.version = %(v)s AND d.shard_no = %(s)s ORDER BY d.record_id",
     *reads("dead_letters"))

@@ -826,6 +826,8 @@ COMPUTED_RESULTS_OF_SHARD = (f"SELECT {_COMPUTED_COLUMNS} {_BY_SHARD} WHERE {_SH
                              f"ORDER BY r.record_id")
 COMPUTED_RESULTS_OF_SHARD_CARRY = (f"SELECT {_COMPUTED_COLUMNS}, c.carry {_BY_SHARD} {_CARRY_FROM} WHERE {_SHARD} "
                                    f"AND r.origin IS NULL ORDER BY r.record_id")
+# What a shard's worker computed, the columns its file holds alone (ShardOutcomes.shard_columns).
+SHARD_COLUMNS = (f"SELECT r.record_id, r.output, r.acl, r.label, r.model, r.attempt, r.input_tokens, r.output_tokens, r.created_at {_BY_SHARD} WHERE {_SHARD} AND r.origin IS NULL ORDER BY r.record_id")
 DEAD_LETTERS_OF_SHARD = (f"SELECT {_DEAD_COLUMNS} FROM dead_letters d INDEXED BY dead_letters_by_shard "
                          f"WHERE d.version = :v AND d.shard_no = :s ORDER BY d.record_id")
 DEAD_LETTERS_OF_SHARD_CARRY = (f"SELECT {_DEAD_COLUMNS}, c.carry FROM dead_letters d INDEXED BY dead_letters_by_shard "

@@ -598,7 +598,9 @@ class TableRows:
             if f.name not in columns:
                 return pa.nulls(n, type=f.type)
             given = columns[f.name]
-            return given if isinstance(given, pa.Array) else pa.array(given, type=f.type)
+            if isinstance(given, pa.Array):
+                return given if given.type == f.type else given.cast(f.type)
+            return pa.array(given, type=f.type)
 
         arrays = [array(f) for f in self.schema]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
@@ -641,12 +643,12 @@ class TableRows:
                 "raw_output": c.outputs, "acl": _acls(c.acls, acl_type, self.acl_text), "version": [version] * n,
                 "model": [m or self.default_model for m in c.models], "label": c.labels, "attempt": c.attempts,
                 "input_tokens": c.input_tokens, "output_tokens": c.output_tokens,
-                "created_at": [int(t * 1_000_000) for t in c.created_at]}))
+                "created_at": _microseconds(c.created_at)}))
         if m:
             batches.append(self._batch(m, {
                 "id": c.dead_ids, "outcome": ["dead_letter"] * m, "acl": _acls(c.dead_acls, acl_type, self.acl_text),
                 "version": [version] * m, "attempt": c.dead_attempts,
-                "created_at": [int(t * 1_000_000) for t in c.dead_created_at],
+                "created_at": _microseconds(c.dead_created_at),
                 "error_kind": c.dead_kinds, "error": c.dead_errors}))
         return pa.Table.from_batches(batches, schema=self.schema)
 
@@ -686,17 +688,27 @@ class TableRows:
 
 def _acls(texts: list[str | None], kind: Any, as_text: bool) -> Any:
     """The `acl` column from the store's ACL texts: each distinct one read once (`Acl.from_json`,
-    as a stored result's is), then taken by index."""
+    as a stored result's is), then taken by index (Arrow finds the distinct ones)."""
     import pyarrow as pa
 
     from batchline.acl import Acl
 
-    seen: dict[str | None, int] = {}
-    index = [seen.setdefault(t, len(seen)) for t in texts]
-    distinct = [None if t is None else Acl.from_json(t) for t in seen]
+    encoded = pa.array(texts, type=pa.string()).dictionary_encode()
+    acls = [None if t is None else Acl.from_json(t) for t in encoded.dictionary.to_pylist()]
     values = [None if a is None else (json.dumps(a.to_list(), sort_keys=True) if as_text else a.to_list())
-              for a in distinct]
-    return pa.array(values, type=kind).take(pa.array(index, type=pa.int32()))
+              for a in acls]
+    # A missing ACL is a null index; a null of the column's type where it is taken.
+    return pa.array(values, type=kind).take(encoded.indices)
+
+
+def _microseconds(seconds: list[float]) -> Any:
+    """`int(t * 1_000_000)` of each time, as `results` writes `created_at`, made by Arrow (the same
+    IEEE product, truncated toward zero)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    product = pc.multiply(pa.array(seconds, type=pa.float64()), 1_000_000.0)
+    return pc.cast(product, pa.int64(), safe=False)
 
 
 def _in_batches(rows: Iterator[Any], make: Callable[[list[Any]], Any]) -> Iterator[Any]:

@@ -13,6 +13,7 @@ import yaml
 
 from batchline.errors import BatchlineError
 from batchline.launch.k8s import K8sOptions, to_yaml
+from batchline.launch.k8s_isolation import Egress
 from batchline.launch.manifests import render
 
 kubernetes = pytest.importorskip("kubernetes")
@@ -22,7 +23,6 @@ MODELS = {"PriorityClass": "V1PriorityClass", "ServiceAccount": "V1ServiceAccoun
           "ValidatingAdmissionPolicy": "V1ValidatingAdmissionPolicy",
           "ValidatingAdmissionPolicyBinding": "V1ValidatingAdmissionPolicyBinding"}
 
-from batchline.launch.k8s_isolation import Egress  # noqa: E402
 
 # Where the workers may connect besides DNS (the store's, the object store's and the catalog's network).
 EGRESS = Egress(cidrs=("10.20.0.0/16",), api_server=("172.20.0.1/32",))
@@ -125,6 +125,14 @@ def test_a_worker_is_kept_away_from_the_rest_of_a_shared_node(objects: list[dict
         ("scratch", True, None, None), ("weights-cache", True, None, None)]
     assert container.resources.limits["nvidia.com/gpu"] == "1"
     assert pod.termination_grace_period_seconds >= 45 + 10
+    # Nor on the network: its version's NetworkPolicy selects it, lets nothing in, and lets it out to DNS
+    # and the addresses it was given alone (tests/integration/fleet/test_k8s_isolation.py has the rest).
+    [policy] = [parse(o) for o in objects if o["kind"] == "NetworkPolicy"]
+    labels = jobs_of(objects)[0]["spec"]["template"]["metadata"]["labels"]
+    assert all(labels[k] == v for k, v in policy.spec.pod_selector.match_labels.items())
+    assert policy.spec.policy_types == ["Ingress", "Egress"] and not policy.spec.ingress
+    blocks = [peer.ip_block.cidr for rule in policy.spec.egress for peer in rule.to if peer.ip_block]
+    assert blocks[0] == "10.20.0.0/16" and set(blocks[1:]) <= {"169.254.169.254/32", "fd00:ec2::254/128"}
 
 
 def test_bad_options_are_refused() -> None:

@@ -15,6 +15,7 @@ import yaml
 
 from batchline.cli import main
 from batchline.launch.k8s import K8sOptions, PaidPool, to_yaml
+from batchline.launch.k8s_isolation import Egress
 from batchline.launch.k8s_pacer import (
     GENERATION_LABEL,
     SLOT_LABEL,
@@ -37,7 +38,6 @@ VERSION = "ticket-triage@3f9a0c1d2e"
 POOL = PaidPool("on-demand", 4, {"capacity": "on-demand"},
                 [{"key": "capacity", "operator": "Equal", "value": "on-demand", "effect": "NoSchedule"}], "paid")
 
-from batchline.launch.k8s_isolation import Egress  # noqa: E402
 
 # Where the workers may connect besides DNS (the store's, the object store's and the catalog's network).
 EGRESS = Egress(cidrs=("10.20.0.0/16",), api_server=("172.20.0.1/32",))

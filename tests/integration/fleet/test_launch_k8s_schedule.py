@@ -21,6 +21,7 @@ import yaml
 
 from batchline.errors import BatchlineError, SpecError
 from batchline.launch.k8s import SPEC_DIR, K8sOptions, scheduled_spec, to_yaml
+from batchline.launch.k8s_isolation import Egress
 from batchline.launch.manifests import render
 from batchline.store import Store
 from tests.helpers import ROOT, SIMPLE_SCHEMA, make_records
@@ -32,7 +33,6 @@ kubernetes = pytest.importorskip("kubernetes")
 
 MODELS = {"CronJob": "V1CronJob", "ConfigMap": "V1ConfigMap"}
 
-from batchline.launch.k8s_isolation import Egress  # noqa: E402
 
 # Where the workers may connect besides DNS (the store's, the object store's and the catalog's network).
 EGRESS = Egress(cidrs=("10.20.0.0/16",), api_server=("172.20.0.1/32",))
