@@ -410,3 +410,26 @@ def test_a_store_outage_longer_than_a_lease_stops_the_paid_workers_and_loses_not
         assert len(results) == 600 and dead == set()
         # The first starts ended during the outage; the job went on with new ones once it answered.
         assert max(s.generation for s in store.paid_slots(version)) >= 2
+
+
+def test_the_pacer_takes_back_the_lease_of_a_worker_whose_pod_the_api_server_says_is_gone(
+        job_factory: Any, store: Store) -> None:
+    """On Kubernetes the workers hold no token: the pacer proves a lease owner's pod gone (the API
+    server stands in here as a lookup: no cluster runs in the tests) and takes its lease back."""
+    from batchline.worker.liveness import take_back_dead
+
+    version, _lease = behind(job_factory, store)
+    pods = {("jobs", "batchline-w-0"): "uid-0"}
+    gone = store.claim("spot-2", version, process={"pod": "batchline-w-1", "namespace": "jobs", "pod_uid": "uid-1"})
+    alive = store.claim("spot-3", version, process={"pod": "batchline-w-0", "namespace": "jobs", "pod_uid": "uid-0"})
+    assert gone is not None and alive is not None
+    said: list[str] = []
+    pacer = Pacer(store, version, _Recording(), log=said.append,
+                  take_back=lambda: take_back_dead(store, version, "k8s-pacer",
+                                                   lookup=lambda ns, pod: pods.get((ns, pod))))
+    pacer.tick()
+    owners = {r.shard_no: r.owner for r in store.shard_rows(version)}
+    assert owners[gone.shard_no] is None and owners[alive.shard_no] == "spot-3"
+    [taken] = store.events(version, ["take_back"])
+    assert (taken.shard_no, taken.worker, taken.detail["by"]) == (gone.shard_no, "spot-2", "k8s-pacer")
+    assert "took back 1 lease of workers proven dead" in said
