@@ -232,6 +232,7 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
 
     from batchline.errors import SpecError
     from batchline.launch.k8s import (
+        Egress,
         K8sOptions,
         Schedule,
         header,
@@ -239,7 +240,7 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
         scheduled_spec,
         to_yaml,
     )
-    from batchline.launch.k8s_isolation import Egress, egress_cidr, egress_selector
+    from batchline.launch.k8s_isolation import egress_cidr, egress_selector
     from batchline.launch.manifests import render, render_cluster_objects
 
     if (args.job is None) == (args.schedule is None):

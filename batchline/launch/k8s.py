@@ -106,7 +106,6 @@ import yaml
 
 from batchline.errors import BatchlineError, SpecError
 from batchline.launch import FATAL_EXITS, slug
-from batchline.launch.k8s_isolation import Egress
 from batchline.worker.liveness import POD_ENV
 
 EXIT_PREEMPTED = 75
@@ -127,6 +126,35 @@ MINIMUM_KUEUE = "0.3"
 # The sample's objects use only fields both versions share; Kueue serves v1beta1 from 0.3 to
 # 0.16 and v1beta2 from 0.15 on.
 KUEUE_APIS = ("v1beta2", "v1beta1")
+
+
+# What a worker pod may connect to (batchline.launch.k8s_isolation renders and checks it).
+@dataclass(frozen=True)
+class Peer:
+    """`--egress-selector`: pods by their labels, in namespaces by theirs (either may be empty)."""
+
+    namespace: tuple[tuple[str, str], ...] = ()
+    pod: tuple[tuple[str, str], ...] = ()
+
+    def to_peer(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.namespace:
+            out["namespaceSelector"] = {"matchLabels": dict(self.namespace)}
+        if self.pod:
+            out["podSelector"] = {"matchLabels": dict(self.pod)}
+        return out
+
+
+@dataclass(frozen=True)
+class Egress:
+    """Where a worker pod may connect besides DNS; the pacer adds the API server."""
+
+    cidrs: tuple[str, ...] = ()
+    selectors: tuple[Peer, ...] = ()
+    api_server: tuple[str, ...] = ()
+    dns: Peer = field(default_factory=lambda: Peer((("kubernetes.io/metadata.name", "kube-system"),),
+                                                   (("k8s-app", "kube-dns"),)))
+
 
 
 @dataclass

@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from batchline.errors import BatchlineError
+from batchline.launch.k8s import QUEUE_LABEL, Egress, K8sOptions, Peer, _labels
+from batchline.launch.k8s_pacer import PACER_ACCOUNT, SLOT_LABEL, paid_job_template
 
 # The link-local ranges: the node's metadata service and the cloud's other host endpoints live there.
 LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
@@ -47,33 +48,6 @@ DNS_PORTS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
 API_SERVER_PORTS = [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]
 _LABEL = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-
-
-@dataclass(frozen=True)
-class Peer:
-    """`--egress-selector`: pods by their labels, in namespaces by theirs (either may be empty)."""
-
-    namespace: tuple[tuple[str, str], ...] = ()
-    pod: tuple[tuple[str, str], ...] = ()
-
-    def to_peer(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.namespace:
-            out["namespaceSelector"] = {"matchLabels": dict(self.namespace)}
-        if self.pod:
-            out["podSelector"] = {"matchLabels": dict(self.pod)}
-        return out
-
-
-@dataclass(frozen=True)
-class Egress:
-    """Where a worker pod may connect besides DNS; the pacer adds the API server."""
-
-    cidrs: tuple[str, ...] = ()
-    selectors: tuple[Peer, ...] = ()
-    api_server: tuple[str, ...] = ()
-    dns: Peer = field(default_factory=lambda: Peer((("kubernetes.io/metadata.name", "kube-system"),),
-                                                   (("k8s-app", "kube-dns"),)))
 
 
 def egress_cidr(text: str, flag: str = "--egress-cidr") -> str:
@@ -128,11 +102,9 @@ def _rules(egress: Egress, machine_identity: bool) -> list[dict[str, Any]]:
     return rules
 
 
-def network_policies(o: Any) -> list[dict[str, Any]]:
+def network_policies(o: K8sOptions) -> list[dict[str, Any]]:
     """The workers' NetworkPolicy (every pod of this version's workers, paid ones included), and
-    with a pacer, the pacer's. `o` is the launcher's K8sOptions."""
-    from batchline.launch.k8s import _labels
-
+    with a pacer, the pacer's; with a schedule, its control's."""
     egress: Egress = o.egress
     if not egress.cidrs and not egress.selectors:
         raise BatchlineError("the workers' NetworkPolicy lets them reach DNS and what --egress-cidr and "
@@ -191,12 +163,9 @@ def _listed(items: list[str]) -> str:
     return "[" + ", ".join(_quoted(i) for i in items) + "]"
 
 
-def paid_job_rules(o: Any, template: dict[str, Any]) -> list[tuple[str, str]]:
+def paid_job_rules(o: K8sOptions, template: dict[str, Any]) -> list[tuple[str, str]]:
     """The CEL rules a Job the pacer creates must meet, each with the message a refusal says:
     what the paid worker template (`template`) makes, and nothing else."""
-    from batchline.launch.k8s import QUEUE_LABEL
-    from batchline.launch.k8s_pacer import SLOT_LABEL
-
     labels = template["metadata"]["labels"]
     pod = template["spec"]["template"]["spec"]
     [container] = pod["containers"]
@@ -247,12 +216,9 @@ def paid_job_rules(o: Any, template: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def admission_policy(o: Any) -> list[dict[str, Any]]:
+def admission_policy(o: K8sOptions) -> list[dict[str, Any]]:
     """The ValidatingAdmissionPolicy that admits, for the pacer's ServiceAccount, only this
     version's paid worker Jobs, and its binding (cluster-scoped both)."""
-    from batchline.launch.k8s import _labels
-    from batchline.launch.k8s_pacer import PACER_ACCOUNT, paid_job_template
-
     if o.fallback is None:
         raise BatchlineError("--cluster-objects renders the admission policy for the pacer's paid worker Jobs: give "
                              "--fallback-queue (a version without a pacer needs no cluster object of batchline's)")

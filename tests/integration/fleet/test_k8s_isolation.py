@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from batchline.errors import BatchlineError
-from batchline.launch.k8s import K8sOptions, PaidPool, to_yaml
-from batchline.launch.k8s_isolation import Egress, egress_cidr, egress_selector, paid_job_rules
+from batchline.launch.k8s import Egress, K8sOptions, PaidPool, to_yaml
+from batchline.launch.k8s_isolation import egress_cidr, egress_selector, paid_job_rules
 from batchline.launch.k8s_pacer import PACER_ACCOUNT, paid_job, paid_job_template
 from batchline.launch.manifests import render, render_cluster_objects
 from tests.integration.fleet.test_launch_k8s import MODELS, parse

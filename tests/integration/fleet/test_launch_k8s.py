@@ -12,8 +12,7 @@ import pytest
 import yaml
 
 from batchline.errors import BatchlineError
-from batchline.launch.k8s import K8sOptions, to_yaml
-from batchline.launch.k8s_isolation import Egress
+from batchline.launch.k8s import Egress, K8sOptions, to_yaml
 from batchline.launch.manifests import render
 
 kubernetes = pytest.importorskip("kubernetes")

@@ -14,8 +14,7 @@ import pytest
 import yaml
 
 from batchline.cli import main
-from batchline.launch.k8s import K8sOptions, PaidPool, to_yaml
-from batchline.launch.k8s_isolation import Egress
+from batchline.launch.k8s import Egress, K8sOptions, PaidPool, to_yaml
 from batchline.launch.k8s_pacer import (
     GENERATION_LABEL,
     SLOT_LABEL,

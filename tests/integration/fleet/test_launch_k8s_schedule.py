@@ -20,8 +20,7 @@ import pytest
 import yaml
 
 from batchline.errors import BatchlineError, SpecError
-from batchline.launch.k8s import SPEC_DIR, K8sOptions, scheduled_spec, to_yaml
-from batchline.launch.k8s_isolation import Egress
+from batchline.launch.k8s import SPEC_DIR, Egress, K8sOptions, scheduled_spec, to_yaml
 from batchline.launch.manifests import render
 from batchline.store import Store
 from tests.helpers import ROOT, SIMPLE_SCHEMA, make_records
