@@ -258,22 +258,21 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
         schedule = replace(scheduled_spec(args.spec), cron=args.schedule, time_zone=args.time_zone,
                            publish=args.publish)
         grace = schedule.grace_seconds
-    elif args.store or os.environ.get("BATCHLINE_STORE"):
-        store = open_store(args.store or os.environ["BATCHLINE_STORE"], create=False)
+    elif url := args.store or os.environ.get("BATCHLINE_STORE"):
+        store = open_store(url, create=False)
         try:
             job = store.job(args.job)
+            if job is None:
+                raise NoSuchVersion(args.job, store.where())
+            # What the pods could never read (a file on this machine) is refused as --schedule refuses it.
+            refusals = pod_refusals(dict(job.spec))
+            if refusals:
+                raise SpecError(f"{args.job}: {refusals[0]}")
+            _refuse_past_deadline(store, args.job)
         finally:
             store.close()
-        if job is None:
-            raise NoSuchVersion(args.job, store.where())
-        # What the pods could never read (a file on this machine) is refused as --schedule refuses it.
-        refusals = pod_refusals(dict(job.spec))
-        if refusals:
-            raise SpecError(f"{args.job}: {refusals[0]}")
         stored = stored_spec(job)
         grace = stored.shards.grace_seconds
-        _refuse_past_deadline(open_store(args.store or os.environ["BATCHLINE_STORE"], create=False), args.job,
-                              close=True)
         job_fallback = stored.fallback
         if job_fallback is not None and args.fallback_queue is None:
             raise BatchlineError(f"{args.job} has a fallback section, and these manifests could not start its paid "
@@ -312,18 +311,14 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_past_deadline(store: Store, version: str, *, close: bool = False) -> None:
+def _refuse_past_deadline(store: Store, version: str) -> None:
     """A version whose spec's deadline is an absolute time already past is refused before any
     worker is placed (exit 2), as `run` refuses it."""
     from batchline.errors import SpecError
     from batchline.store import require_job
 
-    try:
-        spec = stored_spec(require_job(store, version))
-        refusal = spec.deadline.refusal(store.now()) if spec.deadline is not None else None
-    finally:
-        if close:
-            store.close()
+    spec = stored_spec(require_job(store, version))
+    refusal = spec.deadline.refusal(store.now()) if spec.deadline is not None else None
     if refusal is not None:
         raise SpecError(f"{version}: {refusal}")
 

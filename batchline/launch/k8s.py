@@ -443,6 +443,13 @@ def _cron(o: K8sOptions, name: str, labels: dict[str, str], job_spec: dict[str, 
             "metadata": {"name": name, "namespace": o.namespace, "labels": labels}, "spec": cron}
 
 
+def _keyed(words: list[str]) -> tuple[str, list[dict[str, Any]]]:
+    """`words --plan-key KEY` as a shell line, the key the scheduled minute the shell takes from the
+    Job's name (its environment, given here): every other word quoted."""
+    line = "exec " + " ".join(shlex.quote(word) for word in words) + " --plan-key " + RUN_KEY
+    return line, [_downward("BATCHLINE_SCHEDULED_JOB", "metadata.labels['batch.kubernetes.io/job-name']")]
+
+
 def scheduled_control(o: K8sOptions) -> dict[str, Any]:
     """The control of a scheduled run, with the owner's Secret: at each scheduled time, plan the
     spec (or find the version planned for this time, should it start again), wait while the
@@ -452,9 +459,7 @@ def scheduled_control(o: K8sOptions) -> dict[str, Any]:
     spec_file = next(iter(sched.files))
     run = ["batchline", "run", f"{SPEC_DIR}/{spec_file}", "--workers", "0", "--log-dir", "/tmp/batchline-logs",
            *(["--publish"] if sched.publish else [])]
-    # Every word quoted for the shell but the run key, which the shell expands from the Job's name.
-    line = "exec " + " ".join(shlex.quote(word) for word in run) + " --plan-key " + RUN_KEY
-    env = [_downward("BATCHLINE_SCHEDULED_JOB", "metadata.labels['batch.kubernetes.io/job-name']")]
+    line, env = _keyed(run)
     config = spec_config_map(o)["metadata"]["name"]
     volume = {"name": "job-spec", "configMap": {
         "name": config, "items": [{"key": _config_key(path), "path": path} for path in sched.files]}}
@@ -484,8 +489,7 @@ def scheduled_job(o: K8sOptions, index: int) -> dict[str, Any]:
     # The night's version is the one its control plans for this run's key, found in the store.
     words = ["batchline", "worker", "--name", sched.job_name, "--wait-for-work", str(PLAN_WAIT_SECONDS),
              *_notice_args(o)]
-    line = "exec " + " ".join(shlex.quote(word) for word in words) + " --plan-key " + RUN_KEY
-    env = [_downward("BATCHLINE_SCHEDULED_JOB", "metadata.labels['batch.kubernetes.io/job-name']")]
+    line, env = _keyed(words)
     job_spec = _job_spec(slot, index, ["sh", "-c"], [line], env, [], [])
     return _cron(o, f"batchline-{slug(sched.job_name, 36)}-{index}", _labels(o, index), job_spec)
 

@@ -89,8 +89,14 @@ def acl_values(rows: Sequence[Any], as_text: bool = False) -> list[Any]:
     made before ACLs were lists, which keeps its column's type) their JSON text."""
     if not as_text:
         return [None if r.acl is None else r.acl.to_list() for r in rows]
-    dumps = json.dumps
-    return [None if r.acl is None else dumps(r.acl.to_list(), sort_keys=True) for r in rows]
+    return [acl_value(r.acl, True) for r in rows]
+
+
+def acl_value(acl: Any, as_text: bool) -> Any:
+    """One record's `acl` value (see `acl_values`): its groups, or their JSON text, or None."""
+    if acl is None:
+        return None
+    return json.dumps(acl.to_list(), sort_keys=True) if as_text else acl.to_list()
 
 
 CARRY_COLUMN = "carry"
@@ -153,19 +159,25 @@ def converter(node: Node | None) -> Callable[[Any], Any] | None:
 def output_values(rows: Sequence[Any], convert: Callable[[Any], Any] | None, version: str) -> list[Any]:
     """The `output` column's values for stored results (`converter`'s conversion applied); a value
     the column cannot take is refused with one line naming its record."""
+    return converted_outputs([r.record_id for r in rows], [r.output for r in rows], convert, version)
+
+
+def converted_outputs(ids: Sequence[str], outputs: Sequence[str], convert: Callable[[Any], Any] | None,
+                      version: str) -> list[Any]:
+    """`output_values` for outputs given as their records' ids and JSON texts, a list each."""
     import orjson
 
     loads = orjson.loads
     if convert is None:
-        return [loads(r.output) for r in rows]
+        return [loads(o) for o in outputs]
     try:
-        return [convert(loads(r.output)) for r in rows]
+        return [convert(loads(o)) for o in outputs]
     except BatchlineError:
-        for r in rows:  # again, one at a time, to name the record
+        for record_id, o in zip(ids, outputs, strict=True):  # again, one at a time, to name the record
             try:
-                convert(loads(r.output))
+                convert(loads(o))
             except BatchlineError as exc:
-                raise BatchlineError(f"{version}: record {r.record_id!r}: {exc}") from None
+                raise BatchlineError(f"{version}: record {record_id!r}: {exc}") from None
         raise
 
 

@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from batchline.errors import BatchlineError
+from batchline.errors import BatchlineError, one_line
 from batchline.store import JobInfo, ReaderStore, StoredResult
 from batchline.targets.columns import (
     ACL,
@@ -282,11 +282,11 @@ def write_shard_file(location: str, table: Any, storage: Mapping[str, Any]) -> d
 
     from batchline.sources import is_remote, open_source, upload
 
-    digest: list[str] = []
+    written: list[bytes] = []
 
     def write(tmp: Path) -> int:
         pq.write_table(table, tmp, compression="zstd")
-        digest.append(_sha256(tmp.read_bytes()))
+        written.append(tmp.read_bytes())
         return int(table.num_rows)
 
     if is_remote(location):
@@ -294,11 +294,13 @@ def write_shard_file(location: str, table: Any, storage: Mapping[str, Any]) -> d
             local = Path(scratch) / "shard.parquet"
             write(local)
             upload(local, location, storage)
+        # The object's ETag and version, as its store gives them; the digest is of the bytes sent.
+        pin = open_source(location, storage).pin()
+        whole = whole_pin(pin.size, _sha256(written[0]), pin.etag, pin.version)
     else:
         atomic_write(Path(location), write)
-    pin = open_source(location, storage).pin()
-    return {"path": location, "rows": int(table.num_rows),
-            "pin": whole_pin(pin.size, digest[0], pin.etag, pin.version)}
+        whole = whole_pin(len(written[0]), _sha256(written[0]))
+    return {"path": location, "rows": int(table.num_rows), "pin": whole}
 
 
 def _sha256(data: bytes) -> str:
@@ -307,25 +309,28 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _said(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
 def current_pin(location: str, storage: Mapping[str, Any], *, read: bool = False) -> tuple[dict[str, Any], bytes]:
-    """The file's whole pin as it is now, and with `read` its bytes (an object read conditional on
-    the ETag its pin names, so the digest is of the object that ETag names). Without `read` an
-    object's pin has no digest: its ETag and version bind its content."""
-    from batchline.sources import open_source
+    """The file's whole pin as it is now, and with `read` its bytes (a file read once, its digest
+    made of what was read; an object read conditional on the ETag its pin names, so the digest is
+    of the object that ETag names). Without `read` an object's pin has no digest: its ETag and
+    version bind its content."""
+    from batchline.sources import is_remote, open_source
 
     source = open_source(location, storage)
+    if read and not is_remote(location):
+        with source.stream() as f:
+            try:
+                data = f.read()
+            except OSError as exc:
+                raise BatchlineError(f"{location}: {exc.strerror or exc}") from None
+        return whole_pin(len(data), _sha256(data)), data
     pin = source.pin()
     if not read:
         return whole_pin(pin.size, pin.digest, pin.etag, pin.version), b""
     data = source.read(0, pin.size)
-    digest = _sha256(data)
-    if len(data) != pin.size or (pin.digest is not None and pin.digest != digest):
+    if len(data) != pin.size:
         raise BatchlineError(f"{location} changed while it was read")
-    return whole_pin(pin.size, digest, pin.etag, pin.version), data
+    return whole_pin(pin.size, _sha256(data), pin.etag, pin.version), data
 
 
 def pin_problem(recorded: Any, have: Mapping[str, Any], whose: str) -> str | None:
@@ -381,14 +386,14 @@ def load_shard_file(recorded: Any, expected_path: str, storage: Mapping[str, Any
     try:
         have, data = current_pin(path, storage, read=True)
     except BatchlineError as exc:
-        return f"it cannot be read ({_said(exc)})"
+        return f"it cannot be read ({one_line(exc)})"
     problem = pin_problem(recorded.get("pin"), have, "its worker")
     if problem is not None:
         return problem
     try:
         return LoadedFile(path, have, pq.read_table(pa.BufferReader(data)))
     except (OSError, ValueError, pa.ArrowException) as exc:
-        return f"it is not a Parquet file ({_said(exc)})"
+        return f"it is not a Parquet file ({one_line(exc)})"
 
 
 def check_shard_file(loaded: LoadedFile | str, shard_no: int, expected_rows: Callable[[], Any]) -> CheckedFile | str:
@@ -415,8 +420,9 @@ def rows_problem(actual: Any, expected: Any) -> str | None:
         return f"it holds {what}"
     ids, store_ids = actual.column("id").to_pylist(), expected.column("id").to_pylist()
     if ids != store_ids:
-        unknown = [i for i in ids if i not in set(store_ids)]
-        lacking = [i for i in store_ids if i not in set(ids)]
+        theirs, ours = set(ids), set(store_ids)
+        unknown = [i for i in ids if i not in ours]
+        lacking = [i for i in store_ids if i not in theirs]
         if unknown:
             return f"it holds {unknown[0]!r}{_more(unknown)}, which the store does not hold in this shard"
         if lacking:

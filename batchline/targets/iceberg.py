@@ -66,6 +66,7 @@ from batchline.spec.reader import Fields, ParseContext, SpecReader
 from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
 from batchline.store.files import ShardColumns, ShardUnit
 from batchline.targets.base import TargetFamily
+from batchline.targets.columns import acl_value, converted_outputs
 from batchline.targets.files import (
     CheckedFile,
     ShardFileRefused,
@@ -161,7 +162,7 @@ class IcebergTable:
         shape = row_shape(spec, acl_text)
         base = base_files(table, spec.base_version, shape) if spec.base_version else {}
         rows = TableRows(table.schema().as_arrow(), spec, version, acl_text=acl_text)
-        checked = self._checked_files(store, job, spec)
+        checked = self._checked_files(store, job)
         write_uuid, counter = uuid.uuid4(), itertools.count()
         layout = Layout(shape)
         def write(results: list[StoredResult], dead: list[StoredDeadLetter]) -> list[Any]:
@@ -195,7 +196,7 @@ class IcebergTable:
             if _local(location) not in used and written_at < cutoff and under(location, prefix):
                 delete(location, self.storage)
 
-    def _checked_files(self, store: ReaderStore, job: JobVersion, spec: JobSpec) -> dict[int, CheckedFile]:
+    def _checked_files(self, store: ReaderStore, job: JobVersion) -> dict[int, CheckedFile]:
         """The workers' shard files as a passing validation checked them against the store; where
         none did (a publish with --force, or a validation made before files were checked), they
         are checked here, in full, and one that is not the store's rows refuses the publish."""
@@ -205,7 +206,7 @@ class IcebergTable:
         checked = validated_files(latest.report if latest is not None else None, self.key)
         if checked is not None:
             return checked
-        output = next(t for t in spec.targets if isinstance(t, TableOutput) and t.ref == self.ref)
+        output = next(t for t in job.spec.targets if isinstance(t, TableOutput) and t.ref == self.ref)
         checked, problems = check_shard_files(store, job, output, self.key, self.storage)
         if problems:
             raise ShardFileRefused(f"{problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}; "
@@ -614,7 +615,7 @@ class TableRows:
             "model": [r.model or self.default_model for r in rows], "label": [r.label for r in rows],
             "attempt": [r.attempt for r in rows], "input_tokens": [r.input_tokens for r in rows],
             "output_tokens": [r.output_tokens for r in rows],
-            "created_at": [int(r.created_at * 1_000_000) for r in rows],
+            "created_at": _microseconds([r.created_at for r in rows]),
             **({CARRY_COLUMN: carry_values(rows)} if self.carries else {}),
             **({PROVENANCE_COLUMN: provenance_values(rows, version)} if self.provenance else {})})
 
@@ -623,7 +624,7 @@ class TableRows:
         return self._batch(n, {
             "id": [d.record_id for d in rows], "outcome": ["dead_letter"] * n, "acl": acl_values(rows, self.acl_text),
             "version": [self.version] * n, "attempt": [d.attempts for d in rows],
-            "created_at": [int(d.created_at * 1_000_000) for d in rows],
+            "created_at": _microseconds([d.created_at for d in rows]),
             "error_kind": [d.kind for d in rows], "error": [d.error for d in rows],
             **({CARRY_COLUMN: carry_values(rows)} if self.carries else {})})
 
@@ -659,7 +660,7 @@ class TableRows:
         import pyarrow.json as pj
 
         kind = self.schema.field("output").type
-        data = "\n".join(outputs).encode()
+        data = "\n".join(outputs).encode() if self.convert is None else b""
         if self.convert is None and data.count(b"\n") == len(outputs) - 1:
             try:
                 parsed = pj.read_json(pa.BufferReader(data), parse_options=pj.ParseOptions(
@@ -669,14 +670,7 @@ class TableRows:
                                                       fields=list(kind))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 pass  # what Arrow's reader will not take, the row-by-row conversion says why
-        import orjson
-
-        loads, convert = orjson.loads, self.convert
-        try:
-            return pa.array([loads(o) for o in outputs] if convert is None else [convert(loads(o)) for o in outputs],
-                            type=kind)
-        except BatchlineError as exc:
-            raise BatchlineError(f"{self.version}: {exc}") from None
+        return pa.array(converted_outputs(ids, outputs, self.convert, self.version), type=kind)
 
     def table(self, results: list[StoredResult], dead: list[StoredDeadLetter]) -> Any:
         """One shard's rows: its results, then its dead letters."""
@@ -694,16 +688,14 @@ def _acls(texts: list[str | None], kind: Any, as_text: bool) -> Any:
     from batchline.acl import Acl
 
     encoded = pa.array(texts, type=pa.string()).dictionary_encode()
-    acls = [None if t is None else Acl.from_json(t) for t in encoded.dictionary.to_pylist()]
-    values = [None if a is None else (json.dumps(a.to_list(), sort_keys=True) if as_text else a.to_list())
-              for a in acls]
+    values = [acl_value(None if t is None else Acl.from_json(t), as_text) for t in encoded.dictionary.to_pylist()]
     # A missing ACL is a null index; a null of the column's type where it is taken.
     return pa.array(values, type=kind).take(encoded.indices)
 
 
 def _microseconds(seconds: list[float]) -> Any:
-    """`int(t * 1_000_000)` of each time, as `results` writes `created_at`, made by Arrow (the same
-    IEEE product, truncated toward zero)."""
+    """The `created_at` column from the store's seconds: each times a million, truncated toward
+    zero (as `int(t * 1_000_000)` would), made by Arrow."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
