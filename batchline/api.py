@@ -28,6 +28,7 @@ not module-level functions: `batchline.check`, `batchline.publish` and
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -306,14 +307,17 @@ class Jobs:
 
     # --- validation and publication -----------------------------------------------------------
 
-    def validate(self, target: str) -> ValidationReport:
+    def validate(self, target: str, *, log: Callable[[str], None] = _stderr) -> ValidationReport:
         """Runs the gate on a sealed version and records its report; `passed` says whether
-        it may be published."""
+        it may be published. A judge (`validate.judge`) is a job of its own, run here with
+        local workers to its seal (continued, never recomputed, by a later validate); `log`
+        gets its planning lines."""
         from batchline.check.validate import validate
         from batchline.worker.recompute import recompute
 
         with self._opened(lineage=True) as s:
-            return validate(s, self._resolve(s, target), recompute=recompute)
+            return validate(s, self._resolve(s, target), recompute=recompute,
+                            run_job=functools.partial(_run_to_seal, s, log))
 
     def publish(self, version: str, *, force: bool = False, reason: str | None = None,
                 log: Callable[[str], None] = _stderr) -> PublishResult:
@@ -355,7 +359,7 @@ class Jobs:
         cannot load): no shard of it is claimed again and its workers leave it. Refused for
         the published version and the one a rollback would return to. False if it was
         cancelled already."""
-        from batchline.publish.pointer import who
+        from batchline.store.model import who
 
         with self._opened(lineage=True) as s:
             return s.cancel(version, who(), reason)
@@ -368,8 +372,8 @@ class Jobs:
         holds for it from now on; its workers may claim its shards again. Refused when the
         version is not halted, or when its dead letters pass the bound it would resume under.
         Returns that bound."""
-        from batchline.publish.pointer import who
         from batchline.spec import check_abort_rate, stored_spec
+        from batchline.store.model import who
 
         if abort_dead_letter_rate is not None and not 0.0 <= abort_dead_letter_rate <= 1.0:
             raise BatchlineError(f"--abort-dead-letter-rate {abort_dead_letter_rate:g} is not a share between 0 and 1")
@@ -388,7 +392,8 @@ class Jobs:
         """Removes the rows of a cancelled version, or of a sealed one that is neither
         published nor what a rollback would return to nor read by a version not sealed yet
         (results a later version carries stay). False if it was removed already."""
-        from batchline.publish.pointer import delete, who
+        from batchline.publish.pointer import delete
+        from batchline.store.model import who
 
         with self._opened() as s:
             return delete(s, version, who())
@@ -484,6 +489,29 @@ def _refuse_cancelled(s: Store, version: str) -> None:
         raise VersionEnded(version, info.state, s.where())
 
 
+def _run_to_seal(s: Store, log: Callable[[str], None], job: JobSpec, workers: int) -> str:
+    """`job` planned (or found) and run by `workers` local workers until it is sealed."""
+    from batchline.ops.runner import LocalRunner, default_log_dir
+
+    version, _created = _plan_once(s, job, None, log)
+    _refuse_cancelled(s, version)
+    info = s.job(version)
+    if info is not None and info.state == "sealed":
+        return version
+    halt = s.halt_of(version)
+    if halt is not None:
+        raise VersionHalted(halt.message(version))
+    log_dir = default_log_dir(s.url, version)
+    with open(os.devnull, "w") as out:
+        summary = LocalRunner(s, version, workers, out=out, log_dir=log_dir).run()
+    info = s.job(version)
+    if summary.exit_code != 0 or info is None or info.state != "sealed":
+        state = info.state if info is not None else "gone"
+        raise BatchlineError(f"{version} stopped before it was sealed ({state}, exit {summary.exit_code}; its "
+                             f"workers' logs are in {log_dir}): validate again to continue it")
+    return version
+
+
 def _plan_once(s: Store, job: JobSpec, plan_key: str | None, log: Callable[[str], None]) -> tuple[str, bool]:
     """The version to run and whether this call planned it: without a key, the job's
     version now; with one, the version the key names, planned and keyed here if none is."""
@@ -503,7 +531,7 @@ def _plan_once(s: Store, job: JobSpec, plan_key: str | None, log: Callable[[str]
         log(f"run {plan_key!r} of {job.name} was planned as {keyed} meanwhile; running it instead of "
             f"{planned.version}")
         if planned.created:
-            from batchline.publish.pointer import who
+            from batchline.store.model import who
 
             s.cancel(planned.version, who(), f"run {plan_key!r} was keyed to {keyed} first")
         return keyed, False

@@ -1,4 +1,5 @@
-"""Content digests: files, directories of weights, and streams of bytes.
+"""Content digests: files, directories of weights, and streams of bytes; and the seeded
+choice of a sample by the digests of its ids.
 
 A multi-file model (a directory) has the digest sha256 over the lines
 ``<sha256 of file>  <path relative to the directory>\\n`` for every regular file,
@@ -10,7 +11,9 @@ run from inside the directory (paths without the leading ``./``).
 from __future__ import annotations
 
 import hashlib
+import heapq
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from batchline.errors import EngineFatal
@@ -58,3 +61,13 @@ def verify_weights(path: Path, expected: str | None) -> str:
             f"model weights digest mismatch for {path}: spec says {expected}, file has {actual}"
         )
     return actual
+
+
+def choose(ids: Iterable[str], sample: int, seed: int) -> list[str]:
+    """`sample` ids chosen at random by `seed`: those whose seeded SHA-256 is smallest, so the
+    choice is the same from any order of the ids, and a larger sample holds a smaller one.
+    Only the sample is held, so `ids` may stream a version's every result."""
+    def rank(record_id: str) -> bytes:
+        return hashlib.sha256(f"{seed}\0{record_id}".encode()).digest()
+
+    return [i for _r, i in heapq.nsmallest(sample, ((rank(i), i) for i in ids))]

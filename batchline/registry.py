@@ -1,5 +1,5 @@
 """The extension points: one table each of engines, hosted batch providers, input sources,
-input formats, publication targets and export formats.
+input formats, publication targets, export formats and the gate's graders.
 
 The job spec's validation, the job version and the loaders all read these
 tables, so adding an engine, a provider, a source or a target is one new module
@@ -196,10 +196,20 @@ TARGETS = _table(
     Plugin("lancedb", "batchline.targets.lancedb_index:LANCEDB", "index"),
 )
 
+# What the gate grades beyond coverage, the schema and dead letters: each owns its section of
+# `validate` (its `keys`), parses it and grades a sealed version by it.
+GRADERS = _table(
+    Plugin("labels", "batchline.check.graders.labels:LABELS"),
+    Plugin("grounded", "batchline.check.graders.grounded:GROUNDED"),
+    Plugin("faithful", "batchline.check.graders.faithful:FAITHFUL", "embedding"),
+    Plugin("judge", "batchline.check.graders.judge:JUDGE"),
+    Plugin("injection", "batchline.check.graders.injection:INJECTION"),
+)
+
 # Every table, by the name it is documented under.
 TABLES: Mapping[str, Mapping[str, Extension | Plugin]] = {
     "ENGINES": ENGINES, "PROVIDERS": PROVIDERS, "SOURCES": SOURCES, "FORMATS": FORMATS, "TARGETS": TARGETS,
-    "EXPORTS": EXPORTS,
+    "EXPORTS": EXPORTS, "GRADERS": GRADERS,
 }
 
 

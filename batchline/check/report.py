@@ -29,5 +29,18 @@ class ValidationReport:
         width = max(len(c.name) for c in self.checks)
         lines = [f"{self.version}: {'PASSED' if self.passed else 'FAILED'} ({self.seconds:.2f}s)"]
         for c in self.checks:
-            lines.append(f"  {c.name:<{width}}  {'pass' if c.passed else 'FAIL'}  {c.figure}")
+            lines.append(f"  {c.name:<{width}}  {'pass' if c.passed else 'FAIL'}  {printable(c.figure)}")
+            # A grader's first failures, so a failed gate says which records and why.
+            for example in (c.details.get("failing") or [])[:EXAMPLES_PRINTED]:
+                lines.append(f"  {'':<{width}}        {printable(str(example.get('id')))}: "
+                             f"{printable(str(example.get('why')))}")
         return "\n".join(lines)
+
+
+EXAMPLES_PRINTED = 3
+
+
+def printable(text: str) -> str:
+    """Text from records and outputs, safe on a terminal: a control character (an escape
+    sequence's start among them) is written as its Python escape."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)

@@ -20,17 +20,16 @@ equal, vectors within `min_cosine`; or `on: label`). The engine is reached throu
 
 from __future__ import annotations
 
-import hashlib
-import heapq
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from batchline.check.report import Check
+from batchline.digests import choose
 from batchline.errors import BatchlineError
-from batchline.snapshot import Record, Slice, read_slice
+from batchline.snapshot import Record, records_of
 from batchline.spec import JobSpec, ReproduceSpec
 from batchline.store import Store, StoredResult
 
@@ -54,29 +53,8 @@ class Recompute(Protocol):
                  batch_size: int) -> tuple[Mapping[str, Recomputed], str | None]: ...
 
 
-def choose(ids: Iterator[str], sample: int, seed: int) -> list[str]:
-    """`sample` ids chosen at random by `seed`: those whose seeded SHA-256 is smallest, so the
-    choice is the same from any order of the ids, and a larger sample holds a smaller one."""
-    def rank(record_id: str) -> bytes:
-        return hashlib.sha256(f"{seed}\0{record_id}".encode()).digest()
-
-    return [i for _r, i in heapq.nsmallest(sample, ((rank(i), i) for i in ids))]
-
-
 def _records(store: Store, version: str, spec: JobSpec, results: Mapping[str, StoredResult]) -> list[Record]:
-    """The chosen records as their shards' slices hold them, each slice read once (and
-    checked against its digest, as a worker's read is)."""
-    wanted = set(results)
-    by_shard: dict[int, set[str]] = {}
-    for rid, r in results.items():
-        by_shard.setdefault(r.shard_no, set()).add(rid)
-    found: dict[str, Record] = {}
-    for shard_no in sorted(by_shard):
-        sl = Slice.from_json(store.shard_slice(version, shard_no))
-        for record in read_slice(sl, spec.input, spec.routing,
-                                 lambda start, end: store.input_records(version, start, end)):
-            if record.id in wanted and record.id not in found:
-                found[record.id] = record
+    found = records_of(store, version, spec, {rid: r.shard_no for rid, r in results.items()})
     return [found[rid] for rid in results if rid in found]
 
 

@@ -8,30 +8,30 @@ the spec asks for), and evaluation reads only its sample.
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import importlib
-import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
+from batchline.check.graders.base import Grader, Grading, RunJob
 from batchline.check.outputs import OutputChecker
 from batchline.check.report import Check, ValidationReport
 from batchline.check.reproduce import Recompute, check_reproducible
 from batchline.errors import BatchlineError
-from batchline.spec import EvalSpec, JobSpec, JobVersion, stored_spec
+from batchline.registry import GRADERS, keyed
+from batchline.spec import JobSpec, JobVersion, stored_spec
 from batchline.store import Store, require_job
 from batchline.targets.files import SHARD_FILES_CHECK, check_shard_files
 
 PSI_EPSILON = 1e-4  # stands in for a category's share where it is absent, so PSI stays finite
 
 
-def validate(store: Store, version: str, *, record: bool = True, recompute: Recompute | None = None) -> ValidationReport:
+def validate(store: Store, version: str, *, record: bool = True, recompute: Recompute | None = None,
+             run_job: RunJob | None = None) -> ValidationReport:
     """The gate's checks of a sealed version, recorded in the store (`record`); `recompute`
-    runs the version's engine for the reproducibility check (`validate.reproduce`), which the
-    caller provides from the worker layer."""
+    runs the version's engine in a fresh process (`validate.reproduce`, the injection
+    canaries) and `run_job` runs a job to its seal with local workers (a judge), both
+    provided by the caller from the layers that start engines and workers."""
     info = require_job(store, version)
     if info.state == "cancelled":
         raise BatchlineError(f"{version} was cancelled: a cancelled version is not validated")
@@ -45,10 +45,12 @@ def validate(store: Store, version: str, *, record: bool = True, recompute: Reco
               check_dead_letters(store, version, spec), check_drift(store, version, spec)]
     if any(t.shard_files() is not None for t in spec.targets):
         checks.append(check_worker_files(store, JobVersion(info, spec)))
-    if spec.validate.eval is not None:
-        checks.append(check_eval(store, version, spec, spec.validate.eval))
     if spec.validate.reproduce is not None:
         checks.append(check_reproducible(store, version, spec, spec.validate.reproduce, recompute))
+    grading = Grading(store, version, spec, recompute, run_job)
+    members: dict[str, Grader] = keyed(GRADERS)
+    for grader_spec in spec.validate.graders:
+        checks.append(members[grader_spec.key].grade(grading, grader_spec))
     report = ValidationReport(version, all(c.passed for c in checks), checks, time.perf_counter() - started)
     if record:
         store.record_validation(version, report.passed, report.to_json())
@@ -164,63 +166,3 @@ def check_drift(store: Store, version: str, spec: JobSpec) -> Check:
               f"new {new or 'none'}, vanished {vanished or 'none'}")
     return Check("drift", passed, figure, {"psi": psi, "against": published, "new": new, "vanished": vanished,
                                            "distribution": current, "published_distribution": before})
-
-
-def _load_grader(path: str) -> Callable[[Any, str, str], Any]:
-    module_name, _, func = path.partition(":")
-    try:
-        grader: Callable[[Any, str, str], Any] = getattr(importlib.import_module(module_name), func)
-    except (ImportError, AttributeError) as exc:
-        raise BatchlineError(f"validate.eval.grader {path!r} cannot be loaded: {exc}") from None
-    return grader
-
-
-def _labels(ev: EvalSpec) -> dict[str, str]:
-    out: dict[str, str] = {}
-    try:
-        with ev.labels.open(encoding="utf-8", newline="") as f:
-            if ev.labels.suffix.lower() == ".csv":
-                for row in csv.DictReader(f):
-                    out[str(row[ev.id_field])] = str(row[ev.label_field])
-            else:
-                for line in f:
-                    if line.strip():
-                        obj = json.loads(line)
-                        if ev.label_field in obj:
-                            out[str(obj[ev.id_field])] = str(obj[ev.label_field])
-    except (OSError, KeyError, ValueError) as exc:
-        raise BatchlineError(f"validate.eval.labels {ev.labels}: cannot read labels: {exc}") from None
-    return out
-
-
-def check_eval(store: Store, version: str, spec: JobSpec, ev: EvalSpec) -> Check:
-    labels = _labels(ev)
-    # A deterministic sample spread over the id space rather than the first rows;
-    # labelled records without a result (dead letters, other snapshots) are skipped.
-    ordered = sorted(labels, key=lambda i: hashlib.sha256(i.encode()).digest())
-    results: dict[str, Any] = {}
-    for start in range(0, len(ordered), 2 * ev.sample):
-        results.update(store.results_for(version, ordered[start:start + 2 * ev.sample]))
-        if len(results) >= ev.sample:
-            break
-    ids = [i for i in ordered if i in results][:ev.sample]
-    grader = _load_grader(ev.grader) if ev.grader else None
-    score = 0.0
-    # Expected label -> answered label -> records: where the misses go, not only how many.
-    confusion: dict[str, dict[str, int]] = {}
-    for rid in ids:
-        value = json.loads(results[rid].output)
-        got = value.get(ev.field) if isinstance(value, dict) else None
-        if grader is not None:
-            score += float(grader(value, labels[rid], rid))
-        else:
-            score += float(str(got) == labels[rid])
-        row = confusion.setdefault(labels[rid], {})
-        row[str(got)] = row.get(str(got), 0) + 1
-    accuracy = score / len(ids) if ids else 0.0
-    passed = bool(ids) and accuracy >= ev.min_accuracy
-    how = f"grader {ev.grader}" if ev.grader else f"{ev.field} == {ev.label_field}"
-    return Check("evaluation", passed, f"accuracy {accuracy:.1%} on {len(ids)} labelled records "
-                 f"({how}; limit {ev.min_accuracy:.0%})",
-                 {"accuracy": accuracy, "sample": len(ids), "labelled": len(labels), "min_accuracy": ev.min_accuracy,
-                  "field": ev.field, "confusion": confusion})

@@ -587,6 +587,28 @@ def pod_refusals(raw: dict[str, Any]) -> list[str]:
     return out
 
 
+def _judge_files(raw: dict[str, Any], folder: Path) -> list[tuple[str, Any]]:
+    """The judge spec a scheduled job's gate names, and the files that spec names (relative
+    to the judge spec's folder, which lies in the job spec's)."""
+    judge = ((raw.get("validate") or {}).get("judge") or {}).get("spec")
+    if not isinstance(judge, str):
+        return []
+    out: list[tuple[str, Any]] = [("validate.judge.spec", judge)]
+    try:
+        inner = yaml.safe_load((folder / judge).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return out  # refused when the spec is parsed, naming the file
+    if not isinstance(inner, dict):
+        return out
+    at = PurePosixPath(judge).parent
+    for where, name in (("prompt.file", (inner.get("prompt") or {}).get("file")),
+                        ("prompt.examples.file", ((inner.get("prompt") or {}).get("examples") or {}).get("file")),
+                        ("output.schema", (inner.get("output") or {}).get("schema"))):
+        if isinstance(name, str):
+            out.append((f"validate.judge.spec {where}", str(at / name)))
+    return out
+
+
 def scheduled_spec(path: Path) -> Schedule:
     """The spec of a scheduled job and the files it names, checked for what a pod can
     reach: the input in object storage or a table, weights by object URL, a
@@ -614,7 +636,10 @@ def scheduled_spec(path: Path) -> Schedule:
     named = [("prompt.file", (raw.get("prompt") or {}).get("file")),
              ("prompt.examples.file", ((raw.get("prompt") or {}).get("examples") or {}).get("file")),
              ("output.schema", (raw.get("output") or {}).get("schema")),
-             ("validate.eval.labels", ((raw.get("validate") or {}).get("eval") or {}).get("labels"))]
+             ("validate.eval.labels", ((raw.get("validate") or {}).get("eval") or {}).get("labels")),
+             ("validate.injection.instructions",
+              ((raw.get("validate") or {}).get("injection") or {}).get("instructions")),
+             *_judge_files(raw, path.parent)]
     files = {path.name: text}
     for where, name in named:
         if not isinstance(name, str):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from batchline.errors import EngineFatal, InputError, SpecError
+from batchline.plan.budget import check_output_budget
 from batchline.snapshot import (
     PIECES_PER_SHARD,
     Piece,
@@ -36,6 +37,7 @@ from batchline.spec import LOCAL_ROUTE, ROWS, STORED, JobSpec, ModelSpec, stored
 from batchline.store import (
     DeadLetterRow,
     DuplicateRecord,
+    JobInfo,
     PlannedRecord,
     PlannedShard,
     ReaderStore,
@@ -63,9 +65,13 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     version = spec.version(digest, base)
     existing = store.job(version)
     if existing is not None and existing.state not in ("planning", "removed"):
+        _keep_gate(spec, store, existing, log)
         return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
 
     _check_weights(spec)
+    warning = check_output_budget(spec)
+    if warning is not None:
+        log(warning)
     for target in spec.targets:
         target.check(spec, store.url)
     if spec.shards.size_auto:
@@ -183,6 +189,18 @@ def estimate_records(source: Source, fmt: str) -> int:
         rows: RowSource = source  # type: ignore[assignment]  # a source of a row input is one
         return sum(1 for _ in rows.rows())
     return input_format(fmt).count(source)
+
+
+def _keep_gate(spec: JobSpec, store: Store, existing: JobInfo, log: Callable[[str], None]) -> None:
+    """The spec's gate (its validate section) made the version's: a check added to a job's spec
+    applies to the version its content already is, which is not computed again for it. A
+    cancelled version keeps the gate it had."""
+    from batchline.store.model import who
+
+    gate = spec.to_dict()["validate"]
+    if existing.state in ("ready", "halted", "sealed") and existing.spec.get("validate") != gate \
+            and store.set_gate(existing.version, gate, who()):
+        log(f"{existing.version} is validated by the spec's validate section from now on")
 
 
 def file_format(spec: JobSpec) -> InputFormat | None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,16 +11,8 @@ from batchline.publish.upstream import UpstreamLag, readers_behind
 from batchline.sources import versions_read
 from batchline.spec import JobVersion, stored_spec
 from batchline.store import PublisherStore
-from batchline.store.model import JobInfo, Publication, rollback_target
+from batchline.store.model import JobInfo, Publication, rollback_target, who
 from batchline.targets import PublicationTarget, targets_for
-
-
-def who() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from batchline.snapshot.reading import (
     pinned_snapshot,
     pinned_sources,
     read_slice,
+    records_of,
     scan,
     scan_with_header,
     shared_columns,
@@ -26,5 +27,5 @@ from batchline.snapshot.reading import (
 )
 
 __all__ = ["PIECES_PER_SHARD", "Piece", "Record", "ScannedRecord", "Slice", "StoredReader", "content_hash", "file_digest", "input_pins", "input_sources",
-           "parquet_slice_digest", "pinned_snapshot", "pinned_sources", "read_slice", "scan",
+           "parquet_slice_digest", "pinned_snapshot", "pinned_sources", "read_slice", "records_of", "scan",
            "scan_with_header", "shared_columns", "stored_input", "text_hash"]

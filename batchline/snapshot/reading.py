@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -41,7 +41,7 @@ from batchline.sources import (
     snapshot_digest,
 )
 from batchline.sources.base import WithColumns
-from batchline.spec import ROWS, STORED, InputSpec, RoutingSpec
+from batchline.spec import ROWS, STORED, InputSpec, JobSpec, RoutingSpec
 from batchline.store import InputRecord
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ def pinned_snapshot(spec: InputSpec, store_url: str | None = None) -> Snapshot:
     table, the data files of the snapshot the spec names; the planner pins it into the spec
     first), and what the snapshot's digest is taken over (each file's or object's pin, whose
     later reads through these sources are conditional on it, or a table's own pin)."""
-    return spec.source.snapshot(SourceContext(spec, store_url))
+    return spec.source.snapshot(SourceContext(spec, store_url, records_of))
 
 
 def input_sources(spec: InputSpec, store_url: str | None = None) -> list[Source]:
@@ -582,3 +582,30 @@ def _stored_rows(sl: Slice, stored: StoredReader, start: int, end: int) -> list[
     if len(out) != end - start:
         raise InputError(f"{sl.describe()}: the store holds {len(out)} of the shard's {end - start} records")
     return out
+
+
+# --- the records a sample of results answered (the gate's graders, a judge's input) ---------
+
+
+class SliceStore(Protocol):
+    def shard_slice(self, version: str, shard_no: int) -> dict[str, object]: ...
+
+    def input_records(self, version: str, start: int, end: int) -> list[InputRecord]: ...
+
+
+def records_of(store: SliceStore, version: str, spec: JobSpec, shard_of: Mapping[str, int]) -> dict[str, Record]:
+    """The records `shard_of` names (id -> the shard its result was computed in) as their
+    shards' slices hold them, each slice read once; a record its shard does not hold (a
+    carried result's) is left out."""
+    by_shard: dict[int, set[str]] = {}
+    for rid, shard_no in shard_of.items():
+        by_shard.setdefault(shard_no, set()).add(rid)
+    found: dict[str, Record] = {}
+    for shard_no in sorted(by_shard):
+        wanted = by_shard[shard_no]
+        sl = Slice.from_json(store.shard_slice(version, shard_no))
+        for record in read_slice(sl, spec.input, spec.routing,
+                                 lambda start, end: store.input_records(version, start, end)):
+            if record.id in wanted and record.id not in found:
+                found[record.id] = record
+    return found

@@ -38,6 +38,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from batchline.digests import choose
 from batchline.errors import InputError, SpecError
 from batchline.sources.base import (
     DatasetName,
@@ -53,16 +54,26 @@ from batchline.spec.model import NAME_PATTERN, STORED
 
 if TYPE_CHECKING:
     from batchline.spec.model import InputSpec
+    from batchline.spec.ports import RecordsOf
     from batchline.spec.reader import Fields, ParseContext, SpecReader
-    from batchline.store import JobInfo, ReaderStore
+    from batchline.store import JobInfo, ReaderStore, Store, StoredResult
 
-FIELD_PATTERN = re.compile(r"^output(\.[A-Za-z0-9_][A-Za-z0-9_-]*)+$")
+FIELD_PATTERN = re.compile(r"^(record|output(\.[A-Za-z0-9_][A-Za-z0-9_-]*)+)$")
+# input.field: record: each record is the upstream record's own text and its whole output, as a
+# judge reads them (`judged_text`).
+RECORD = "record"
 
 OPTIONS: Fields = {
     "field": {"type": "string", "pattern": FIELD_PATTERN.pattern,
               "description": "With input.job: the output field each record's text is read from "
-                             "(output.NAME, output.NAME.INNER for a nested one)",
+                             "(output.NAME, output.NAME.INNER for a nested one), or record: the upstream "
+                             "record's text and its whole output, to be judged",
               "examples": ["output.summary"]},
+    "sample": {"type": "integer", "minimum": 1,
+               "description": "With input.job: read this many of the version's results, chosen at random by "
+                              "input.seed (default: every one)"},
+    "seed": {"type": "integer", "minimum": 0,
+             "description": "With input.job and input.sample: chooses the sample (default 0)"},
     "job_version": {"type": "string", "minLength": 1,
                     "description": "With input.job: the sealed version of it read (the one published when the "
                                    "job is planned when left out; written in at planning)"},
@@ -78,7 +89,7 @@ _NOT_WITH_JOB = {
 }
 
 
-def _store(url: str | None, where: str) -> ReaderStore:
+def _store(url: str | None, where: str) -> Store:
     from batchline.store import open_store
 
     if url is None:
@@ -105,11 +116,15 @@ class UpstreamRecords(RowsNotBytes):
 
     rows_are: ClassVar[str] = "a job's records are read from the store, not as a file"
 
-    def __init__(self, store_url: str, version: str, field: str, carry: tuple[str, ...] = ()) -> None:
+    def __init__(self, store_url: str, version: str, field: str, carry: tuple[str, ...] = (),
+                 sample: int | None = None, seed: int = 0, records_of: RecordsOf | None = None) -> None:
         self.store_url = store_url
         self.version = version
         self.field = field
         self.carry = carry  # output.carry: fields of the upstream's carried input, each row's
+        self.sample = sample
+        self.seed = seed
+        self.records_of = records_of  # field: record: reads the upstream's records (SourceContext's)
         self.location = f"job:{version}"
 
     def rows_between(self, start: int, end: int) -> Sequence[StoredRow]:
@@ -118,15 +133,56 @@ class UpstreamRecords(RowsNotBytes):
 
     def rows(self) -> Iterator[StoredRow]:
         with closing(_store(self.store_url, self.location)) as store:
-            for result in store.iter_results(self.version):
-                try:
-                    output = json.loads(result.output) if result.output is not None else None
-                except ValueError:
-                    output = None
-                text, why = field_value(output, self.field)
-                carried = {name: (result.carry or {}).get(name) for name in self.carry} if self.carry else None
-                yield StoredRow(result.record_id, text, result.acl,
-                                None if why is None else f"{self.field} {why} in {self.version}", carried)
+            for page in self._pages(store):
+                records = self._records(store, page) if self.field == RECORD else {}
+                for result in page:
+                    try:
+                        output = json.loads(result.output) if result.output is not None else None
+                    except ValueError:
+                        output = None
+                    if self.field == RECORD:
+                        record = records.get(result.record_id)
+                        text, why = ((judged_text(record.text, result.output), None) if record is not None
+                                     else (None, "is not in its shard's slice"))
+                    else:
+                        text, why = field_value(output, self.field)
+                    carried = {name: (result.carry or {}).get(name) for name in self.carry} if self.carry else None
+                    yield StoredRow(result.record_id, text, result.acl,
+                                    None if why is None else f"{self.field} {why} in {self.version}", carried)
+
+    def _pages(self, store: ReaderStore, size: int = 2000) -> Iterator[list[StoredResult]]:
+        """The results read, in pages: every one in id order, or the seeded sample in the order
+        of its ranks."""
+        if self.sample is not None:
+            ids = choose((rid for rid, _o in store.iter_outputs(self.version)), self.sample, self.seed)
+            for start in range(0, len(ids), size):
+                found = store.results_for(self.version, ids[start:start + size])
+                yield [found[rid] for rid in ids[start:start + size] if rid in found]
+            return
+        page: list[StoredResult] = []
+        for result in store.iter_results(self.version):
+            page.append(result)
+            if len(page) == size:
+                yield page
+                page = []
+        if page:
+            yield page
+
+    def _records(self, store: Store, page: Sequence[StoredResult]) -> Mapping[str, Any]:
+        """The upstream records the page's results answered, read again from the upstream's
+        input by their shards' slices (checked against their digests, as a worker's read is)."""
+        from batchline.spec import stored_spec
+
+        job = store.job(self.version)
+        if job is None or self.records_of is None:
+            raise InputError(f"{self.location}: its records are read with the snapshot layer's reader, and were "
+                             "read without it")
+        return self.records_of(store, self.version, stored_spec(job), {r.record_id: r.shard_no for r in page})
+
+
+def judged_text(text: str, output: str) -> str:
+    """What a judge is shown of one result: the record as the job read it, and its whole output."""
+    return f"Record:\n{text}\n\nOutput:\n{output}"
 
 
 
@@ -138,6 +194,8 @@ class JobSource:
     field: str
     version: str | None = None  # the upstream version read, pinned at planning
     format: str | None = STORED
+    sample: int | None = None  # a seeded sample of the results (None: every one)
+    seed: int = 0
 
     @property
     def locations(self) -> tuple[str, ...]:
@@ -145,10 +203,13 @@ class JobSource:
 
     def describe(self) -> str:
         at = self.version or f"the version published as {self.name}"
-        return f"{self.field} of job {self.name} ({at})"
+        what = "records and outputs" if self.field == RECORD else self.field
+        some = f"a sample of {self.sample:,} (seed {self.seed}) of the " if self.sample is not None else ""
+        return f"{some}{what} of job {self.name} ({at})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job": self.name, "field": self.field, **({"job_version": self.version} if self.version else {})}
+        return {"job": self.name, "field": self.field, **({"job_version": self.version} if self.version else {}),
+                **({"sample": self.sample, "seed": self.seed} if self.sample is not None else {})}
 
     def datasets(self, pins: Sequence[Mapping[str, Any]], store: StoreDatasets) -> list[DatasetName]:
         # The upstream's published results, at the version read: what its own runs name as
@@ -162,9 +223,12 @@ class JobSource:
         with closing(_store(url, self.describe())) as store:
             upstream = self.upstream(store, ctx.input)
         assert url is not None
-        pinned = JobSource(self.name, self.field, upstream.version)
+        pinned = JobSource(self.name, self.field, upstream.version, sample=self.sample, seed=self.seed)
         material = f"{upstream.version}\0{self.field}".encode()
-        pin = Pin(f"job:{self.name}", upstream.record_count, digest="sha256:" + hashlib.sha256(material).hexdigest())
+        if self.sample is not None:
+            material += f"\0{self.sample}\0{self.seed}".encode()
+        count = upstream.record_count if self.sample is None else min(self.sample, upstream.record_count)
+        pin = Pin(f"job:{self.name}", count, digest="sha256:" + hashlib.sha256(material).hexdigest())
 
         def still() -> bool:
             # A sealed version never changes; it can only be removed meanwhile.
@@ -172,7 +236,8 @@ class JobSource:
                 job = store.job(upstream.version)
             return job is not None and job.state == "sealed"
 
-        return Snapshot(pinned, [UpstreamRecords(url, upstream.version, self.field, ctx.input.carry)], [pin], still)
+        return Snapshot(pinned, [UpstreamRecords(url, upstream.version, self.field, ctx.input.carry, self.sample,
+                                                 self.seed, ctx.records_of)], [pin], still)
 
     def upstream(self, store: ReaderStore, spec: InputSpec) -> JobInfo:
         """The version read (the one named, else the one published now), once it is known to
@@ -196,6 +261,8 @@ class JobSource:
 
 def _check_field(field: str, job: JobInfo) -> None:
     """A field the upstream's output schema does not declare is a typo, refused with the fields it has."""
+    if field == RECORD:
+        return
     schema: Any = job.spec.get("output", {}).get("schema", {})
     walked = "output"
     for part in field.split(".")[1:]:
@@ -256,7 +323,11 @@ class JobInput(KeyedFamily):
         field = r.string(section["field"], "input.field")
         if not FIELD_PATTERN.match(field):
             r.fail("input.field", f"{field!r} must name a field of the job's output: output.NAME "
-                                  "(output.NAME.INNER for a nested one)")
+                                  "(output.NAME.INNER for a nested one), or be record")
+        sample = r.optional_int(section.get("sample"), "input.sample", 1)
+        seed = r.integer(section.get("seed", 0), "input.seed", 0)
+        if sample is None and section.get("seed") is not None and not ctx.resolved:
+            r.fail("input.seed", "chooses input.sample: give the sample too")
         version = r.optional_string(section.get("job_version"), "input.job_version")
         if version is not None and not version.startswith(f"{name}@"):
             r.fail("input.job_version", f"{version!r} is not a version of {name!r} ({name}@...)")
@@ -264,7 +335,7 @@ class JobInput(KeyedFamily):
             for other, why in _NOT_WITH_JOB.items():
                 if section.get(other) is not None:
                     r.fail(f"input.{other}", f"is not used with input.job: {why}")
-        return JobSource(name, field, version)
+        return JobSource(name, field, version, sample=sample, seed=seed)
 
     def access(self, section: Mapping[str, Any]) -> list[str]:
         if not section.get("job"):

@@ -23,7 +23,7 @@ from batchline.store import DeadLetterBound
 
 if TYPE_CHECKING:
     from batchline.spec.deadline import Deadline, FallbackSpec
-    from batchline.spec.ports import InputSource, TargetSpec
+    from batchline.spec.ports import GraderSpec, InputSource, TargetSpec
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 # The chat input (the FORMATS table's openai-batch: OpenAI batch request lines): its lines carry
@@ -222,19 +222,6 @@ class DriftSpec:
 
 
 @dataclass(frozen=True)
-class EvalSpec:
-    """Accuracy of the label field on a sample of records with known answers."""
-
-    labels: Path
-    id_field: str = "id"
-    label_field: str = "label"
-    field: str | None = None  # the output field compared; default output.label_field
-    sample: int = 300
-    min_accuracy: float = 0.0
-    grader: str | None = None  # "module:function"(output, expected, record_id) -> bool | float
-
-
-@dataclass(frozen=True)
 class ReproduceSpec:
     """Recompute a seeded sample of the version's results in a fresh engine process, in batches
     of another size than the workers', and compare with what was stored."""
@@ -261,8 +248,13 @@ class ValidateSpec:
     max_dead_letter_rate: float = 0.01
     schema_sample: int | None = None  # None: re-check every stored result
     drift: DriftSpec = field(default_factory=DriftSpec)
-    eval: EvalSpec | None = None
     reproduce: ReproduceSpec | None = None
+    # The graders the section names (each a GRADERS member's parsed section), in the spec's order.
+    graders: tuple[GraderSpec, ...] = ()
+
+    def grader(self, key: str) -> GraderSpec | None:
+        """The parsed section `validate.KEY`, where the spec has one."""
+        return next((g for g in self.graders if g.key == key), None)
 
 
 @dataclass(frozen=True)
@@ -491,9 +483,8 @@ def _validate_dict(v: ValidateSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"max_dead_letter_rate": v.max_dead_letter_rate, "drift": dict(v.drift.__dict__)}
     if v.schema_sample is not None:
         out["schema_sample"] = v.schema_sample
-    if v.eval is not None:
-        out["eval"] = {k: (str(val) if isinstance(val, Path) else val)
-                       for k, val in v.eval.__dict__.items() if val is not None}
+    for grader in v.graders:
+        out[grader.key] = grader.to_dict()
     if v.reproduce is not None:
         out["reproduce"] = {k: val for k, val in v.reproduce.__dict__.items() if val is not None}
     return out

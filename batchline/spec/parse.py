@@ -9,9 +9,10 @@ found by the key it owns.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn, Protocol
@@ -26,6 +27,7 @@ from batchline.prompts.examples import DEFAULT_EXAMPLE_CHARS, Example
 from batchline.registry import (
     ENGINES,
     FORMATS,
+    GRADERS,
     PROVIDERS,
     SOURCES,
     TARGETS,
@@ -51,7 +53,6 @@ from batchline.spec.model import (
     ChatRules,
     DecodingSpec,
     DriftSpec,
-    EvalSpec,
     ExamplesSpec,
     InputSpec,
     JobSpec,
@@ -64,7 +65,7 @@ from batchline.spec.model import (
     ShardSpec,
     ValidateSpec,
 )
-from batchline.spec.ports import expand_paths
+from batchline.spec.ports import GraderContext, GraderParser, expand_paths
 from batchline.spec.reader import Fields, ParseContext, SpecReader
 from batchline.store import JobInfo, ReaderStore, require_job
 
@@ -198,7 +199,6 @@ VALIDATE_FIELDS: Fields = {
     "schema_sample": _doc({**_INT, "minimum": 1}, "Re-check this many stored results against the schema "
                           "(default: every one)"),
     "drift": _doc(_MAP, "The label's distribution against the published version"),
-    "eval": _doc(_MAP, "Accuracy on a sample of records with known answers"),
     "reproduce": _doc(_MAP, "Recompute a sample in a fresh engine process and compare with the stored results"),
 }
 REPRODUCE_FIELDS: Fields = {
@@ -220,16 +220,6 @@ DRIFT_FIELDS: Fields = {
                                DriftSpec.max_new_categories),
     "max_vanished_categories": _doc({**_INT, "minimum": 0}, "Labels of the published version gone "
                                     "(default: reported, never a failure)"),
-}
-EVAL_FIELDS: Fields = {
-    "labels": _doc(_STR, "A JSONL or CSV file of known answers"),
-    "id_field": _doc(_STR, "The labels file's id field", EvalSpec.id_field),
-    "label_field": _doc(_STR, "The labels file's answer field", EvalSpec.label_field),
-    "field": _doc(_STR, "The output field compared (default output.label_field)"),
-    "sample": _doc({**_INT, "minimum": 1}, "How many labelled records are compared", EvalSpec.sample),
-    "min_accuracy": _doc({**_NUM, "minimum": 0}, "The accuracy (or the grader's mean) required",
-                         EvalSpec.min_accuracy),
-    "grader": _doc({**_STR, "pattern": ":"}, "module:function(output, expected, record_id) instead of equality"),
 }
 RETENTION_FIELDS: Fields = {
     "versions": _doc({**_INT, "minimum": 2}, "Versions of the name kept after a publish (never the published one "
@@ -280,9 +270,57 @@ def output_fields() -> dict[str, Mapping[str, Any]]:
     return out
 
 
+def validate_fields() -> dict[str, Mapping[str, Any]]:
+    """The validate section's fields: the core's, and each grader's keys."""
+    out: dict[str, Mapping[str, Any]] = dict(VALIDATE_FIELDS)
+    for key, grader in graders().items():
+        out[key] = grader.keys[key]
+    return out
+
+
+def graders() -> dict[str, GraderParser]:
+    """Each `validate` key a GRADERS member owns, and the member."""
+    found: dict[str, GraderParser] = keyed_members(GRADERS)
+    return found
+
+
+_Section = tuple[Callable[[], Mapping[str, Mapping[str, Any]]], frozenset[str]]
+
+
+def _fields_of(grader: GraderParser) -> Mapping[str, Mapping[str, Any]]:
+    return grader.fields
+
+
+class _Sections(Mapping[str, _Section]):
+    """`SECTIONS`, with each grader's section added when first read (the graders are found
+    through the registry, which imports them only then)."""
+
+    def __init__(self, fixed: Mapping[str, _Section]) -> None:
+        self._fixed = fixed
+        self._all: dict[str, _Section] | None = None
+
+    def _sections(self) -> dict[str, _Section]:
+        if self._all is None:
+            found = dict(self._fixed)
+            for key, grader in graders().items():
+                if grader.fields:
+                    found[f"validate.{key}"] = (functools.partial(_fields_of, grader), grader.required)
+            self._all = found
+        return self._all
+
+    def __getitem__(self, key: str) -> _Section:
+        return self._sections()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sections())
+
+    def __len__(self) -> int:
+        return len(self._sections())
+
+
 # A nested section's fields, by where it is (`*` any name), for the JSON Schema; with
 # the keys each requires.
-SECTIONS: Mapping[str, tuple[Callable[[], Mapping[str, Mapping[str, Any]]], frozenset[str]]] = {
+SECTIONS: Mapping[str, _Section] = _Sections({
     "": (lambda: TOP_FIELDS, frozenset({"name", "input", "model", "output"})),
     "input": (input_fields, frozenset()),
     "input.storage": (lambda: STORAGE_FIELDS, frozenset()),
@@ -292,16 +330,15 @@ SECTIONS: Mapping[str, tuple[Callable[[], Mapping[str, Mapping[str, Any]]], froz
     "decoding": (lambda: DECODING_FIELDS, frozenset()),
     "output": (output_fields, frozenset({"schema"})),
     "shards": (lambda: SHARD_FIELDS, frozenset()),
-    "validate": (lambda: VALIDATE_FIELDS, frozenset()),
+    "validate": (validate_fields, frozenset()),
     "validate.drift": (lambda: DRIFT_FIELDS, frozenset()),
-    "validate.eval": (lambda: EVAL_FIELDS, frozenset({"labels"})),
     "validate.reproduce": (lambda: REPRODUCE_FIELDS, frozenset({"sample"})),
     "retention": (lambda: RETENTION_FIELDS, frozenset()),
     "fallback": (lambda: FALLBACK_FIELDS, frozenset({"workers"})),
     "routing": (lambda: ROUTING_FIELDS, frozenset({"class_field", "providers"})),
     "routing.providers.*": (lambda: PROVIDER_FIELDS, frozenset({"api", "model", "classes", "retention"})),
     "routing.providers.*.prices": (lambda: PRICES_FIELDS, frozenset()),
-}
+})
 
 
 # --- parsing -------------------------------------------------------------------------------
@@ -348,10 +385,14 @@ def parse_spec(raw: Any, base_dir: Path, source: Path | None = None, *, resolved
     fallback = parse_fallback(top.get("fallback"), r)
     if fallback is not None and deadline is None:
         r.fail("fallback", "buys paid workers to hold a deadline: give deadline too (a time, or a window such as 6h)")
-    validate = _parse_validate(r, top.get("validate", {}) or {}, base_dir, label_field, shards.batch_size)
+    validate = _parse_validate(r, top.get("validate", {}) or {}, GraderContext(
+        name, base_dir, resolved, schema, label_field, input_spec.acl_field, shards.batch_size))
     if validate.reproduce is not None and top.get("routing") is not None:
         r.fail("validate.reproduce", "is not supported with routing: a hosted route's results are not recomputed "
                                      "here")
+    if validate.grader("injection") is not None and top.get("routing") is not None:
+        r.fail("validate.injection", "is not supported with routing: canaries run through the local engine, and a "
+                                     "hosted route's records would be answered by another model")
     provenance = r.boolean(out.get("provenance", False), "output.provenance")
     check_abort_rate(shards.abort_dead_letter_rate, validate, lambda msg: r.fail("shards.abort_dead_letter_rate",
                                                                                 msg))
@@ -754,9 +795,8 @@ def _parse_reproduce(r: SpecReader, raw: Any, label_field: str | None, workers_b
                             1.0))
 
 
-def _parse_validate(r: SpecReader, raw: Any, base_dir: Path, label_field: str | None,
-                    workers_batch: int) -> ValidateSpec:
-    val = r.section(raw, "validate", VALIDATE_FIELDS)
+def _parse_validate(r: SpecReader, raw: Any, ctx: GraderContext) -> ValidateSpec:
+    val = r.section(raw, "validate", validate_fields())
     dr = r.section(val.get("drift", {}) or {}, "validate.drift", DRIFT_FIELDS)
     drift = DriftSpec(
         max_psi=r.number(dr.get("max_psi", DriftSpec.max_psi), "validate.drift.max_psi", 0.0),
@@ -765,32 +805,18 @@ def _parse_validate(r: SpecReader, raw: Any, base_dir: Path, label_field: str | 
         max_vanished_categories=r.optional_int(dr.get("max_vanished_categories"),
                                                "validate.drift.max_vanished_categories", 0),
     )
-    evaluation = None
-    if val.get("eval") is not None:
-        ev = r.section(val["eval"], "validate.eval", EVAL_FIELDS, required={"labels"})
-        field_name = r.optional_string(ev.get("field"), "validate.eval.field") or label_field
-        if field_name is None:
-            r.fail("validate.eval.field", "is required when output.label_field is not set")
-        grader = r.optional_string(ev.get("grader"), "validate.eval.grader")
-        if grader is not None and ":" not in grader:
-            r.fail("validate.eval.grader", f"{grader!r} must be 'module:function'")
-        evaluation = EvalSpec(
-            labels=(base_dir / r.string(ev["labels"], "validate.eval.labels")).resolve(),
-            id_field=r.string(ev.get("id_field", EvalSpec.id_field), "validate.eval.id_field"),
-            label_field=r.string(ev.get("label_field", EvalSpec.label_field), "validate.eval.label_field"),
-            field=field_name,
-            sample=r.integer(ev.get("sample", EvalSpec.sample), "validate.eval.sample", 1),
-            min_accuracy=r.number(ev.get("min_accuracy", EvalSpec.min_accuracy), "validate.eval.min_accuracy", 0.0),
-            grader=grader,
-        )
+    members = graders()
+    # In the order the section names them: the report shows them in that order.
+    parsed = tuple(members[key].parse(key, val[key], r, ctx) for key in val
+                   if key in members and val[key] is not None)
     return ValidateSpec(
         max_dead_letter_rate=r.number(val.get("max_dead_letter_rate", ValidateSpec.max_dead_letter_rate),
                                       "validate.max_dead_letter_rate", 0.0, 1.0),
         schema_sample=r.optional_int(val.get("schema_sample"), "validate.schema_sample", 1),
         drift=drift,
-        eval=evaluation,
-        reproduce=_parse_reproduce(r, val["reproduce"], label_field, workers_batch)
+        reproduce=_parse_reproduce(r, val["reproduce"], ctx.label_field, ctx.workers_batch)
         if val.get("reproduce") is not None else None,
+        graders=parsed,
     )
 
 

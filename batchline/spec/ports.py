@@ -129,6 +129,15 @@ class SourceContext:
 
     input: InputSpec  # the fields records are read by (a table checks that its columns hold them)
     store_url: str | None = None  # the store's database, where a catalog may live
+    # Reads the records some results of a version answered (ids -> their shards) from that
+    # version's input, by their slices: the snapshot layer's, for a source that reads a job's
+    # records with its results (a judge's input).
+    records_of: RecordsOf | None = None
+
+
+class RecordsOf(Protocol):
+    def __call__(self, store: Any, version: str, spec: JobSpec, shard_of: Mapping[str, int]
+                 ) -> Mapping[str, Any]: ...
 
 
 @dataclass
@@ -288,3 +297,37 @@ class TargetSpec(Protocol):
         number), read from the store: what a worker's recorded file is checked against before it
         is published."""
         ...
+
+
+@dataclass(frozen=True)
+class GraderContext:
+    """What a grader's parser needs of the job besides its own section of `validate`."""
+
+    name: str  # the job's name
+    base_dir: Path  # a file the section names is relative to the spec's folder
+    resolved: bool  # a planned job's stored form: files the section named are already inline
+    output_schema: Mapping[str, Any]
+    label_field: str | None
+    acl_field: str | None  # input.acl_field: a grader that runs a job over this one carries the ACLs
+    workers_batch: int  # shards.batch_size: the workers' batch size
+
+
+class GraderSpec(Protocol):
+    """A grader's parsed section of `validate` (a type of the grader's own module): `key` is
+    the section's key; `to_dict` its stored form, which the grader's parser reads back."""
+
+    @property
+    def key(self) -> str: ...
+
+    def to_dict(self) -> Any: ...
+
+
+class GraderParser(Protocol):
+    """The parsing side of a GRADERS member: the `validate` keys it owns (`keys`, each with
+    its JSON Schema), the fields of its section where the section is a mapping, and its parser."""
+
+    keys: Mapping[str, Mapping[str, Any]]
+    fields: Mapping[str, Mapping[str, Any]]
+    required: frozenset[str]
+
+    def parse(self, key: str, value: Any, r: SpecReader, ctx: GraderContext) -> GraderSpec: ...

@@ -7,6 +7,8 @@ that was refused) and `DuplicateRecord` (an id planned twice).
 
 from __future__ import annotations
 
+import getpass
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -424,3 +426,12 @@ class DuplicateRecord(StoreError):
         super().__init__(f"duplicate id {record_id!r}")
         self.record_id = record_id
         self.first_shard = first_shard
+
+
+def who() -> str:
+    """Who an operation is recorded as done by: this process's user at this host."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"

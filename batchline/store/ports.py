@@ -474,6 +474,11 @@ class PublisherStore(ReaderStore, LineageAdmin, Protocol):
         """Deletes a version's rows, keeping any result a later version carries."""
         ...
 
+    def set_gate(self, version: str, gate: dict[str, Any], who: str) -> bool:
+        """Makes `gate` the version's spec's validate section (the gate it is validated by, which
+        is not part of what it computes); False where it is that already."""
+        ...
+
     def cancel(self, version: str, who: str, reason: str | None) -> bool:
         """Ends a version nobody will publish: it becomes `cancelled`, no shard of it is
         claimed again, and its leases end (each owner's next fenced write is refused).

@@ -1014,6 +1014,8 @@ PIN_RUNTIME = WorkerStatement(
     "batchline_now()) ON CONFLICT (version) DO NOTHING", inserts("engine_runtimes"), *reads("clock"))
 PINNED_RUNTIME = WorkerStatement("SELECT runtime, worker FROM engine_runtimes WHERE version = %(v)s",
                                  *reads("engine_runtimes"))
+# Only the spec's validate section changes: what the version computes is its hash's.
+SET_GATE = "UPDATE jobs SET spec = %(spec)s WHERE version = %(v)s AND state IN ('ready', 'halted', 'sealed')"
 CANCEL_JOB = ("UPDATE jobs SET state = 'cancelled' WHERE version = %(v)s "
               "AND state IN ('ready', 'halted', 'sealed')")
 # The epoch moves on, so the owner's next renewal or write is refused and it leaves the shard.

@@ -209,6 +209,24 @@ class Publishing(LineageOutbox):
                 raise StoreError(f"cannot {verb} {version}: a rollback of {job.name!r} would return to it")
         return job
 
+    def set_gate(self, version: str, gate: dict[str, Any], who: str) -> bool:
+        def body(tx: Tx) -> bool:
+            row = tx.one(self.q.JOB, {"v": version})
+            if row is None:
+                raise StoreError(f"no version {version} in {self.where()}")
+            job = self._job(row)
+            if job.spec.get("validate") == gate:
+                return False
+            spec = dict(job.spec)  # the key order kept, the section replaced in place
+            spec["validate"] = gate
+            if tx.run(self.q.SET_GATE, {"v": version, "spec": self._json(spec)}) != 1:
+                raise StoreError(f"cannot change the gate of {version}: it is {job.state}")
+            self._event(tx, "gate", version, None, None, None, {"who": who, "was": job.spec.get("validate"),
+                                                                "now": gate}, uuid.uuid4())
+            return True
+
+        return self._write(body)
+
     def cancel(self, version: str, who: str, reason: str | None) -> bool:
         op = uuid.uuid4()
 

@@ -678,6 +678,8 @@ KEYED_VERSION = "SELECT version FROM plan_keys WHERE name = :name AND key = :key
 PIN_RUNTIME = (f"INSERT INTO engine_runtimes (version, runtime, worker, pinned_at) VALUES (:v, :runtime, :w, {NOW_EXPR}) "
                "ON CONFLICT (version) DO NOTHING")
 PINNED_RUNTIME = "SELECT runtime, worker FROM engine_runtimes WHERE version = :v"
+# Only the spec's validate section changes: what the version computes is its hash's.
+SET_GATE = "UPDATE jobs SET spec = :spec WHERE version = :v AND state IN ('ready', 'halted', 'sealed')"
 CANCEL_JOB = "UPDATE jobs SET state = 'cancelled' WHERE version = :v AND state IN ('ready', 'halted', 'sealed')"
 # The epoch moves on, so the owner's next renewal or write is refused and it leaves the shard.
 END_LEASES = ("UPDATE shards SET state = 'ready', owner = NULL, epoch = epoch + 1, lease_expires = NULL "

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from batchline.api import Jobs
-from batchline.check.reproduce import choose
+from batchline.digests import choose
 from batchline.errors import BatchlineError
 from batchline.store import Store
 

@@ -144,7 +144,7 @@ def test_evaluation_on_labelled_records(job_factory: Any, store: Store, tmp_path
         ev["grader"] = "tests.integration.test_validate_publish:grade_first_letter"
     _spec, version = sealed_version(job_factory, store, records, validate={"eval": ev})
     check = validate(store, version).checks[-1]
-    assert check.name == "evaluation" and check.details["sample"] == 50
+    assert check.name == "labels" and check.details["sample"] == 50
     assert check.passed == (mode != "wrong")
     assert check.details["accuracy"] == (0.0 if mode == "wrong" else 1.0)
     # Where the answers went, label by label: the report draws this matrix.

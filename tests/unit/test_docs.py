@@ -105,7 +105,7 @@ def test_the_defaults_the_reference_shows_are_the_ones_the_parser_applies(tmp_pa
                        "routing": {"class_field": "c", "providers": {"p": {
                            "api": "openai", "model": "m", "classes": ["x"], "retention": "none"}}}}, tmp_path)
     where = {"input": spec.input, "decoding": spec.decoding, "shards": spec.shards, "validate": spec.validate,
-             "validate.drift": spec.validate.drift, "validate.eval": spec.validate.eval,
+             "validate.drift": spec.validate.drift, "validate.eval": spec.validate.grader("eval"),
              "retention": spec.retention, "routing.providers.*": spec.routing.providers[0] if spec.routing else None}
     from batchline.registry import FORMATS, loaded
     from batchline.spec.reader import SpecReader

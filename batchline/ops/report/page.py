@@ -342,14 +342,38 @@ def _validation_section(d: ReportData) -> str:
         f'<tr><td>{esc(c.get("name", ""))}</td><td class="{"pass" if c.get("passed") else "fail"}">'
         f'{"pass" if c.get("passed") else "FAIL"}</td><td>{esc(c.get("figure", ""))}</td></tr>'
         for c in checks if isinstance(c, dict))
-    evaluation = next((c for c in checks if isinstance(c, dict) and c.get("name") == "evaluation"), None)
+    evaluation = next((c for c in checks if isinstance(c, dict) and c.get("name") == "labels"), None)
     reproduced = next((c for c in checks if isinstance(c, dict) and c.get("name") == "reproducibility"), None)
     return (f'<section><h2>Validation <span class="badge {"good" if v.passed else "bad"}">'
             f'{"passed" if v.passed else "failed"}</span></h2><p class="what">The latest validation, '
             f'{esc(utc(v.ts))}.</p><table><thead><tr><th>check</th><th>result</th><th>figure</th></tr></thead>'
             f"<tbody>{rows}</tbody></table>"
             + (confusion_table(evaluation.get("details") or {}) if evaluation else "")
+            + "".join(graded(c) for c in checks if isinstance(c, dict))
             + (disagreements(reproduced.get("details") or {}) if reproduced else "") + "</section>")
+
+
+def graded(check: dict[str, Any]) -> str:
+    """A grader's share per category and its failing examples (batchline.check.graders.base's
+    details, which every grader reports through)."""
+    details = check.get("details") or {}
+    per = details.get("by_category")
+    if not isinstance(per, dict) or not per:
+        return ""
+    rows = "".join(
+        f'<tr><td>{esc(str(cat))}</td><td class="num">{int(v.get("graded", 0)):,}</td>'
+        f'<td class="num">{float(v.get("share", 0.0)):.1%}</td></tr>'
+        for cat, v in per.items() if isinstance(v, dict))
+    failing = details.get("failing") or []
+    items = "".join(f'<li><code>{esc(str(f.get("id", "")))}</code> ({esc(str(f.get("category", "")))}): '
+                    f'{esc(str(f.get("why", "")))}</li>' for f in failing if isinstance(f, dict))
+    name = esc(str(check.get("name", "")))
+    cost = details.get("seconds_per_1000")
+    spent = f" Graded at {float(cost):,.1f} s per 1,000 results." if cost is not None else ""
+    return (f'<h3>{name}: the share that passes, per category</h3><p class="what">{spent}</p>'
+            f'<table><thead><tr><th>category</th><th class="num">graded</th><th class="num">passes</th></tr></thead>'
+            f"<tbody>{rows}</tbody></table>"
+            + (f"<h4>{name}: failing ({len(failing)} shown)</h4><ul>{items}</ul>" if items else ""))
 
 
 def disagreements(details: dict[str, Any]) -> str:
