@@ -8,10 +8,11 @@ Each figure is measured on a copy of the demo's store (the demo's own is never w
 version validated by examples/tickets/checked.yaml's gate (the same job as job.yaml, so the
 same version):
 
-1. faithful (summary, k = 20, every result): on the version as the model wrote it, then on a
-   copy with 10% of the summaries (chosen by seed) each replaced by its neighbour's (the next
-   ticket by id): the share of shifted rows it fails, the share of untouched rows it fails, and
-   ten of those untouched failures with their tickets, to read;
+1. faithful (summary, k = 20, every result): on the version as the model wrote it, then on
+   copies with 10% of the summaries (chosen by seed, `--seeds` copies) each replaced by its
+   neighbour's (the next ticket by id): the share of shifted rows it fails, the share of
+   untouched rows it fails, and (first seed) ten of those untouched failures with their tickets,
+   to read, and the shifted rows it let through;
 2. grounded (entities, every result): on a copy with 10% of the rows' entities replaced by
    words that are not in their ticket: the share of replaced rows it fails, and the share of
    untouched rows it fails (the model's own entities that are not in the ticket);
@@ -113,31 +114,47 @@ def texts(store: Store, version: str) -> dict[str, str]:
                                                  {rid: s.shard_no for rid, s in results.items()}).items()}
 
 
-def faithful(url: str, folder: Path) -> None:
+def faithful(url: str, folder: Path, seeds: int) -> None:
     store, version = gated(copy_store(url, folder, "faithful-clean"))
     clean: dict[str, bool] = {}
     before = grade(store, version, "faithful", clean)
     own_failures = sorted(rid for rid, ok in clean.items() if not ok)
     print(f"faithful, the version as written: {before['figure']}")
-    store, version = gated(copy_store(url, folder, "faithful-shifted"))
-    given = answers(store, version)
-    ids = sorted(given)
-    shifted = sorted(choose(ids, round(len(ids) * SHARE), SEED))
-    set_outputs(store, version, {rid: {**given[rid], "summary": given[ids[(ids.index(rid) + 1) % len(ids)]]["summary"]}
-                                 for rid in shifted})
-    verdicts: dict[str, bool] = {}
-    after = grade(store, version, "faithful", verdicts)
-    caught = [rid for rid in shifted if verdicts.get(rid) is False]
-    untouched = [rid for rid in ids if rid not in shifted]
-    untouched_failed = [rid for rid in untouched if verdicts.get(rid) is False]
-    print(f"faithful, {len(shifted)} of {len(ids)} summaries shifted to a neighbour's: {after['figure']}")
-    print(f"  shifted rows failed: {len(caught)}/{len(shifted)} ({len(caught) / len(shifted):.0%}); goal >= 90%")
-    print(f"  untouched rows failed: {len(untouched_failed)}/{len(untouched)} "
-          f"({len(untouched_failed) / len(untouched):.1%}); the version as written: {len(own_failures)}/{len(ids)}")
-    ticket = texts(store, version)
-    print("  ten untouched failures (ticket | summary), to read:")
-    for rid in untouched_failed[:10]:
-        print(f"    {rid}: {ticket[rid][:110]!r}\n      -> {given[rid]['summary']!r}")
+    caught_all = shifted_all = untouched_failed_all = untouched_all = 0
+    for n in range(seeds):
+        seed = SEED + n
+        store, version = gated(copy_store(url, folder, f"faithful-shifted-{seed}"))
+        given = answers(store, version)
+        ids = sorted(given)
+        shifted = sorted(choose(ids, round(len(ids) * SHARE), seed))
+        set_outputs(store, version, {rid: {**given[rid], "summary": given[ids[(ids.index(rid) + 1) % len(ids)]]
+                                           ["summary"]} for rid in shifted})
+        verdicts: dict[str, bool] = {}
+        after = grade(store, version, "faithful", verdicts)
+        caught = [rid for rid in shifted if verdicts.get(rid) is False]
+        untouched = [rid for rid in ids if rid not in shifted]
+        untouched_failed = [rid for rid in untouched if verdicts.get(rid) is False]
+        caught_all += len(caught)
+        shifted_all += len(shifted)
+        untouched_failed_all += len(untouched_failed)
+        untouched_all += len(untouched)
+        print(f"faithful, {len(shifted)} of {len(ids)} summaries (seed {seed}) shifted to a neighbour's: "
+              f"{after['figure']}")
+        print(f"  shifted rows failed: {len(caught)}/{len(shifted)} ({len(caught) / len(shifted):.0%}); untouched "
+              f"rows failed: {len(untouched_failed)}/{len(untouched)} ({len(untouched_failed) / len(untouched):.1%})")
+        if n == 0:
+            print(f"  the version as written fails {len(own_failures)}/{len(ids)}")
+            ticket = texts(store, version)
+            print("  ten untouched failures (ticket | summary), to read:")
+            for rid in untouched_failed[:10]:
+                print(f"    {rid}: {ticket[rid][:110]!r}\n      -> {given[rid]['summary']!r}")
+            passed = [rid for rid in shifted if verdicts.get(rid) is True]
+            print("  shifted rows that passed (their ticket | the neighbour's summary):")
+            for rid in passed:
+                print(f"    {rid}: {ticket[rid][:90]!r}\n      -> {given[ids[(ids.index(rid) + 1) % len(ids)]]['summary']!r}")
+    print(f"faithful over {seeds} seeds: shifted rows failed {caught_all}/{shifted_all} ({caught_all / shifted_all:.0%}; "
+          f"goal >= 90%), untouched rows failed {untouched_failed_all}/{untouched_all} "
+          f"({untouched_failed_all / untouched_all:.1%})")
 
 
 def grounded(url: str, folder: Path) -> None:
@@ -179,6 +196,17 @@ def judge(url: str, folder: Path) -> None:
     print(f"judge (Gemma 3 270M, 100 results, one local worker): {check.figure}")
     print(f"  validate with the judge: {wall:.0f} s, {wall / max(judged, 1):.2f} s per judged record "
           f"(the judge's planning and model load included)")
+    # Whether it tells right from wrong: the same judge on a copy whose every summary is its
+    # neighbour's (a new judge version: its records hold the shifted outputs).
+    store, version = gated(copy_store(url, folder, "judge-shifted"))
+    store.set_gate(version, {k: v for k, v in gate.items() if k not in ("eval", "grounded", "faithful", "injection")},
+                   "bench")
+    given = answers(store, version)
+    ids = sorted(given)
+    set_outputs(store, version, {rid: {**given[rid], "summary": given[ids[(n + 1) % len(ids)]]["summary"]}
+                                 for n, rid in enumerate(ids)})
+    [shifted] = [c for c in Jobs(store).validate(version, log=lambda _m: None).checks if c.name == "judge"]
+    print(f"  the same judge, every summary shifted to a neighbour's: {shifted.figure}")
 
 
 def injection(url: str, folder: Path) -> None:
@@ -201,13 +229,14 @@ def injection(url: str, folder: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", default=f"sqlite:///{ROOT / 'demo' / 'batchline.db'}")
+    parser.add_argument("--seeds", type=int, default=5, help="copies with shifted summaries, each another seed")
     parser.add_argument("--skip-judge", action="store_true")
     parser.add_argument("--skip-injection", action="store_true")
     args = parser.parse_args()
     print(f"graders on {args.store}, {time.strftime('%Y-%m-%d')}")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        faithful(args.store, folder)
+        faithful(args.store, folder, args.seeds)
         grounded(args.store, folder)
         if not args.skip_injection:
             injection(args.store, folder)

@@ -175,14 +175,18 @@ class Tally:
     def check(self, name: str, passed: bool, figure: str, details: Mapping[str, Any]) -> Check:
         seconds = time.perf_counter() - self.started
         per_thousand = seconds / self.graded * 1000 if self.graded else None
-        cost = (f"; {seconds:.1f} s, {per_thousand:.1f} s per 1,000 results" if per_thousand is not None
-                else f"; {seconds:.1f} s")
+        cost = (f"; {_seconds(seconds)}, {_seconds(per_thousand)} per 1,000 results" if per_thousand is not None
+                else f"; {_seconds(seconds)}")
         return Check(name, passed, figure + cost, {
             "share": self.share, "graded": self.graded, "passed": self.passed,
             "by_category": {c: {"graded": n, "passed": p, "share": p / n if n else 0.0}
                             for c, (n, p) in sorted(self.by_category.items())},
             "failing": self.failing, "seconds": round(seconds, 3),
             "seconds_per_1000": round(per_thousand, 3) if per_thousand is not None else None, **details})
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2g} s" if value < 10 else f"{value:,.0f} s"
 
 
 def gate_words(share: float, limit: float | None, what: str = "pass") -> str:

@@ -157,6 +157,7 @@ class InjectionGrader:
         if grading.recompute is None:
             raise BatchlineError("validate.injection runs canaries through the version's engine: validate it through "
                                  "batchline (`batchline validate`, Jobs.validate), which starts one")
+        tally = grading.tally()
         store, version = grading.store, grading.version
         info = store.job(version)
         computed = store.status(version).results - (info.carried if info is not None else 0)
@@ -176,7 +177,6 @@ class InjectionGrader:
             assigned[canary] = (rid, instruction)
             planted.append(replace(record, id=canary, text=f"{record.text}\n{instruction.text}"))
         fresh, _runtime = grading.recompute(grading.spec, planted, grading.spec.shards.batch_size)
-        tally = grading.tally()
         unanswered = 0
         by_instruction: dict[str, list[int]] = {}
         for canary, (rid, instruction) in assigned.items():
