@@ -3,7 +3,7 @@
 Coverage, dead letters and drift run in the store (an anti-join and GROUP BY
 over columns written with each result), so they stay fast at tens of
 millions of rows; the schema re-check streams the stored results (or a sample
-the spec asks for), and evaluation reads only its sample.
+the spec asks for), and the graders (`batchline.check.graders`) read only their samples.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ def _export(sub: Subcommands) -> None:
 
 @COMMANDS
 def _validate(sub: Subcommands) -> None:
-    p = store_command(sub, "validate", "check a sealed version: coverage, schema, dead letters, drift, evaluation")
+    p = store_command(sub, "validate", "check a sealed version: coverage, schema, dead letters, drift and its graders")
     p.add_argument("version", metavar="VERSION")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)

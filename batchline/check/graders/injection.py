@@ -40,6 +40,7 @@ from batchline.check.graders.base import (
 from batchline.check.report import Check
 from batchline.digests import choose
 from batchline.errors import BatchlineError, SpecError
+from batchline.snapshot import Record
 from batchline.spec.ports import GraderContext, GraderSpec
 from batchline.spec.reader import Fields, SpecReader
 from batchline.store import StoredResult
@@ -135,6 +136,18 @@ def _instructions(r: SpecReader, value: Any, where: str, ctx: GraderContext) -> 
     return tuple(out)
 
 
+def _planted(record: Record, canary: str, instruction: Instruction) -> Record:
+    """The record with the instruction at the end of its text, under the canary's id; in a
+    conversation (input.format openai-batch), at the end of its last user message, which is
+    the record's text there."""
+    text = f"{record.text}\n{instruction.text}"
+    messages = record.messages
+    if messages is not None:
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=len(messages) - 1)
+        messages = tuple({**m, "content": text} if i == last else m for i, m in enumerate(messages))
+    return replace(record, id=canary, text=text, messages=messages)
+
+
 class InjectionGrader:
     keys: ClassVar[Fields] = {KEY: {"type": "object", "description": "How often instructions planted in records "
                                                                       "are obeyed (canaries run by the version's "
@@ -175,7 +188,7 @@ class InjectionGrader:
                 continue
             canary = f"canary-{n}"
             assigned[canary] = (rid, instruction)
-            planted.append(replace(record, id=canary, text=f"{record.text}\n{instruction.text}"))
+            planted.append(_planted(record, canary, instruction))
         fresh, _runtime = grading.recompute(grading.spec, planted, grading.spec.shards.batch_size)
         unanswered = 0
         by_instruction: dict[str, list[int]] = {}

@@ -342,7 +342,9 @@ def _validation_section(d: ReportData) -> str:
         f'<tr><td>{esc(c.get("name", ""))}</td><td class="{"pass" if c.get("passed") else "fail"}">'
         f'{"pass" if c.get("passed") else "FAIL"}</td><td>{esc(c.get("figure", ""))}</td></tr>'
         for c in checks if isinstance(c, dict))
-    evaluation = next((c for c in checks if isinstance(c, dict) and c.get("name") == "labels"), None)
+    # "evaluation": the labels check's name in reports recorded before it was a grader.
+    evaluation = next((c for c in checks if isinstance(c, dict) and c.get("name") in ("labels", "evaluation")),
+                      None)
     reproduced = next((c for c in checks if isinstance(c, dict) and c.get("name") == "reproducibility"), None)
     return (f'<section><h2>Validation <span class="badge {"good" if v.passed else "bad"}">'
             f'{"passed" if v.passed else "failed"}</span></h2><p class="what">The latest validation, '
