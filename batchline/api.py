@@ -168,17 +168,20 @@ class Jobs:
 
     # --- planning and running ---------------------------------------------------------------
 
-    def plan(self, spec: str | Path, *, log: Callable[[str], None] = _stderr) -> PlanResult:
+    def plan(self, spec: str | Path, *, plan_key: str | None = None,
+             log: Callable[[str], None] = _stderr) -> PlanResult:
         """Plans the job if its version is new (`created`). `log` gets what planning says,
         among it where records go and what each hosted provider keeps: said before anything
-        is sent, so it goes to stderr unless told otherwise."""
-        from batchline.plan.planner import plan as plan_spec
+        is sent, so it goes to stderr unless told otherwise. `plan_key` (a scheduled run's
+        key, as `run` takes it): the first plan with it keys the version planned, and every
+        later one with it returns that version, whatever the input has become (a retried
+        task after a glob or a table's snapshot moved)."""
         from batchline.spec import load_spec
 
         job = load_spec(spec)
         with self._opened(create=True) as s:
             _say_created(s, log)
-            return plan_spec(job, s, log=log)
+            return _plan_once(s, job, plan_key, log)
 
     def preview(self, spec: str | Path, *, log: Callable[[str], None] = _stderr) -> PlanPreview:
         """What `plan` would do now, writing nothing (a store that does not exist is not made):
@@ -255,7 +258,8 @@ class Jobs:
             if refusal is not None:
                 raise SpecError(refusal)  # before anything is planned or started
             _say_created(s, log)
-            version, created = _plan_once(s, job, plan_key, log)
+            planned = _plan_once(s, job, plan_key, log)
+            version, created = planned.version, planned.created
             log(f"version {version}")
             _refuse_cancelled(s, version)
             halt = s.halt_of(version)
@@ -493,7 +497,7 @@ def _run_to_seal(s: Store, log: Callable[[str], None], job: JobSpec, workers: in
     """`job` planned (or found) and run by `workers` local workers until it is sealed."""
     from batchline.ops.runner import LocalRunner, default_log_dir
 
-    version, _created = _plan_once(s, job, None, log)
+    version = _plan_once(s, job, None, log).version
     _refuse_cancelled(s, version)
     info = s.job(version)
     if info is not None and info.state == "sealed":
@@ -512,8 +516,8 @@ def _run_to_seal(s: Store, log: Callable[[str], None], job: JobSpec, workers: in
     return version
 
 
-def _plan_once(s: Store, job: JobSpec, plan_key: str | None, log: Callable[[str], None]) -> tuple[str, bool]:
-    """The version to run and whether this call planned it: without a key, the job's
+def _plan_once(s: Store, job: JobSpec, plan_key: str | None, log: Callable[[str], None]) -> PlanResult:
+    """The version to run, and whether this call planned it: without a key, the job's
     version now; with one, the version the key names, planned and keyed here if none is."""
     from batchline.plan.planner import plan as plan_spec
 
@@ -521,10 +525,10 @@ def _plan_once(s: Store, job: JobSpec, plan_key: str | None, log: Callable[[str]
         keyed = s.keyed_version(job.name, plan_key)
         if keyed is not None:
             log(f"run {plan_key!r} of {job.name} was planned as {keyed}; running it")
-            return keyed, False
+            return _existing(s, job, keyed, log)
     planned = plan_spec(job, s, log=log)
     if plan_key is None:
-        return planned.version, planned.created
+        return planned
     keyed = s.key_plan(job.name, plan_key, planned.version)
     if keyed != planned.version:
         # Another slot of the same run planned first, from an older snapshot: its version is the run's.
@@ -534,8 +538,19 @@ def _plan_once(s: Store, job: JobSpec, plan_key: str | None, log: Callable[[str]
             from batchline.store.model import who
 
             s.cancel(planned.version, who(), f"run {plan_key!r} was keyed to {keyed} first")
-        return keyed, False
-    return keyed, planned.created
+        return _existing(s, job, keyed, log)
+    return planned
+
+
+def _existing(s: Store, job: JobSpec, version: str, log: Callable[[str], None]) -> PlanResult:
+    """A version a key names, as a plan's result; its gate made the spec's, as planning it again
+    would make it."""
+    from batchline.plan.planner import PlanResult, keep_gate
+    from batchline.store import require_job
+
+    info = require_job(s, version)
+    keep_gate(job, s, info, log)
+    return PlanResult(version, False, info.record_count, info.shard_count, 0)
 
 
 def __getattr__(name: str) -> Any:

@@ -55,6 +55,9 @@ def _plan(sub: Subcommands) -> None:
                    help="say what planning would do (records carried, to infer, removed, dead-lettered) and "
                         "write nothing")
     p.add_argument("--json", action="store_true", help="with --dry-run: the figures as JSON")
+    p.add_argument("--plan-key", default=None, metavar="KEY",
+                   help="a scheduled run's key, as run takes it: the first plan with KEY keys the version it plans, "
+                        "every later one prints that version, whatever the input has become")
     p.set_defaults(func=cmd_plan)
 
 
@@ -251,13 +254,15 @@ def _store(args: argparse.Namespace) -> Store:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.dry_run and args.plan_key is not None:
+        raise BatchlineError("--plan-key keys the version planned and --dry-run writes nothing: give one of them")
     if args.dry_run:
         preview = Jobs(args.store).preview(args.spec)
         print(json.dumps(preview.to_json(), indent=2) if args.json else preview.table())
         return 0
     if args.json:
         raise BatchlineError("--json goes with --dry-run (a plan prints its version)")
-    result = Jobs(args.store).plan(args.spec)
+    result = Jobs(args.store).plan(args.spec, plan_key=args.plan_key)
     if not result.created:
         print(f"already planned: {result.records} records in {result.shards} shards", file=sys.stderr)
     print(result.version)

@@ -65,7 +65,7 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     version = spec.version(digest, base)
     existing = store.job(version)
     if existing is not None and existing.state not in ("planning", "removed"):
-        _keep_gate(spec, store, existing, log)
+        keep_gate(spec, store, existing, log)
         return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
 
     _check_weights(spec)
@@ -191,7 +191,7 @@ def estimate_records(source: Source, fmt: str) -> int:
     return input_format(fmt).count(source)
 
 
-def _keep_gate(spec: JobSpec, store: Store, existing: JobInfo, log: Callable[[str], None]) -> None:
+def keep_gate(spec: JobSpec, store: Store, existing: JobInfo, log: Callable[[str], None]) -> None:
     """The spec's gate (its validate section) made the version's: a check added to a job's spec
     applies to the version its content already is, which is not computed again for it. A
     cancelled version keeps the gate it had."""

@@ -80,8 +80,8 @@ def test_a_slot_that_planned_a_newer_snapshot_runs_the_version_keyed_first_and_c
     write_jsonl(data, make_records(31))
     said: list[str] = []
     racing: Any = _RacingSlot(store)
-    version, created = _plan_once(racing, load_spec(spec_path), TONIGHT, said.append)
-    assert (version, created) == (winner, False)
+    result = _plan_once(racing, load_spec(spec_path), TONIGHT, said.append)
+    assert (result.version, result.created, result.records) == (winner, False, 30)
     [loser] = [j for j in store.jobs() if j.version != winner]
     assert loser.state == "cancelled"
     assert any(f"was planned as {winner} meanwhile" in line for line in said)

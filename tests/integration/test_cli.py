@@ -253,3 +253,30 @@ def test_a_published_name_exported_to_a_parquet_file_writes_that_file(
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "x.parquet").is_file() and f"of {version} to {tmp_path / 'x.parquet'}" in done.stderr
     assert sorted(r["id"] for r in pq.read_table(tmp_path / "x.parquet").to_pylist()) == [f"r{i:06d}" for i in range(8)]
+
+
+def test_a_retried_plan_planned_a_new_version_after_its_input_moved(job_factory: Any, store_url: str,
+                                                                    store: Store) -> None:
+    """`plan --plan-key` (and Jobs.plan(plan_key=...)) as `run` takes it: the retry of a scheduled
+    plan, after a record was added to its input, returns the version the key was planned as."""
+    import yaml
+
+    from batchline.api import Jobs
+
+    spec = job_factory(n=20)
+    key = "2026-12-06T02:00"
+    first = cli("plan", str(spec), "--store", store_url, "--plan-key", key)
+    assert first.returncode == 0, first.stderr
+    version = first.stdout.strip()
+    data = Path(yaml.safe_load(spec.read_text())["input"]["path"])
+    data.write_text(data.read_text() + json.dumps({"id": "late", "text": "a ticket filed after the plan",
+                                                               "acl": ["g"]}) + "\n")
+    again = Jobs(store_url).plan(spec, plan_key=key, log=lambda _m: None)
+    assert (again.version, again.created, again.records) == (version, False, 20)
+    retried = cli("plan", str(spec), "--store", store_url, "--plan-key", key)
+    assert retried.stdout.strip() == version and f"run {key!r} of test-job was planned as {version}" in retried.stderr
+    fresh = Jobs(store_url).plan(spec, log=lambda _m: None)
+    assert fresh.version != version and fresh.records == 21 and fresh.created
+    refused = cli("plan", str(spec), "--store", store_url, "--plan-key", key, "--dry-run")
+    assert refused.returncode != 0 and refused.stderr.count("\n") == 1
+    assert "--plan-key keys the version planned and --dry-run writes nothing" in refused.stderr
