@@ -23,7 +23,7 @@ from batchline.digests import choose
 from batchline.snapshot import Record, records_of
 from batchline.spec import JobSpec
 from batchline.spec.ports import GraderSpec
-from batchline.spec.reader import SpecReader
+from batchline.spec.reader import Fields, SpecReader
 from batchline.store import Store, StoredResult
 
 EXAMPLES_SHOWN = 10
@@ -74,6 +74,38 @@ def sample_dict(sample: int | None) -> int | str:
 
 
 SAMPLE_SCHEMA: Mapping[str, Any] = {"anyOf": [{"type": "integer", "minimum": 1}, {"const": ALL}]}
+
+
+def sample_fields(sample: int, min_share: float, seed_chooses: str = "the sample") -> Fields:
+    """The fields of a grader that grades a seeded sample against a share: `sample`, `seed`,
+    `min_share`, with the grader's defaults."""
+    return {
+        "sample": {**SAMPLE_SCHEMA, "description": "How many results are graded, chosen by the seed; all for every "
+                                                   "one", "default": sample},
+        "seed": {"type": "integer", "minimum": 0, "description": f"Chooses {seed_chooses}", "default": 0},
+        "min_share": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
+                      "description": "The share of graded results that must pass (null: reported only)",
+                      "default": min_share},
+    }
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A section's `sample` (None: every result), `seed` and `min_share` (None: reported only)."""
+
+    sample: int | None
+    seed: int
+    min_share: float | None
+
+    @classmethod
+    def read(cls, r: SpecReader, section: Mapping[str, Any], where: str, fields: Fields) -> Sampled:
+        limit = section.get("min_share", fields["min_share"]["default"])
+        return cls(read_sample(r, section.get("sample", fields["sample"]["default"]), f"{where}.sample"),
+                   r.integer(section.get("seed", 0), f"{where}.seed", 0),
+                   None if limit is None else r.number(limit, f"{where}.min_share", 0.0, 1.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sample": sample_dict(self.sample), "seed": self.seed, "min_share": self.min_share}
 
 
 def sampled_results(store: Store, version: str, sample: int | None, seed: int) -> dict[str, StoredResult]:
@@ -189,9 +221,13 @@ def _seconds(value: float) -> str:
     return f"{value:.2g} s" if value < 10 else f"{value:,.0f} s"
 
 
+def limit_words(limit: float | None) -> str:
+    """A gate's limit as a figure says it: a share, or that there is none."""
+    return f"limit {limit:.0%}" if limit is not None else "reported, no limit"
+
+
 def gate_words(share: float, limit: float | None, what: str = "pass") -> str:
-    return (f"{share:.1%} {what} (limit {limit:.0%})" if limit is not None
-            else f"{share:.1%} {what} (reported, no limit)")
+    return f"{share:.1%} {what} ({limit_words(limit)})"
 
 
 def at_least(share: float, limit: float | None, graded: int) -> bool:

@@ -25,15 +25,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from batchline.check.graders.base import (
-    SAMPLE_SCHEMA,
     Grading,
+    Sampled,
     at_least,
     category,
     field_value,
     gate_words,
     output_of,
-    read_sample,
-    sample_dict,
+    sample_fields,
     sampled_results,
     schema_of,
     schema_types,
@@ -60,15 +59,12 @@ MINILM_DIGEST = "sha256:04b1622bdf2efd1182cf06be234900d203a263b6617ef5cc7919ce71
 @dataclass(frozen=True)
 class FaithfulSpec:
     field: str
+    sampled: Sampled
     k: int = DEFAULT_K
-    sample: int | None = DEFAULT_SAMPLE
-    seed: int = 0
-    min_share: float | None = 0.9
     key: str = KEY
 
     def to_dict(self) -> dict[str, Any]:
-        return {"field": self.field, "k": self.k, "sample": sample_dict(self.sample), "seed": self.seed,
-                "min_share": self.min_share}
+        return {"field": self.field, "k": self.k, **self.sampled.to_dict()}
 
 
 FIELDS: Fields = {
@@ -76,12 +72,7 @@ FIELDS: Fields = {
                                                                  "its own record"},
     "k": {"type": "integer", "minimum": 1, "description": "Other records each result is compared with",
           "default": DEFAULT_K},
-    "sample": {**SAMPLE_SCHEMA, "description": "How many results are graded, chosen by the seed; all for every one",
-               "default": DEFAULT_SAMPLE},
-    "seed": {"type": "integer", "minimum": 0, "description": "Chooses the sample and the others", "default": 0},
-    "min_share": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
-                  "description": "The share of graded results that must be faithful (null: reported only)",
-                  "default": 0.9},
+    **sample_fields(DEFAULT_SAMPLE, 0.9, "the sample and the others"),
 }
 
 
@@ -122,17 +113,14 @@ class FaithfulGrader:
         if schema_types(node) != {"string"}:
             r.fail(f"{where}.field", f"{name!r} is {' or '.join(sorted(schema_types(node))) or 'untyped'} in the "
                                      "output schema; a faithful field is a string")
-        limit = sec.get("min_share", FaithfulSpec.min_share)
-        return FaithfulSpec(
-            field=name, k=r.integer(sec.get("k", DEFAULT_K), f"{where}.k", 1),
-            sample=read_sample(r, sec.get("sample", DEFAULT_SAMPLE), f"{where}.sample"),
-            seed=r.integer(sec.get("seed", 0), f"{where}.seed", 0),
-            min_share=None if limit is None else r.number(limit, f"{where}.min_share", 0.0, 1.0))
+        return FaithfulSpec(field=name, sampled=Sampled.read(r, sec, where, FIELDS),
+                            k=r.integer(sec.get("k", DEFAULT_K), f"{where}.k", 1))
 
     def grade(self, grading: Grading, spec: GraderSpec) -> Check:
         assert isinstance(spec, FaithfulSpec)
         tally = grading.tally()
-        pairs = with_records(grading, sampled_results(grading.store, grading.version, spec.sample, spec.seed))
+        sampled = spec.sampled
+        pairs = with_records(grading, sampled_results(grading.store, grading.version, sampled.sample, sampled.seed))
         try:
             engine = embedder()
         except EngineFatal as exc:
@@ -147,7 +135,7 @@ class FaithfulGrader:
             engine.close()
         n = len(pairs)
         k = min(spec.k, n - 1)
-        rng = random.Random(spec.seed)
+        rng = random.Random(sampled.seed)
         margins: list[float] = []
         for i, ((result, _record), output, value) in enumerate(zip(pairs, outputs, values, strict=True)):
             cat = category(grading.spec, output)
@@ -165,12 +153,11 @@ class FaithfulGrader:
             tally.add(result.record_id, cat, own > bar,
                       f"similarity to its own record {own:.3f}, not above the {PERCENTILE:.0f}th percentile "
                       f"{bar:.3f} of {k} others: {spec.field} {short(value, 100)!r}")
-        passed = at_least(tally.share, spec.min_share, tally.graded)
-        figure = (f"{gate_words(tally.share, spec.min_share, 'faithful')} of {tally.graded:,} results "
+        passed = at_least(tally.share, sampled.min_share, tally.graded)
+        figure = (f"{gate_words(tally.share, sampled.min_share, 'faithful')} of {tally.graded:,} results "
                   f"({spec.field} nearer its own record than the {PERCENTILE:.0f}th percentile of {k} others)")
         return tally.check(KEY, passed, figure, {
-            "min_share": spec.min_share, "field": spec.field, "k": k, "seed": spec.seed,
-            "sample": sample_dict(spec.sample),
+            "field": spec.field, "k": k, **sampled.to_dict(),
             "median_margin": float(np.median(margins)) if margins else None})
 
 

@@ -19,16 +19,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from batchline.check.graders.base import (
-    SAMPLE_SCHEMA,
     Grading,
+    Sampled,
     at_least,
     category,
     field_value,
     gate_words,
     mapping_or_list,
     output_of,
-    read_sample,
-    sample_dict,
+    sample_fields,
     sampled_results,
     schema_of,
     schema_types,
@@ -52,25 +51,17 @@ def normalise(text: str) -> str:
 @dataclass(frozen=True)
 class GroundedSpec:
     fields: tuple[str, ...]
-    sample: int | None = DEFAULT_SAMPLE  # None: every result
-    seed: int = 0
-    min_share: float | None = 1.0  # None: reported, never a failure
+    sampled: Sampled
     key: str = KEY
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fields": list(self.fields), "sample": sample_dict(self.sample), "seed": self.seed,
-                "min_share": self.min_share}
+        return {"fields": list(self.fields), **self.sampled.to_dict()}
 
 
 FIELDS: Fields = {
     "fields": {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
                "description": "Output fields (a string or an array of strings) whose values must occur in the record"},
-    "sample": {**SAMPLE_SCHEMA, "description": "How many results are graded, chosen by the seed; all for every one",
-               "default": DEFAULT_SAMPLE},
-    "seed": {"type": "integer", "minimum": 0, "description": "Chooses the sample", "default": 0},
-    "min_share": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
-                  "description": "The share of graded results that must be grounded (null: reported only)",
-                  "default": 1.0},
+    **sample_fields(DEFAULT_SAMPLE, 1.0),
 }
 
 
@@ -97,17 +88,13 @@ class GroundedGrader:
             if not strings:
                 r.fail(f"{where}.fields", f"{name!r} is {' or '.join(sorted(kinds)) or 'untyped'} in the output "
                                           "schema; a grounded field is a string or an array of strings")
-        limit = sec.get("min_share", GroundedSpec.min_share)
-        return GroundedSpec(
-            fields=tuple(names),
-            sample=read_sample(r, sec.get("sample", DEFAULT_SAMPLE), f"{where}.sample"),
-            seed=r.integer(sec.get("seed", 0), f"{where}.seed", 0),
-            min_share=None if limit is None else r.number(limit, f"{where}.min_share", 0.0, 1.0))
+        return GroundedSpec(fields=tuple(names), sampled=Sampled.read(r, sec, where, FIELDS))
 
     def grade(self, grading: Grading, spec: GraderSpec) -> Check:
         assert isinstance(spec, GroundedSpec)
         tally = grading.tally()
-        results = sampled_results(grading.store, grading.version, spec.sample, spec.seed)
+        limit = spec.sampled.min_share
+        results = sampled_results(grading.store, grading.version, spec.sampled.sample, spec.sampled.seed)
         values_checked = values_missing = 0
         for result, record in with_records(grading, results):
             output = output_of(result)
@@ -124,12 +111,11 @@ class GroundedGrader:
                         missing.append(f"{name} {short(item, 60)!r}")
             tally.add(result.record_id, category(grading.spec, output), not missing,
                       "not in the record: " + ", ".join(missing))
-        passed = at_least(tally.share, spec.min_share, tally.graded)
-        figure = (f"{gate_words(tally.share, spec.min_share, 'grounded')} of {tally.graded:,} results "
+        passed = at_least(tally.share, limit, tally.graded)
+        figure = (f"{gate_words(tally.share, limit, 'grounded')} of {tally.graded:,} results "
                   f"({', '.join(spec.fields)}; {values_missing:,} of {values_checked:,} values not in their record)")
-        return tally.check(KEY, passed, figure, {"min_share": spec.min_share, "fields": list(spec.fields),
-                                                 "values": values_checked, "values_missing": values_missing,
-                                                 "seed": spec.seed, "sample": sample_dict(spec.sample)})
+        return tally.check(KEY, passed, figure, {"fields": list(spec.fields), "values": values_checked,
+                                                 "values_missing": values_missing, **spec.sampled.to_dict()})
 
 
 GROUNDED = GroundedGrader()

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from batchline.check.graders.base import Grading, category, short
+from batchline.check.graders.base import Grading, category, gate_words, short
 from batchline.check.report import Check
 from batchline.errors import BatchlineError, SpecError, one_line
 from batchline.spec import JobSpec, parse_spec
@@ -166,10 +166,9 @@ class JudgeGrader:
             why = verdict.get(spec.reason_field) if isinstance(verdict, dict) else None
             cat = category(grading.spec, json.loads(graded[rid].output)) if rid in graded else "(none)"
             tally.add(rid, cat, ok, short(str(why), 200))
-        gate = f"limit {spec.min_pass:.0%}" if spec.min_pass is not None else "reported, no limit"
         judge_failed = rate > limit
         passed = not judge_failed and tally.graded > 0 and (spec.min_pass is None or tally.share >= spec.min_pass)
-        figure = (f"{tally.share:.1%} pass ({gate}) of {tally.graded:,} results judged by {judge_version} "
+        figure = (f"{gate_words(tally.share, spec.min_pass)} of {tally.graded:,} results judged by {judge_version} "
                   f"({spec.job.model.label}, prompt {spec.job.prompt.version}; sample {spec.sample:,}, seed "
                   f"{spec.seed})")
         if judge_failed:
