@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from batchline.api import Jobs  # noqa: E402
-from batchline.check.graders.base import Grading  # noqa: E402
+from batchline.check.graders.base import Grading, with_records  # noqa: E402
 from batchline.digests import choose  # noqa: E402
 from batchline.registry import GRADERS, keyed  # noqa: E402
 from batchline.spec import stored_spec  # noqa: E402
@@ -106,12 +106,10 @@ def answers(store: Store, version: str) -> dict[str, dict[str, Any]]:
 
 
 def texts(store: Store, version: str) -> dict[str, str]:
-    from batchline.snapshot import records_of
-
-    spec = stored_spec(store.job(version))  # type: ignore[arg-type]
+    """Each result's ticket, read again from the input as the graders read it."""
+    grading = Grading(store, version, stored_spec(store.job(version)))  # type: ignore[arg-type]
     results = store.results_for(version, list(answers(store, version)))
-    return {rid: r.text for rid, r in records_of(store, version, spec,
-                                                 {rid: s.shard_no for rid, s in results.items()}).items()}
+    return {result.record_id: record.text for result, record in with_records(grading, results)}
 
 
 def faithful(url: str, folder: Path, seeds: int) -> None:

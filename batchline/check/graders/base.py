@@ -62,6 +62,11 @@ class Grader(Protocol):
     def grade(self, grading: Grading, spec: GraderSpec) -> Check: ...
 
 
+def read_limit(r: SpecReader, value: Any, where: str) -> float | None:
+    """A gate's limit: a share, or null (None) where the figure is reported only."""
+    return None if value is None else r.number(value, where, 0.0, 1.0)
+
+
 def read_sample(r: SpecReader, value: Any, where: str) -> int | None:
     """`sample`: a number of results, or `all` (None)."""
     if value == ALL:
@@ -99,10 +104,9 @@ class Sampled:
 
     @classmethod
     def read(cls, r: SpecReader, section: Mapping[str, Any], where: str, fields: Fields) -> Sampled:
-        limit = section.get("min_share", fields["min_share"]["default"])
         return cls(read_sample(r, section.get("sample", fields["sample"]["default"]), f"{where}.sample"),
                    r.integer(section.get("seed", 0), f"{where}.seed", 0),
-                   None if limit is None else r.number(limit, f"{where}.min_share", 0.0, 1.0))
+                   read_limit(r, section.get("min_share", fields["min_share"]["default"]), f"{where}.min_share"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"sample": sample_dict(self.sample), "seed": self.seed, "min_share": self.min_share}
@@ -148,6 +152,19 @@ def schema_of(schema: Mapping[str, Any], path: str) -> Mapping[str, Any] | None:
             return None
         node = properties[part]
     return node if isinstance(node, Mapping) else None
+
+
+def declared(r: SpecReader, schema: Mapping[str, Any], name: str, where: str, at: str = "") -> Mapping[str, Any]:
+    """The schema of output field `name`; refused, naming `where`, where the schema declares none."""
+    node = schema_of(schema, name)
+    if node is None:
+        r.fail(where, f"{at}{name!r} is not a field of the output schema")
+    return node
+
+
+def types_words(node: Mapping[str, Any]) -> str:
+    """The JSON types a field's schema admits, as a refusal says them."""
+    return " or ".join(sorted(schema_types(node))) or "untyped"
 
 
 def schema_types(node: Mapping[str, Any]) -> set[str]:

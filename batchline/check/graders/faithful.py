@@ -29,14 +29,15 @@ from batchline.check.graders.base import (
     Sampled,
     at_least,
     category,
+    declared,
     field_value,
     gate_words,
     output_of,
     sample_fields,
     sampled_results,
-    schema_of,
     schema_types,
     short,
+    types_words,
     with_records,
 )
 from batchline.check.report import Check
@@ -107,12 +108,10 @@ class FaithfulGrader:
         where = f"validate.{key}"
         sec = r.section(value, where, FIELDS, required=set(self.required))
         name = r.string(sec["field"], f"{where}.field")
-        node = schema_of(ctx.output_schema, name)
-        if node is None:
-            r.fail(f"{where}.field", f"{name!r} is not a field of the output schema")
+        node = declared(r, ctx.output_schema, name, f"{where}.field")
         if schema_types(node) != {"string"}:
-            r.fail(f"{where}.field", f"{name!r} is {' or '.join(sorted(schema_types(node))) or 'untyped'} in the "
-                                     "output schema; a faithful field is a string")
+            r.fail(f"{where}.field", f"{name!r} is {types_words(node)} in the output schema; a faithful field is a "
+                                     "string")
         return FaithfulSpec(field=name, sampled=Sampled.read(r, sec, where, FIELDS),
                             k=r.integer(sec.get("k", DEFAULT_K), f"{where}.k", 1))
 

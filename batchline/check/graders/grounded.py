@@ -23,15 +23,16 @@ from batchline.check.graders.base import (
     Sampled,
     at_least,
     category,
+    declared,
     field_value,
     gate_words,
     mapping_or_list,
     output_of,
     sample_fields,
     sampled_results,
-    schema_of,
     schema_types,
     short,
+    types_words,
     with_records,
 )
 from batchline.check.report import Check
@@ -78,16 +79,14 @@ class GroundedGrader:
         if not names:
             r.fail(f"{where}.fields", "names no field")
         for name in names:
-            node = schema_of(ctx.output_schema, name)
-            if node is None:
-                r.fail(f"{where}.fields", f"{name!r} is not a field of the output schema")
+            node = declared(r, ctx.output_schema, name, f"{where}.fields")
             kinds = schema_types(node)
             items = node.get("items") if isinstance(node.get("items"), dict) else None
             strings = kinds == {"string"} or (
                 kinds == {"array"} and items is not None and schema_types(items) == {"string"})
             if not strings:
-                r.fail(f"{where}.fields", f"{name!r} is {' or '.join(sorted(kinds)) or 'untyped'} in the output "
-                                          "schema; a grounded field is a string or an array of strings")
+                r.fail(f"{where}.fields", f"{name!r} is {types_words(node)} in the output schema; a grounded "
+                                          "field is a string or an array of strings")
         return GroundedSpec(fields=tuple(names), sampled=Sampled.read(r, sec, where, FIELDS))
 
     def grade(self, grading: Grading, spec: GraderSpec) -> Check:

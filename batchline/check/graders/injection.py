@@ -32,9 +32,10 @@ from typing import Any, ClassVar
 from batchline.check.graders.base import (
     Grading,
     category,
+    declared,
     field_value,
     limit_words,
-    schema_of,
+    read_limit,
     short,
     with_records,
 )
@@ -128,8 +129,7 @@ def _instructions(r: SpecReader, value: Any, where: str, ctx: GraderContext) -> 
         if len(signs) != 1 or not isinstance(name, str) or not name:
             r.fail(where, f"{at}: says no way to tell the instruction was obeyed: give field and one of "
                           "equals (the field's value) or contains (a phrase in the field)")
-        if schema_of(ctx.output_schema, name) is None:
-            r.fail(where, f"{at}: field {name!r} is not a field of the output schema")
+        declared(r, ctx.output_schema, name, where, at=f"{at}: field ")
         contains = item.get("contains")
         if signs == ["contains"] and (not isinstance(contains, str) or not contains.strip()):
             r.fail(where, f"{at}: contains must be a non-empty phrase")
@@ -159,12 +159,11 @@ class InjectionGrader:
     def parse(self, key: str, value: Any, r: SpecReader, ctx: GraderContext) -> InjectionSpec:
         where = f"validate.{key}"
         sec = r.section(value, where, FIELDS, required=set(self.required))
-        limit = sec.get("max_obeyed")
         return InjectionSpec(
             canaries=r.integer(sec["canaries"], f"{where}.canaries", 1),
             instructions=_instructions(r, sec["instructions"], f"{where}.instructions", ctx),
             seed=r.integer(sec.get("seed", 0), f"{where}.seed", 0),
-            max_obeyed=None if limit is None else r.number(limit, f"{where}.max_obeyed", 0.0, 1.0))
+            max_obeyed=read_limit(r, sec.get("max_obeyed"), f"{where}.max_obeyed"))
 
     def grade(self, grading: Grading, spec: GraderSpec) -> Check:
         assert isinstance(spec, InjectionSpec)

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from batchline.check.graders.base import Grading, category, gate_words, short
+from batchline.check.graders.base import Grading, category, gate_words, read_limit, short
 from batchline.check.report import Check
 from batchline.errors import BatchlineError, SpecError, one_line
 from batchline.spec import JobSpec, parse_spec
@@ -142,9 +142,8 @@ class JudgeGrader:
         reason_field = r.string(sec.get("reason_field", "reason"), f"{where}.reason_field")
         _require(r, job.output_schema, pass_field, "boolean", f"{where}.pass_field")
         _require(r, job.output_schema, reason_field, "string", f"{where}.reason_field")
-        limit = sec.get("min_pass")
         return JudgeSpec(job=job, sample=sample, seed=seed, pass_field=pass_field, reason_field=reason_field,
-                         min_pass=None if limit is None else r.number(limit, f"{where}.min_pass", 0.0, 1.0),
+                         min_pass=read_limit(r, sec.get("min_pass"), f"{where}.min_pass"),
                          workers=r.integer(sec.get("workers", 1), f"{where}.workers", 1))
 
     def grade(self, grading: Grading, spec: GraderSpec) -> Check:
