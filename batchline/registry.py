@@ -1,5 +1,6 @@
 """The extension points: one table each of engines, hosted batch providers, input sources,
-input formats, publication targets, export formats and the gate's graders.
+input formats, publication targets, export formats, the gate's graders and the launchers an
+orchestrator places a fleet with.
 
 The job spec's validation, the job version and the loaders all read these
 tables, so adding an engine, a provider, a source or a target is one new module
@@ -206,10 +207,16 @@ GRADERS = _table(
     Plugin("injection", "batchline.check.graders.injection:INJECTION"),
 )
 
+# Launchers: where an orchestrator's task places a version's fleet (batchline.launch.fleet),
+# each taking its own options, launching idempotently by the task's key, and stopping it.
+LAUNCHERS = _table(
+    Plugin("local", "batchline.launch.local:LOCAL"),
+)
+
 # Every table, by the name it is documented under.
 TABLES: Mapping[str, Mapping[str, Extension | Plugin]] = {
     "ENGINES": ENGINES, "PROVIDERS": PROVIDERS, "SOURCES": SOURCES, "FORMATS": FORMATS, "TARGETS": TARGETS,
-    "EXPORTS": EXPORTS, "GRADERS": GRADERS,
+    "EXPORTS": EXPORTS, "GRADERS": GRADERS, "LAUNCHERS": LAUNCHERS,
 }
 
 

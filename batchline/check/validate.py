@@ -57,6 +57,16 @@ def validate(store: Store, version: str, *, record: bool = True, recompute: Reco
     return report
 
 
+def check_names(spec: JobSpec) -> list[str]:
+    """The checks `validate` reports for a version of `spec`, in its report's order: what an
+    orchestrator declares before the version exists (a Dagster asset's checks)."""
+    members = keyed(GRADERS)
+    return ["coverage", "schema", "dead_letters", "drift",
+            *([SHARD_FILES_CHECK] if any(t.shard_files() is not None for t in spec.targets) else []),
+            *(["reproducibility"] if spec.validate.reproduce is not None else []),
+            *(members[g.key].check for g in spec.validate.graders)]
+
+
 def check_coverage(store: Store, version: str) -> Check:
     cov = store.coverage(version)
     passed = cov.missing == 0 and cov.unexpected == 0 and cov.both == 0

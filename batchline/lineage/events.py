@@ -13,9 +13,11 @@ Runs and jobs:
 Datasets follow OpenLineage's naming (the namespace is the datasource): the inputs are
 what planning pinned, as each source names them (files and objects with their versions or
 ETags, a table's snapshot, a Delta version, the upstream job's version); a computation run
-outputs the version's results in the store, with the output schema, column lineage from the
-input's text, ACL and carried fields, and its figures at completion; a publication outputs
-the store's view and each target's dataset, at the version or snapshot it now shows.
+outputs the version's results in the store (`results.NAME` at the version, never the published
+view, which a version that fails its gate never reaches), with the output schema, column lineage
+from the input's text, ACL and carried fields, and its figures at completion; a publication reads
+those results and outputs the store's view and each target's dataset, at the version or snapshot
+it now shows.
 
 batchline's own facets (`batchline_*`) carry the model and engine runtime, the prompt, the
 decoding, the outcomes (results and dead letters by kind, tokens, paid worker time and cost)
@@ -83,17 +85,20 @@ def _iso(seconds: float) -> str:
 
 
 def store_datasets(url: str) -> StoreDatasets:
-    """How the store at `url` names a published name's results: PostgreSQL's view
-    `published.NAME` as `postgres://HOST:PORT` with `DATABASE.published.NAME`; SQLite's view
-    NAME in the file, as `sqlite://` and the file's absolute path."""
+    """How the store at `url` names its datasets: on PostgreSQL, `postgres://HOST:PORT` with
+    a published name's view `DATABASE.published.NAME` and a job's results
+    `DATABASE.results.NAME` (the results table's rows of that job, at a version); on SQLite,
+    `sqlite://` and the file's absolute path, with the view `NAME` and the results
+    `results.NAME`."""
     parts = urlsplit(url)
     if parts.scheme.startswith("postgres"):
         host = parts.hostname or "localhost"
         database = parts.path.lstrip("/") or "postgres"
-        return StoreDatasets(f"postgres://{host}:{parts.port or 5432}", f"{database}.published.")
+        return StoreDatasets(f"postgres://{host}:{parts.port or 5432}", f"{database}.published.",
+                             f"{database}.results.")
     path = url.split("://", 1)[1] if "://" in url else url
     path = path[1:] if path.startswith("/") else path  # sqlite:///relative and sqlite:////absolute
-    return StoreDatasets(f"sqlite://{Path(path).absolute()}", "")
+    return StoreDatasets(f"sqlite://{Path(path).absolute()}", "", "results.")
 
 
 # --- batchline's facets -------------------------------------------------------------------
@@ -361,7 +366,9 @@ def event_for(row: OutboxRow, job: JobInfo, *, namespace: str, store: StoreDatas
         output_stats["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
             rowCount=int(detail.get("results", 0)) + int(detail.get("carried", 0)))
     inputs = spec.input.source.datasets(spec.pins, store)
-    results = store.of(spec.name, job.version)
+    # The version's results, never the published view: a version that then fails its gate
+    # or is cancelled is never what readers read, and only a publication moves the view.
+    results = store.results(spec.name, job.version)
     output = _output(results, {"schema": results_schema(spec), "columnLineage": column_lineage(spec, inputs)},
                      output_stats)
     return RunEvent(eventType=_STATES[row.kind], eventTime=_iso(row.at),
@@ -398,7 +405,7 @@ def _publication_event(row: OutboxRow, job: JobInfo, spec: JobSpec, namespace: s
                     run=Run(run_id(job.version, job.created_at, f"{row.kind}\0{row.id}"),
                             facets=facets),
                     job=_job(namespace, f"{name}.{row.kind}", "JOB"), producer=PRODUCER,
-                    inputs=[_input(store.of(spec.name, job.version))], outputs=outputs)
+                    inputs=[_input(store.results(spec.name, job.version))], outputs=outputs)
 
 
 def reproducibility_facet(validation: Any) -> BatchlineReproducibilityRunFacet | None:

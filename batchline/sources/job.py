@@ -212,9 +212,9 @@ class JobSource:
                 **({"sample": self.sample, "seed": self.seed} if self.sample is not None else {})}
 
     def datasets(self, pins: Sequence[Mapping[str, Any]], store: StoreDatasets) -> list[DatasetName]:
-        # The upstream's published results, at the version read: what its own runs name as
-        # their output, so the two jobs meet in a lineage graph.
-        named = store.of(self.name, self.version)
+        # The upstream's results at the version read: what its own computation names as its
+        # output, so the two jobs meet in one lineage graph.
+        named = store.results(self.name, self.version)
         return [DatasetName(named.namespace, named.name, named.version,
                             (("id", "id"), ("text", self.field), ("acl", "acl"), ("carry", "carry.")))]
 

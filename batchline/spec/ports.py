@@ -80,14 +80,20 @@ def location_dataset(location: str, version: str | None = None) -> DatasetName:
 
 @dataclass(frozen=True)
 class StoreDatasets:
-    """How the job's store names its own datasets for lineage: a published name's results
-    (the store's view) read through the store (`namespace`, names after `prefix`)."""
+    """How the job's store names its own datasets for lineage (`namespace`): a published
+    name's view, what readers read (`of`, names after `prefix`), and a job's results at one
+    version, what its computation wrote whether or not it is ever published (`results`,
+    names after `results_prefix`)."""
 
     namespace: str
     prefix: str = ""
+    results_prefix: str = "results."
 
     def of(self, name: str, version: str | None = None) -> DatasetName:
         return DatasetName(self.namespace, f"{self.prefix}{name}", version)
+
+    def results(self, name: str, version: str | None = None) -> DatasetName:
+        return DatasetName(self.namespace, f"{self.results_prefix}{name}", version)
 
 
 class Source(Protocol):
@@ -329,5 +335,9 @@ class GraderParser(Protocol):
     keys: Mapping[str, Mapping[str, Any]]
     fields: Mapping[str, Mapping[str, Any]]
     required: frozenset[str]
+    check: str  # the name of the check it reports
+    # Grading runs a model (an engine, or an embedding model): where the model is, then, never
+    # on an orchestrator's worker.
+    runs_model: bool
 
     def parse(self, key: str, value: Any, r: SpecReader, ctx: GraderContext) -> GraderSpec: ...

@@ -18,7 +18,7 @@ module of named statements, the same names in each) and its transactions:
 The operations are grouped by the port they serve, one module each over the shared base
 (`batchline.store.base`): the workers' leases and outcomes (`leasing`), planning
 (`planning`), reading (`reading`), publication (`publication`), and the smaller ports
-(`changes`, `files`, `lineage`, `paid`, `beats`). `StoreCore` is all of them at once, which is
+(`changes`, `files`, `lineage`, `paid`, `beats`, `launches`). `StoreCore` is all of them at once, which is
 what a backend completes.
 """
 
@@ -44,6 +44,7 @@ from batchline.store.base import (
 from batchline.store.beats import WorkerBeats
 from batchline.store.changes import VersionChanges
 from batchline.store.files import ShardOutcomes
+from batchline.store.launches import LaunchRecords
 from batchline.store.leasing import Leasing
 from batchline.store.paid import PaidSlots
 from batchline.store.planning import CorePlanWriter, Planning
@@ -54,5 +55,6 @@ __all__ = ["INPUT_CHANGED", "CorePlanWriter", "DuplicateKey", "Missing", "Params
            "Tx", "acl_json", "carry_json", "chunks", "fence", "input_columns", "split_point"]
 
 
-class StoreCore(Leasing, Planning, Publishing, Reading, VersionChanges, ShardOutcomes, PaidSlots, WorkerBeats, ABC):
+class StoreCore(Leasing, Planning, Publishing, Reading, VersionChanges, ShardOutcomes, PaidSlots, WorkerBeats,
+                LaunchRecords, ABC):
     """Every port's operation, over a backend's SQL (`q`) and transactions."""

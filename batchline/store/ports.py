@@ -21,6 +21,7 @@ from batchline.acl import Acl
 from batchline.store.beats import WorkerSeen
 from batchline.store.changes import BaseRecord
 from batchline.store.files import ShardColumns, ShardUnit
+from batchline.store.launches import LaunchRecord
 from batchline.store.lineage import OutboxRow
 from batchline.store.model import (
     ChargeResult,
@@ -502,7 +503,28 @@ class PublisherStore(ReaderStore, LineageAdmin, Protocol):
         ...
 
 
-class Store(WorkerStore, PlannerStore, PublisherStore, PaidCapacity, Protocol):
+class Launches(Protocol):
+    """What an orchestrator's launcher records of the fleet it launched for a version
+    (batchline.store.launches): its intent, then what it launched, then its stop."""
+
+    def launch_intent(self, version: str, key: str, launcher: str, by: str) -> tuple[LaunchRecord, bool]:
+        """The record of `key`, written as an intent if there was none, and whether this call wrote it."""
+        ...
+
+    def launch_recorded(self, version: str, key: str, detail: dict[str, Any]) -> LaunchRecord:
+        """Records what the launch of `key` started."""
+        ...
+
+    def launch_stopped(self, version: str, key: str, reason: str) -> LaunchRecord | None:
+        """Marks the launch of `key` stopped."""
+        ...
+
+    def launches(self, version: str) -> list[LaunchRecord]:
+        """Every launch record of the version, oldest first."""
+        ...
+
+
+class Store(WorkerStore, PlannerStore, PublisherStore, PaidCapacity, Launches, Protocol):
     """A whole store: every port, and the test clock."""
 
     def shift_clock(self, seconds: float) -> None:

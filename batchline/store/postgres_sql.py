@@ -468,6 +468,25 @@ CREATE TRIGGER shards_fence BEFORE INSERT OR UPDATE ON shards
     (22, "plan keys under row-level security", """
 ALTER TABLE plan_keys ENABLE ROW LEVEL SECURITY;
 """),
+    # What an orchestrator launched for a version, under its own key (batchline.store.launches):
+    # a retried task finds its launch and launches nothing twice. Written by the owner's
+    # role only: no worker reads or writes it.
+    (23, "launch records", """
+CREATE TABLE launches (
+    version text NOT NULL,
+    key text NOT NULL,
+    launcher text NOT NULL,
+    state text NOT NULL CHECK (state IN ('intent', 'launched', 'stopped')),
+    by text NOT NULL,
+    created_at float8 NOT NULL,
+    detail jsonb,
+    launched_at float8,
+    stopped_at float8,
+    stop_reason text,
+    PRIMARY KEY (version, key)
+);
+ALTER TABLE launches ENABLE ROW LEVEL SECURITY;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -601,13 +620,14 @@ LOCK_JOB = WorkerStatement("SELECT 1 FROM jobs WHERE version = %(v)s FOR NO KEY 
 # An incremental plan refers to the base version's results for records whose id and
 # content hash are unchanged, or whose text alone is (their ACL changed: the result takes
 # the new ACL); the payload stays in the row that computed it. A record's text hash is its
-# content hash where it has no ACL.
+# content hash where it has no ACL. A carried row keeps the time its computing attempt wrote
+# it, so a downstream merge keyed on time sees only what was computed anew as new.
 CARRY = """
 INSERT INTO results (version, record_id, shard_no, output, origin, label, acl, worker, epoch, attempt,
                      input_tokens, output_tokens, created_at, model)
 SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label,
        CASE WHEN p.content_hash = n.content_hash THEN b.acl ELSE n.acl END,
-       'carried', 0, b.attempt, b.input_tokens, b.output_tokens, batchline_now(), b.model
+       'carried', 0, b.attempt, b.input_tokens, b.output_tokens, b.created_at, b.model
 FROM records n
 JOIN records p ON p.version = %(base)s AND p.record_id = n.record_id
 JOIN results b ON b.version = %(base)s AND b.record_id = n.record_id
@@ -1123,6 +1143,21 @@ WORKER_GONE = WorkerStatement(
 WORKERS_SEEN = ("SELECT worker, paid_slot, process, every_s, started_at, seen_at FROM worker_beats "
                 "WHERE version = %(v)s AND stopped_at IS NULL AND seen_at >= batchline_now() - %(grace)s * every_s "
                 "ORDER BY worker")
+# --- launch records (batchline.store.launches) ----------------------------------------------
+
+_LAUNCH_COLUMNS = "version, key, launcher, state, by, created_at, detail, launched_at, stopped_at, stop_reason"
+LAUNCH_INTENT = ("INSERT INTO launches (version, key, launcher, state, by, created_at) "
+                 "VALUES (%(v)s, %(key)s, %(launcher)s, 'intent', %(by)s, batchline_now()) "
+                 "ON CONFLICT (version, key) DO UPDATE SET launcher = EXCLUDED.launcher, state = 'intent', "
+                 "by = EXCLUDED.by, created_at = EXCLUDED.created_at, detail = NULL, launched_at = NULL, "
+                 "stopped_at = NULL, stop_reason = NULL WHERE launches.state = 'stopped'")
+LAUNCH_ROW = f"SELECT {_LAUNCH_COLUMNS} FROM launches WHERE version = %(v)s AND key = %(key)s"
+LAUNCH_DONE = ("UPDATE launches SET state = 'launched', detail = %(detail)s, launched_at = batchline_now() "
+               "WHERE version = %(v)s AND key = %(key)s AND state <> 'stopped'")
+LAUNCH_STOP = ("UPDATE launches SET state = 'stopped', stopped_at = batchline_now(), stop_reason = %(reason)s "
+               "WHERE version = %(v)s AND key = %(key)s AND state <> 'stopped'")
+LAUNCHES = f"SELECT {_LAUNCH_COLUMNS} FROM launches WHERE version = %(v)s ORDER BY created_at, key"
+
 # A version a bare worker claimed before anything opened it started at that claim.
 OPEN_RUN = ("UPDATE jobs SET opened_at = COALESCE((SELECT min(ts) FROM events WHERE version = %(v)s "
             "AND kind = 'claim'), batchline_now()) WHERE version = %(v)s AND opened_at IS NULL")

@@ -340,6 +340,23 @@ CREATE TABLE IF NOT EXISTS worker_beats (
 );
 CREATE INDEX IF NOT EXISTS worker_beats_live ON worker_beats (version, seen_at) WHERE stopped_at IS NULL;
 """),
+    # What an orchestrator launched for a version, under its own key (batchline.store.launches):
+    # a retried task finds its launch and launches nothing twice.
+    (18, "launch records", """
+CREATE TABLE IF NOT EXISTS launches (
+    version TEXT NOT NULL,
+    key TEXT NOT NULL,
+    launcher TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('intent', 'launched', 'stopped')),
+    by TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    detail TEXT,
+    launched_at REAL,
+    stopped_at REAL,
+    stop_reason TEXT,
+    PRIMARY KEY (version, key)
+);
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -413,13 +430,14 @@ SEAL = (f"UPDATE jobs SET state = 'sealed', sealed_at = {NOW_EXPR} WHERE version
 # An incremental plan refers to the base version's results for records whose id and
 # content hash are unchanged, or whose text alone is (their ACL changed: the result takes
 # the new ACL); the payload stays in the row that computed it. A record's text hash is its
-# content hash where it has no ACL.
-CARRY = f"""
+# content hash where it has no ACL. A carried row keeps the time its computing attempt wrote
+# it, so a downstream merge keyed on time sees only what was computed anew as new.
+CARRY = """
 INSERT INTO results (version, record_id, shard_no, output, origin, label, acl, worker, epoch, attempt,
                      input_tokens, output_tokens, created_at, model)
 SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label,
        CASE WHEN p.content_hash = n.content_hash THEN b.acl ELSE n.acl END,
-       'carried', 0, b.attempt, b.input_tokens, b.output_tokens, {NOW_EXPR}, b.model
+       'carried', 0, b.attempt, b.input_tokens, b.output_tokens, b.created_at, b.model
 FROM records n
 JOIN records p ON p.version = :base AND p.record_id = n.record_id
 JOIN results b ON b.version = :base AND b.record_id = n.record_id
@@ -774,6 +792,21 @@ WORKER_GONE = (f"UPDATE worker_beats SET stopped_at = {NOW_EXPR} WHERE version =
 WORKERS_SEEN = (f"SELECT worker, paid_slot, process, every_s, started_at, seen_at FROM worker_beats "
                 f"WHERE version = :v AND stopped_at IS NULL AND seen_at >= {NOW_EXPR} - :grace * every_s "
                 "ORDER BY worker")
+# --- launch records (batchline.store.launches) ----------------------------------------------
+
+_LAUNCH_COLUMNS = "version, key, launcher, state, by, created_at, detail, launched_at, stopped_at, stop_reason"
+LAUNCH_INTENT = (f"INSERT INTO launches (version, key, launcher, state, by, created_at) "
+                 f"VALUES (:v, :key, :launcher, 'intent', :by, {NOW_EXPR}) ON CONFLICT (version, key) DO UPDATE SET "
+                 "launcher = excluded.launcher, state = 'intent', by = excluded.by, created_at = excluded.created_at, "
+                 "detail = NULL, launched_at = NULL, stopped_at = NULL, stop_reason = NULL "
+                 "WHERE launches.state = 'stopped'")
+LAUNCH_ROW = f"SELECT {_LAUNCH_COLUMNS} FROM launches WHERE version = :v AND key = :key"
+LAUNCH_DONE = (f"UPDATE launches SET state = 'launched', detail = :detail, launched_at = {NOW_EXPR} "
+               "WHERE version = :v AND key = :key AND state <> 'stopped'")
+LAUNCH_STOP = (f"UPDATE launches SET state = 'stopped', stopped_at = {NOW_EXPR}, stop_reason = :reason "
+               "WHERE version = :v AND key = :key AND state <> 'stopped'")
+LAUNCHES = f"SELECT {_LAUNCH_COLUMNS} FROM launches WHERE version = :v ORDER BY created_at, key"
+
 # A version a bare worker claimed before anything opened it started at that claim.
 OPEN_RUN = (f"UPDATE jobs SET opened_at = COALESCE((SELECT MIN(ts) FROM events WHERE version = :v AND kind = 'claim'), "
             f"{NOW_EXPR}) WHERE version = :v AND opened_at IS NULL")

@@ -110,6 +110,17 @@ def provenance_values(rows: Sequence[Any], version: str) -> list[dict[str, Any]]
     return [r.provenance(version) for r in rows]
 
 
+ORIGIN_COLUMN = "origin_version"
+
+
+def origin_values(rows: Sequence[Any], version: str) -> list[str]:
+    """The `origin_version` column: the version that computed each row (`version` itself, or
+    for a carried result the one it was carried from), beside `version`, the one published. A
+    downstream merge keys on it (with `created_at`, the computing attempt's time) to take only
+    what a version computed anew."""
+    return [r.origin or version for r in rows]
+
+
 def carry_node(names: Sequence[str]) -> Node | None:
     """The `carry` struct column (output.carry's input fields), or None for a job that carries
     none. Each field is a string: an input field has no type its job declares, and a column's

@@ -81,12 +81,14 @@ from batchline.targets.files import (
 )
 from batchline.targets.iceberg_schema import (
     CARRY_COLUMN,
+    ORIGIN_COLUMN,
     PROVENANCE_COLUMN,
     acl_is_text,
     acl_values,
     carry_values,
     converter,
     iceberg_schema,
+    origin_values,
     output_node,
     output_values,
     provenance_values,
@@ -269,13 +271,15 @@ class IcebergTable:
         change = schema_change(table.schema(), wanted, missing_ok=True)
         if change is not None:
             raise SpecError(f"output.table {self.ref.name}: {change}; only new columns may be added")
-        if _adds_columns(table.schema(), wanted):
+        added = _adds_columns(table.schema(), wanted)
+        if added:
             with table.update_schema() as update:
                 update.union_by_name(wanted)
             table = catalog.load_table(self.ref.name)
-        if self.staging is not None and NAME_MAPPING not in table.metadata.properties:
+        if self.staging is not None and (added or NAME_MAPPING not in table.metadata.properties):
             # Workers' shard files have no field ids (no worker reaches the catalog): readers map
-            # their columns by name, through the table's name mapping.
+            # their columns by name, through the table's name mapping, which must name every
+            # column the table has now.
             with table.transaction() as txn:
                 txn.set_properties({NAME_MAPPING: table.schema().name_mapping.model_dump_json()})
             table = catalog.load_table(self.ref.name)
@@ -612,6 +616,7 @@ class TableRows:
             "id": [r.record_id for r in rows], "outcome": ["result"] * n,
             **({"output": output_values(rows, self.convert, version)} if self.has_output else {}),
             "raw_output": [r.output for r in rows], "acl": acl_values(rows, self.acl_text), "version": [version] * n,
+            ORIGIN_COLUMN: origin_values(rows, version),
             "model": [r.model or self.default_model for r in rows], "label": [r.label for r in rows],
             "attempt": [r.attempt for r in rows], "input_tokens": [r.input_tokens for r in rows],
             "output_tokens": [r.output_tokens for r in rows],
@@ -623,7 +628,7 @@ class TableRows:
         n = len(rows)
         return self._batch(n, {
             "id": [d.record_id for d in rows], "outcome": ["dead_letter"] * n, "acl": acl_values(rows, self.acl_text),
-            "version": [self.version] * n, "attempt": [d.attempts for d in rows],
+            "version": [self.version] * n, ORIGIN_COLUMN: [self.version] * n, "attempt": [d.attempts for d in rows],
             "created_at": _microseconds([d.created_at for d in rows]),
             "error_kind": [d.kind for d in rows], "error": [d.error for d in rows],
             **({CARRY_COLUMN: carry_values(rows)} if self.carries else {})})
@@ -642,13 +647,14 @@ class TableRows:
                 "id": c.ids, "outcome": ["result"] * n,
                 **({"output": self._typed(c.ids, c.outputs)} if self.has_output else {}),
                 "raw_output": c.outputs, "acl": _acls(c.acls, acl_type, self.acl_text), "version": [version] * n,
+                ORIGIN_COLUMN: [version] * n,  # a shard's columns are what its worker computed: none carried
                 "model": [m or self.default_model for m in c.models], "label": c.labels, "attempt": c.attempts,
                 "input_tokens": c.input_tokens, "output_tokens": c.output_tokens,
                 "created_at": _microseconds(c.created_at)}))
         if m:
             batches.append(self._batch(m, {
                 "id": c.dead_ids, "outcome": ["dead_letter"] * m, "acl": _acls(c.dead_acls, acl_type, self.acl_text),
-                "version": [version] * m, "attempt": c.dead_attempts,
+                "version": [version] * m, ORIGIN_COLUMN: [version] * m, "attempt": c.dead_attempts,
                 "created_at": _microseconds(c.dead_created_at),
                 "error_kind": c.dead_kinds, "error": c.dead_errors}))
         return pa.Table.from_batches(batches, schema=self.schema)

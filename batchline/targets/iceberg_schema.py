@@ -16,6 +16,7 @@ from batchline.targets.columns import (
     ACL,
     CARRY_COLUMN,
     JSON,
+    ORIGIN_COLUMN,
     OUTPUT_COLUMN,
     PROVENANCE,
     PROVENANCE_COLUMN,
@@ -25,14 +26,33 @@ from batchline.targets.columns import (
     carry_values,
     converter,
     node_of,
+    origin_values,
     output_node,
     output_values,
     provenance_values,
 )
 
-__all__ = ["ACL", "CARRY_COLUMN", "JSON", "OUTPUT_COLUMN", "PROVENANCE_COLUMN", "Node", "acl_is_text", "acl_values", "carry_node",
-           "carry_values", "converter", "iceberg_schema",
-           "node_of", "output_node", "output_values", "provenance_values", "schema_change"]
+__all__ = [
+    "ACL",
+    "CARRY_COLUMN",
+    "JSON",
+    "ORIGIN_COLUMN",
+    "OUTPUT_COLUMN",
+    "PROVENANCE_COLUMN",
+    "Node",
+    "acl_is_text",
+    "acl_values",
+    "carry_node",
+    "carry_values",
+    "converter",
+    "iceberg_schema",
+    "node_of",
+    "origin_values",
+    "output_node",
+    "output_values",
+    "provenance_values",
+    "schema_change",
+]
 
 
 def iceberg_schema(schema: Mapping[str, Any], *, acl_text: bool = False, carry: Sequence[str] = (),
@@ -48,7 +68,7 @@ def iceberg_schema(schema: Mapping[str, Any], *, acl_text: bool = False, carry: 
     if node is not None:
         columns.append((OUTPUT_COLUMN, _iceberg_type(node, ids)))
     columns += [("raw_output", StringType()), ("acl", StringType() if acl_text else _iceberg_type(ACL, ids)),
-                ("version", StringType()),
+                ("version", StringType()), (ORIGIN_COLUMN, StringType()),
                 ("model", StringType()), ("label", StringType()), ("attempt", IntegerType()),
                 ("input_tokens", LongType()), ("output_tokens", LongType()), ("created_at", TimestamptzType()),
                 ("error_kind", StringType()), ("error", StringType())]

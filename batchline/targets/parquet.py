@@ -229,7 +229,8 @@ class DatasetOutput(PublisherWritten):
         return None  # a new version is a new folder: nothing there can refuse it
 
     def dataset(self, name: str, store: StoreDatasets, state: Mapping[str, Any] | None) -> DatasetName:
-        return location_dataset(self.root.rstrip("/"), (state or {}).get("current"))
+        # Each name's dataset is its own folder: two jobs under one root are two datasets.
+        return location_dataset(f"{self.root.rstrip('/')}/{name}", (state or {}).get("current"))
 
 
 class ParquetOutput(TargetFamily):

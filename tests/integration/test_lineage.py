@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from batchline.api import Jobs
+from batchline.errors import BatchlineError
 from batchline.lineage import LineageConfigError, lineage_config
 from batchline.store import Store
 from tests.fakes.lineage_receiver import (
@@ -220,6 +221,53 @@ def test_a_job_over_a_job_names_the_upstreams_version_as_its_input(
     validate_event(complete)
 
 
+def _names(event: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(d["namespace"], d["name"]) for d in [*event.get("inputs", []), *event.get("outputs", [])]}
+
+
+def test_a_version_that_failed_its_gate_was_shown_as_the_published_views_current_version(
+        job_factory: Any, store_url: str, store: Store, receiver: LineageReceiver,
+        lineage_env: pytest.MonkeyPatch) -> None:
+    from batchline.lineage.events import store_datasets
+
+    lineage_env.setenv("OPENLINEAGE_URL", receiver.url)
+    spec = job_factory(n=60, name="failing", options={"error_on": [f"r{i:06d}" for i in range(10)]},
+                       validate={"max_dead_letter_rate": 0.01})
+    with pytest.raises(BatchlineError, match="failed validation; not published"):
+        Jobs(store_url).run(spec, workers=1, publish=True, progress=None, log=lambda _m: None)
+    assert store.resolve_name("failing") is None
+    [job] = [j for j in store.jobs() if j.name == "failing"]
+    datasets = store_datasets(store_url)
+    view = datasets.of("failing")
+    [complete] = receiver.of("failing", "COMPLETE")
+    [output] = complete["outputs"]
+    assert (output["namespace"], output["name"]) == (datasets.namespace, datasets.results("failing").name)
+    assert output["facets"]["version"]["datasetVersion"] == job.version
+    assert receiver.of("failing.publish") == []
+    assert all((view.namespace, view.name) not in _names(e) for e in receiver.received())
+    validate_event(complete)
+
+
+def test_two_jobs_publishing_under_one_dataset_root_collapsed_into_one_lineage_node(
+        job_factory: Any, store_url: str, receiver: LineageReceiver, lineage_env: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    lineage_env.setenv("OPENLINEAGE_URL", receiver.url)
+    root = tmp_path / "exports"
+    for name in ("alpha", "beta"):
+        spec = job_factory(n=20, name=name)
+        raw = yaml.safe_load(spec.read_text())
+        raw["output"]["dataset"] = str(root)
+        spec.write_text(yaml.safe_dump(raw))
+        run_job(spec, store_url)
+    named = {}
+    for name in ("alpha", "beta"):
+        [published] = receiver.of(f"{name}.publish", "COMPLETE")
+        [dataset] = [o for o in published["outputs"] if o["namespace"] == "file"]
+        named[name] = dataset["name"]
+        validate_event(published)
+    assert named == {"alpha": str(root / "alpha"), "beta": str(root / "beta")}
+
+
 def test_a_cancelled_run_is_aborted_naming_who(job_factory: Any, store_url: str, store: Store,
                                                 receiver: LineageReceiver, lineage_env: pytest.MonkeyPatch) -> None:
     from batchline.plan.planner import plan
@@ -232,6 +280,10 @@ def test_a_cancelled_run_is_aborted_naming_who(job_factory: Any, store_url: str,
     assert [e["eventType"] for e in receiver.of("dropped")] == ["START", "ABORT"]
     aborted = receiver.of("dropped", "ABORT")[0]
     assert "wrong prompt" in aborted["run"]["facets"]["errorMessage"]["message"]
+    from batchline.lineage.events import store_datasets
+
+    view = store_datasets(store_url).of("dropped")
+    assert all((view.namespace, view.name) not in _names(e) for e in receiver.received())
     validate_event(aborted)
 
 

@@ -99,6 +99,8 @@ def embed(engine: Any, texts: list[str]) -> np.ndarray:
 
 
 class FaithfulGrader:
+    check: ClassVar[str] = KEY  # the name of the check it reports
+    runs_model: ClassVar[bool] = True
     keys: ClassVar[Fields] = {KEY: {"type": "object", "description": "A free-text output field that must be about "
                                                                       "its own record (embedding similarity)"}}
     fields: ClassVar[Fields] = FIELDS

@@ -67,6 +67,8 @@ FIELDS: Fields = {
 
 
 class GroundedGrader:
+    check: ClassVar[str] = KEY  # the name of the check it reports
+    runs_model: ClassVar[bool] = False
     keys: ClassVar[Fields] = {KEY: {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "object"}],
                                     "description": "Output fields whose values must come from the record's text"}}
     fields: ClassVar[Fields] = FIELDS

@@ -150,6 +150,8 @@ def _planted(record: Record, canary: str, instruction: Instruction) -> Record:
 
 
 class InjectionGrader:
+    check: ClassVar[str] = KEY  # the name of the check it reports
+    runs_model: ClassVar[bool] = True
     keys: ClassVar[Fields] = {KEY: {"type": "object", "description": "How often instructions planted in records "
                                                                       "are obeyed (canaries run by the version's "
                                                                       "engine)"}}

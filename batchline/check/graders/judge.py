@@ -111,6 +111,8 @@ def _require(r: SpecReader, schema: Mapping[str, Any], name: str, kind: str, whe
 
 
 class JudgeGrader:
+    check: ClassVar[str] = KEY  # the name of the check it reports
+    runs_model: ClassVar[bool] = True
     keys: ClassVar[Fields] = {KEY: {"type": "object", "description": "A judge model grades a seeded sample of the "
                                                                       "results, as a job of its own"}}
     fields: ClassVar[Fields] = FIELDS

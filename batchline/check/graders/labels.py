@@ -32,6 +32,7 @@ from batchline.spec.ports import GraderContext, GraderSpec
 from batchline.spec.reader import Fields, SpecReader
 
 KEY = "eval"
+CHECK = "labels"
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ FIELDS: Fields = {
 
 
 class LabelsGrader:
+    check: ClassVar[str] = CHECK  # the name of the check it reports
+    runs_model: ClassVar[bool] = False
     keys: ClassVar[Fields] = {KEY: {"type": "object", "description": "Accuracy on a sample of records with "
                                                                       "known answers (the labels grader)"}}
     fields: ClassVar[Fields] = FIELDS
@@ -172,7 +175,7 @@ def check_labels(grading: Grading, ev: EvalSpec) -> Check:
     figure = (f"accuracy {accuracy:.1%} on {len(ids)} labelled records ({how}; limit {ev.min_accuracy:.0%}); "
               f"the majority class {baseline_label!r} alone {baseline:.1%}, lift {lift:+.1%} "
               f"(must be above 0{f' and at least {ev.min_lift:.0%}' if ev.min_lift else ''})")
-    return tally.check("labels", passed, figure, {
+    return tally.check(CHECK, passed, figure, {
         "accuracy": accuracy, "sample": len(ids), "labelled": len(labels), "min_accuracy": ev.min_accuracy,
         "majority_label": baseline_label, "majority_accuracy": baseline, "lift": lift, "min_lift": ev.min_lift,
         "field": ev.field, "confusion": confusion})

@@ -1,0 +1,236 @@
+"""A version's fleet launched once per scheduled task, and watched to its end: what an
+orchestrator (`batchline.orchestrators`: Airflow, Dagster) does between planning a version
+and validating it.
+
+- `launch_once` writes the launch's intent in the store under the task's key, launches
+  through a LAUNCHERS member (`local`, `kubernetes`, `ray`), and records what it launched;
+  a retry of the task (the same key) finds the record and launches nothing again, and an
+  intent left with nothing recorded (the task died between the two) is launched again
+  idempotently: every launcher names what it starts after the key, so a second try finds
+  the first's objects, submission or runner.
+- `watch` is one poll of the version: running, sealed, halted or cancelled, with the
+  pacer's `at risk` line where the version has a deadline. It only reads the store, so an
+  orchestrator's trigger calls it in a thread and never blocks its event loop.
+- `stop_launched` stops what a launch started (its workers give their leases back, I5) and
+  records the stop.
+- `model_checks` names the gate's checks that run a model (`validate.reproduce`, and the
+  graders that do): an orchestrator's worker has no model, so those are refused there
+  before anything is launched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from batchline.errors import BatchlineError, SpecError
+from batchline.store import ReaderStore, Store
+from batchline.store.launches import LAUNCHED, STOPPED, LaunchRecord
+
+RUNNING, SEALED, HALTED, CANCELLED = "running", "sealed", "halted", "cancelled"
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What to launch for a version: its spec where the launcher reads it, the keys that make
+    a retry find the first try's work, and the launcher's own options."""
+
+    version: str
+    spec: str  # the spec's path (local), or as the launcher's cluster reads it
+    key: str  # the launch's key: the same on every retry of one task run
+    plan_key: str  # the version's plan key: a runner that plans again finds this version
+    store_url: str
+    workers: int = 1
+    deadline: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def option(self, name: str, default: Any = None) -> Any:
+        return self.options.get(name, default)
+
+
+class Launcher(Protocol):
+    """A LAUNCHERS member: places a version's workers somewhere, idempotently by the request's
+    key, and stops them."""
+
+    name: str
+    options: Mapping[str, str]  # the options it takes, each with one line saying what it is
+
+    def check(self, request: LaunchRequest) -> None:
+        """Refuses, before anything is launched, a request it cannot carry out (one line)."""
+        ...
+
+    def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        """Starts the fleet, or finds the one this key started; what it started, as JSON."""
+        ...
+
+    def stop(self, request: LaunchRequest, detail: Mapping[str, Any]) -> None:
+        """Stops what `launch` started (workers give their leases back)."""
+        ...
+
+
+def launcher(name: str) -> Launcher:
+    """The LAUNCHERS member `name`; an unknown name is refused naming the known ones."""
+    from batchline.registry import LAUNCHERS
+
+    if name not in LAUNCHERS:
+        raise SpecError(f"launcher {name!r} is not one of {', '.join(sorted(LAUNCHERS))}")
+    member: Launcher = LAUNCHERS[name].load()
+    return member
+
+
+def checked(name: str, request: LaunchRequest) -> Launcher:
+    """The launcher, with the request's options checked: an option it does not take is refused
+    (a typo is an error, not a default), then the launcher's own checks."""
+    chosen = launcher(name)
+    unknown = sorted(set(request.options) - set(chosen.options))
+    if unknown:
+        known = ", ".join(sorted(chosen.options)) or "none"
+        raise SpecError(f"launcher {name}: option {unknown[0]!r} is not one it takes ({known})")
+    if request.workers < 1:
+        raise SpecError(f"launcher {name}: workers must be at least 1, not {request.workers}")
+    chosen.check(request)
+    return chosen
+
+
+@dataclass(frozen=True)
+class Launched:
+    record: LaunchRecord
+    launched_now: bool  # False: a retry re-attached to what an earlier try launched
+
+
+def launch_once(store: Store, request: LaunchRequest, name: str, by: str) -> Launched:
+    """Launches the version's fleet unless the key launched it already (see the module)."""
+    chosen = checked(name, request)
+    record, _made = store.launch_intent(request.version, request.key, name, by)
+    if record.state == LAUNCHED:
+        return Launched(record, False)
+    detail = chosen.launch(request)
+    return Launched(store.launch_recorded(request.version, request.key, detail), True)
+
+
+def stop_launched(store: Store, request: LaunchRequest, reason: str) -> LaunchRecord | None:
+    """Stops what the key launched and records why; None when it launched nothing."""
+    record = next((r for r in store.launches(request.version) if r.key == request.key), None)
+    if record is None or record.state == STOPPED:
+        return record
+    if record.detail is not None:
+        launcher(record.launcher).stop(request, record.detail)
+    return store.launch_stopped(request.version, request.key, reason)
+
+
+@dataclass(frozen=True)
+class Watch:
+    """One poll of a version."""
+
+    version: str
+    state: str  # running, sealed, halted, cancelled
+    message: str  # one line
+    records: int
+    results: int
+    dead_letters: int
+    at_risk: str | None = None  # the pacer's line, while its deadline is at risk
+
+    @property
+    def done(self) -> bool:
+        return self.state != RUNNING
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "state": self.state, "message": self.message, "records": self.records,
+                "results": self.results, "dead_letters": self.dead_letters, "at_risk": self.at_risk}
+
+
+def watch(store: Store, version: str) -> Watch:
+    """Where the version is now (see the module); reads only."""
+    from batchline.store import require_job
+
+    info = require_job(store, version)
+    st = store.status(version)
+    counts = (st.records, st.results, st.dead_letters)
+    if info.state == "sealed":
+        return Watch(version, SEALED, f"{version} is sealed: {st.results:,} results, {st.dead_letters:,} dead letters",
+                     *counts)
+    if info.state == "cancelled":
+        return Watch(version, CANCELLED, f"{version} was cancelled", *counts)
+    halt = store.halt_of(version)
+    if halt is not None:
+        return Watch(version, HALTED, halt.message(version), *counts)
+    done = st.results + st.dead_letters
+    return Watch(version, RUNNING, f"{version}: {done:,} of {st.records:,} records answered", *counts,
+                 at_risk=_at_risk(store, version))
+
+
+def poll(store_url: str, version: str) -> Watch:
+    """`watch` over a store opened for this one poll."""
+    from batchline.store import open_store
+
+    store = open_store(store_url, create=False)
+    try:
+        return watch(store, version)
+    finally:
+        store.close()
+
+
+def wait(store_url: str, version: str, poll_seconds: float, log: Callable[[str], None],
+         max_failures: int = 10) -> Watch:
+    """Polls the version until it ends, in this process (an orchestrator that cannot defer):
+    says `at risk` in `log` once per change; a store unreadable `max_failures` polls in a row
+    is refused naming it, the version and its workers untouched."""
+    failures, risk = 0, None
+    while True:
+        try:
+            state = poll(store_url, version)
+        except (BatchlineError, OSError) as exc:
+            failures += 1
+            if failures >= max_failures:
+                raise BatchlineError(f"the batchline store could not be read {failures} times in a row: "
+                                     f"{' '.join(str(exc).split())}; {version} and its workers are untouched") from None
+            time.sleep(poll_seconds)
+            continue
+        failures = 0
+        if state.at_risk != risk:
+            risk = state.at_risk
+            if risk is not None:
+                log(f"{version}: deadline at risk: {risk}")
+        if state.done:
+            return state
+        time.sleep(poll_seconds)
+
+
+def _at_risk(store: Store, version: str) -> str | None:
+    from batchline.launch.pacer import Pacer
+    from batchline.sizing.pacing import Mode
+
+    # A deadline's picture is advice: a version whose pacing cannot be read is still watched.
+    with contextlib.suppress(BatchlineError):
+        pacer = Pacer.watching(store, version)
+        picture = pacer.picture() if pacer is not None else None
+        if picture is not None and picture.decision.mode is Mode.AT_RISK:
+            return picture.line()
+    return None
+
+
+def model_checks(spec: Any) -> list[str]:
+    """The gate's checks of a spec that run a model (`validate.KEY`), in the spec's order."""
+    from batchline.registry import GRADERS, keyed
+
+    members = keyed(GRADERS)
+    named = [f"validate.{g.key}" for g in spec.validate.graders if getattr(members.get(g.key), "runs_model", False)]
+    return (["validate.reproduce"] if spec.validate.reproduce is not None else []) + named
+
+
+def manifest(store: ReaderStore, version: str, published_as: str | None,
+             targets: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What an orchestrator passes on about a version (an XCom, an asset's metadata): a few
+    figures and where it was published, never results."""
+    from batchline.store import require_job
+
+    info = require_job(store, version)
+    st = store.status(version)
+    tokens = store.token_totals(version)
+    return {"version": version, "name": info.name, "state": info.state, "records": st.records,
+            "results": st.results, "dead_letters": st.dead_letters,
+            "input_tokens": tokens[0], "output_tokens": tokens[1],
+            "published_as": published_as, "targets": list(targets)}

@@ -1,0 +1,179 @@
+"""`BatchlineRunOperator`: one task runs one job version on the fleet, holding an Airflow
+worker only to plan and launch, and again to validate and publish.
+
+`execute` plans the version under the task's key (`airflow:DAG/TASK/RUN/MAP_INDEX`, the
+same on every retry, so a retry after the input moved finds the version its first try
+planned), refuses a gate whose checks run a model (an Airflow worker has none: run those
+with `batchline validate` where the model is), launches the fleet once
+(`batchline.launch.fleet.launch_once`: a retry re-attaches), and defers to
+`BatchlineVersionTrigger`. `execute_complete` fails the task on a halted or cancelled
+version, or on a failed gate (its table in the error; nothing published); else it publishes
+(with `publish=True`) and returns a small manifest (its XCom): version, counts, tokens,
+where it was published, never results. `on_kill` stops the fleet the task launched (its
+workers give their leases back) and records it; a worker or triggerer that crashes leaves
+the fleet running, and the retry re-attaches to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+from batchline.orchestrators.airflow.hooks import BatchlineHook
+from batchline.orchestrators.airflow.triggers import ERROR, BatchlineVersionTrigger
+
+
+def gate_and_publish(store_url: str, version: str, publish: bool, log: Callable[[str], None]) -> dict[str, Any]:
+    """Validates a sealed version and, when it passes and `publish`, publishes it; the
+    version's manifest. A failed gate raises with its table: nothing is published."""
+    from batchline.api import Jobs
+    from batchline.launch.fleet import manifest
+    from batchline.store import open_store
+
+    jobs = Jobs(store_url)
+    published_as: str | None = None
+    shown: tuple[str, ...] = ()
+    report = jobs.validate(version, log=log)
+    log(report.table())
+    if not report.passed:
+        raise AirflowException(f"{version} failed its gate; nothing published\n{report.table()}")
+    if publish:
+        result = jobs.publish(version, log=log)
+        published_as, shown = result.name, result.shown
+    store = open_store(store_url, create=False)
+    try:
+        return manifest(store, version, published_as, tuple(shown))
+    finally:
+        store.close()
+
+
+def task_key(context: Mapping[str, Any]) -> str:
+    """The task run's key: its DAG, task, run and map index, the same on each of its tries."""
+    ti = context["ti"]
+    return f"airflow:{ti.dag_id}/{ti.task_id}/{ti.run_id}/{ti.map_index}"
+
+
+class BatchlineRunOperator(BaseOperator):
+    """Runs the job of `spec` on the fleet `launcher` places, then validates and publishes it."""
+
+    template_fields: Sequence[str] = ("spec", "deadline")
+
+    def __init__(self, *, spec: str, launcher: str = "local", workers: int = 1, deadline: str | None = None,
+                 publish: bool = True, deferrable: bool = True, batchline_conn_id: str = "batchline_default",
+                 launcher_options: Mapping[str, Any] | None = None, poll_seconds: float = 30.0,
+                 max_store_failures: int = 10, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+        self.launcher = launcher
+        self.workers = workers
+        self.deadline = deadline
+        self.publish = publish
+        self.deferrable = deferrable
+        self.batchline_conn_id = batchline_conn_id
+        self.launcher_options = dict(launcher_options or {})
+        self.poll_seconds = poll_seconds
+        self.max_store_failures = max_store_failures
+        self._request: Any = None
+
+    def _hook(self) -> BatchlineHook:
+        return BatchlineHook(self.batchline_conn_id)
+
+    def _launch_request(self, context: Mapping[str, Any], version: str, store_url: str) -> Any:
+        from batchline.launch.fleet import LaunchRequest
+
+        key = task_key(context)
+        options = {**self._hook().launcher_options(self.launcher), **self.launcher_options}
+        return LaunchRequest(version=version, spec=self.spec, key=key, plan_key=key, store_url=store_url,
+                             workers=self.workers, deadline=self.deadline, options=options)
+
+    def execute(self, context: Any) -> Any:
+        from batchline.api import Jobs
+        from batchline.launch.fleet import checked, launch_once, model_checks
+        from batchline.spec import load_spec
+        from batchline.store import open_store
+
+        spec = load_spec(self.spec)
+        needs_model = model_checks(spec)
+        if needs_model:
+            raise AirflowException(f"{self.spec}: {', '.join(needs_model)} run a model, which an Airflow worker does "
+                                   f"not have: run `batchline validate` where the model is, or leave them out here")
+        store_url = self._hook().store_url()
+        key = task_key(context)
+        # Refused before anything is planned: an unknown launcher, or an option it does not take.
+        checked(self.launcher, self._launch_request(context, "", store_url))
+        planned = Jobs(store_url).plan(self.spec, plan_key=key, log=self.log.info)
+        request = self._launch_request(context, planned.version, store_url)
+        self._request = request
+        store = open_store(store_url, create=False)
+        try:
+            launched = launch_once(store, request, self.launcher, by=key)
+        finally:
+            store.close()
+        what = "launched" if launched.launched_now else "re-attached to the fleet an earlier try launched:"
+        self.log.info("%s %s (%s) %s", planned.version, what, self.launcher, launched.record.detail)
+        if not self.deferrable:
+            return self._finish(store_url, self._wait(planned.version))
+        self.defer(trigger=BatchlineVersionTrigger(planned.version, self.batchline_conn_id, self.poll_seconds,
+                                                   self.max_store_failures),
+                   method_name="execute_complete")
+
+    def _wait(self, version: str) -> dict[str, Any]:
+        from batchline.launch.fleet import wait
+
+        return wait(self._hook().store_url(), version, self.poll_seconds, self.log.warning,
+                    self.max_store_failures).to_json()
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        return self._finish(self._hook().store_url(), event)
+
+    def _finish(self, store_url: str, event: Mapping[str, Any]) -> dict[str, Any]:
+        version = str(event.get("version"))
+        if event.get("state") == ERROR:
+            raise AirflowException(str(event.get("message")))
+        if event.get("state") != "sealed":
+            raise AirflowException(f"{event.get('message')}; nothing published")
+        return gate_and_publish(store_url, version, self.publish, self.log.info)
+
+    def on_kill(self) -> None:
+        from batchline.launch.fleet import stop_launched
+        from batchline.store import open_store
+
+        if self._request is None:
+            return
+        store = open_store(self._request.store_url, create=False)
+        try:
+            stop_launched(store, self._request, "the Airflow task was killed")
+        finally:
+            store.close()
+
+
+class BatchlinePublishOperator(BaseOperator):
+    """Validates a sealed version (a job run with `publish=False` upstream, such as an index's
+    embedding job) and publishes it: a few seconds on a worker, no fleet."""
+
+    template_fields: Sequence[str] = ("version",)
+
+    def __init__(self, *, version: str, batchline_conn_id: str = "batchline_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.version = version
+        self.batchline_conn_id = batchline_conn_id
+
+    def execute(self, context: Any) -> Any:
+        from batchline.launch.fleet import model_checks
+        from batchline.spec import JobVersion
+        from batchline.store import open_store
+
+        store_url = BatchlineHook(self.batchline_conn_id).store_url()
+        store = open_store(store_url, create=False)
+        try:
+            job = JobVersion.of(store, self.version)
+        finally:
+            store.close()
+        needs_model = model_checks(job.spec)
+        if needs_model:
+            raise AirflowException(f"{self.version}: {', '.join(needs_model)} run a model, which an Airflow worker "
+                                   f"does not have: run `batchline validate` where the model is")
+        return gate_and_publish(store_url, self.version, True, self.log.info)
