@@ -211,6 +211,8 @@ GRADERS = _table(
 # each taking its own options, launching idempotently by the task's key, and stopping it.
 LAUNCHERS = _table(
     Plugin("local", "batchline.launch.local:LOCAL"),
+    Plugin("kubernetes", "batchline.launch.k8s_apply:KUBERNETES", "fleet"),
+    Plugin("ray", "batchline.launch.ray_jobs:RAY_JOBS", "fleet"),
 )
 
 # Every table, by the name it is documented under.

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from batchline.errors import BatchlineError, SpecError
-from batchline.store import ReaderStore, Store
+from batchline.store import Store
 from batchline.store.launches import LAUNCHED, STOPPED, LaunchRecord
 
 RUNNING, SEALED, HALTED, CANCELLED = "running", "sealed", "halted", "cancelled"
@@ -221,7 +221,7 @@ def model_checks(spec: Any) -> list[str]:
     return (["validate.reproduce"] if spec.validate.reproduce is not None else []) + named
 
 
-def manifest(store: ReaderStore, version: str, published_as: str | None,
+def manifest(store: Store, version: str, published_as: str | None,
              targets: tuple[str, ...] = ()) -> dict[str, Any]:
     """What an orchestrator passes on about a version (an XCom, an asset's metadata): a few
     figures and where it was published, never results."""
@@ -230,7 +230,10 @@ def manifest(store: ReaderStore, version: str, published_as: str | None,
     info = require_job(store, version)
     st = store.status(version)
     tokens = store.token_totals(version)
+    # What paid workers a pacer bought cost (the fallback's price); spot capacity is not priced.
+    paid_cost, _rate = store.paid_budget(version)
     return {"version": version, "name": info.name, "state": info.state, "records": st.records,
             "results": st.results, "dead_letters": st.dead_letters,
             "input_tokens": tokens[0], "output_tokens": tokens[1],
+            "paid_worker_seconds": round(store.paid_spend_seconds(version), 1), "paid_cost": round(paid_cost, 4),
             "published_as": published_as, "targets": list(targets)}

@@ -43,6 +43,8 @@ class _Drainable(Protocol):
 
     def pinned_runtime(self, version: str) -> str | None: ...
 
+    def lineage_parent(self, version: str) -> dict[str, Any] | None: ...
+
     def lineage_claim(self, by: str, *, version: str | None = None, hold_seconds: float = 60.0,
                       limit: int = 100) -> list[OutboxRow]: ...
 
@@ -109,6 +111,7 @@ def drain_now(store: _Drainable, sender: Sender, *, by: str | None = None, versi
     started = time.monotonic()
     datasets = store_datasets(store.url)
     jobs: dict[str, JobInfo | None] = {}
+    parents: dict[str, dict[str, Any] | None] = {}
     while seconds is None or time.monotonic() - started < seconds:
         rows = store.lineage_claim(by, version=version, hold_seconds=HOLD_SECONDS)
         if not rows:
@@ -116,12 +119,13 @@ def drain_now(store: _Drainable, sender: Sender, *, by: str | None = None, versi
         for i, row in enumerate(rows):
             if row.version not in jobs:
                 jobs[row.version] = store.job(row.version)
+                parents[row.version] = store.lineage_parent(row.version)
             job = jobs[row.version]
             try:
                 if job is None:
                     raise LookupError(f"{row.version} is not in the store")
                 event = event_for(row, job, namespace=sender.config.namespace, store=datasets,
-                                  runtime=store.pinned_runtime(row.version))
+                                  runtime=store.pinned_runtime(row.version), parent=parents[row.version])
             except Exception as exc:  # a row no event can be made of is kept, with why
                 store.lineage_failed(row.id, by, f"cannot make its event: {one_line(exc)}", retry_in=0.0,
                                      give_up=True)

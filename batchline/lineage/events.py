@@ -339,17 +339,31 @@ def _job(namespace: str, name: str, kind: str) -> Job:
     return Job(namespace, name, facets=facets)
 
 
+def _root(parent: Mapping[str, str] | None) -> parent_run.Root | None:
+    if parent is None:
+        return None
+    return parent_run.Root(run=parent_run.RootRun(parent["run_id"]),
+                           job=parent_run.RootJob(parent["namespace"], parent["name"]))
+
+
 def event_for(row: OutboxRow, job: JobInfo, *, namespace: str, store: StoreDatasets,
-              runtime: str | None = None) -> RunEvent:
-    """The event of one outbox row of `job`."""
+              runtime: str | None = None, parent: Mapping[str, str] | None = None) -> RunEvent:
+    """The event of one outbox row of `job`; `parent`: the orchestrator's task run that
+    launched the version (`namespace`, `name`, `run_id`), the parent of its first attempt's
+    run and the root of every other run of it."""
     spec = stored_spec(job)
     if row.kind in (PUBLISH, ROLLBACK):
-        return _publication_event(row, job, spec, namespace, store, runtime)
+        return _publication_event(row, job, spec, namespace, store, runtime, parent)
     facets = _common_run_facets(job, spec, row.attempt, runtime)
     if row.attempt > 1:
         # A resumed version: another run of the same job, whose parent is its first attempt.
         facets["parent"] = parent_run.ParentRunFacet(
-            run=parent_run.Run(computation_run_id(job, 1)), job=parent_run.Job(namespace, spec.name))
+            run=parent_run.Run(computation_run_id(job, 1)), job=parent_run.Job(namespace, spec.name),
+            root=_root(parent))
+    elif parent is not None:
+        facets["parent"] = parent_run.ParentRunFacet(
+            run=parent_run.Run(parent["run_id"]), job=parent_run.Job(parent["namespace"], parent["name"]),
+            root=_root(parent))
     detail = row.detail
     if row.kind in (FAIL, ABORT):
         message = str(detail.get("message") or detail.get("reason") or row.kind)
@@ -378,14 +392,14 @@ def event_for(row: OutboxRow, job: JobInfo, *, namespace: str, store: StoreDatas
 
 
 def _publication_event(row: OutboxRow, job: JobInfo, spec: JobSpec, namespace: str, store: StoreDatasets,
-                       runtime: str | None) -> RunEvent:
+                       runtime: str | None, parent: Mapping[str, str] | None) -> RunEvent:
     detail = row.detail
     name = str(detail.get("name") or spec.name)
     facets: dict[str, RunFacet] = {
         "processing_engine": processing_engine_run.ProcessingEngineRunFacet(
             version=__version__, name="batchline", openlineageAdapterVersion=_client_version()),
         "parent": parent_run.ParentRunFacet(run=parent_run.Run(computation_run_id(job, row.attempt)),
-                                            job=parent_run.Job(namespace, spec.name)),
+                                            job=parent_run.Job(namespace, spec.name), root=_root(parent)),
         "batchline_publication": BatchlinePublicationRunFacet(
             row.kind, name, job.version, detail.get("previous"), detail.get("who"), detail.get("reason")),
         "batchline_model": BatchlineModelRunFacet(spec.model.engine, spec.model.path, spec.model.digest, runtime,
@@ -406,6 +420,27 @@ def _publication_event(row: OutboxRow, job: JobInfo, spec: JobSpec, namespace: s
                             facets=facets),
                     job=_job(namespace, f"{name}.{row.kind}", "JOB"), producer=PRODUCER,
                     inputs=[_input(store.results(spec.name, job.version))], outputs=outputs)
+
+
+def version_lineage(store: Any, version: str, published_as: str | None,
+                    namespace: str = "batchline") -> tuple[list[InputDataset], list[OutputDataset], dict[str, RunFacet]]:
+    """What an orchestrator's own lineage says of a task that ran `version`: the input the
+    snapshot pinned, what the version was published to (the store's view and each target,
+    as a publish run names them; nothing where it was not published) and batchline's run
+    facets (model, prompt, decoding, job)."""
+    from batchline.store import require_job
+
+    job = require_job(store, version)
+    spec = stored_spec(job)
+    datasets = store_datasets(store.url)
+    inputs = [_input(d) for d in spec.input.source.datasets(spec.pins, datasets)]
+    outputs: list[OutputDataset] = []
+    if published_as is not None:
+        outputs.append(_output(datasets.of(published_as, version), {"schema": results_schema(spec)}))
+        for target in spec.targets:
+            outputs.append(_output(target.dataset(published_as, datasets, None), {"schema": results_schema(spec)}))
+    facets = _common_run_facets(job, spec, 1, store.pinned_runtime(version))
+    return inputs, outputs, facets
 
 
 def reproducibility_facet(validation: Any) -> BatchlineReproducibilityRunFacet | None:

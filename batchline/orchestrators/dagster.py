@@ -8,7 +8,7 @@ publishes. The asset's checks are the gate's checks, named from the spec
 (`batchline.check.validate.check_names`), so a grader added to the spec is a new check
 with nothing to change here. A failed gate reports its checks as failed and fails the step:
 nothing is published, nothing materialised. The metadata: version, records, results, dead
-letters, tokens, where it was published.
+letters, tokens, paid worker time and cost, where it was published.
 """
 
 # No `from __future__ import annotations`: Dagster reads the asset function's annotations
@@ -41,7 +41,8 @@ class BatchlineResource(ConfigurableResource):  # type: ignore[type-arg]
 
 def _metadata(manifest: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {k: manifest[k] for k in ("version", "records", "results", "dead_letters",
-                                                     "input_tokens", "output_tokens")}
+                                                     "input_tokens", "output_tokens", "paid_worker_seconds",
+                                                     "paid_cost")}
     out["published_as"] = manifest["published_as"] or ""
     if manifest["targets"]:
         out["targets"] = MetadataValue.json(list(manifest["targets"]))

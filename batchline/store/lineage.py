@@ -126,6 +126,22 @@ class LineageOutbox(StoreBase):
         self._write(lambda tx: tx.run(self.q.LINEAGE_FAILED, {"id": row_id, "by": by, "error": error[:2000],
                                                               "retry_in": retry_in, "give_up": give_up}))
 
+    def lineage_parent(self, version: str) -> dict[str, Any] | None:
+        """The run of the orchestrator's task that launched the version (`namespace`, `name`,
+        `run_id`), which the version's events name as their parent; None without one."""
+        row = self._read(lambda tx: tx.one(self.q.LINEAGE_PARENT, {"v": version}))
+        return self._unjson(row[0]) if row is not None and row[0] is not None else None
+
+    def set_lineage_parent(self, version: str, parent: Mapping[str, str]) -> None:
+        """Names the orchestrator's task run as the version's lineage parent (the latest
+        launcher's: a retried task keeps its run)."""
+        missing = sorted({"namespace", "name", "run_id"} - set(parent))
+        if missing:
+            raise ValueError(f"a lineage parent needs {', '.join(missing)}")
+        wanted = {k: str(parent[k]) for k in ("namespace", "name", "run_id")}
+        if self._write(lambda tx: tx.run(self.q.SET_LINEAGE_PARENT, {"v": version, "parent": self._json(wanted)})) != 1:
+            raise self._no_version(version)
+
     def lineage_rows(self, version: str | None = None) -> list[OutboxRow]:
         """Every row (of `version`), sent or not, oldest first."""
         return [self._outbox_row(r) for r in self._read(lambda tx: tx.all(self.q.LINEAGE_ROWS, {"v": version}))]

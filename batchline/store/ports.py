@@ -246,9 +246,17 @@ class LineageDrain(Protocol):
         """The engine runtime the version's first worker loaded (the events name it)."""
         ...
 
+    def lineage_parent(self, version: str) -> dict[str, Any] | None:
+        """The orchestrator's task run that launched the version (the events' parent)."""
+        ...
+
 
 class LineageAdmin(LineageDrain, Protocol):
     """What `batchline lineage` reads and mends of the outbox."""
+
+    def set_lineage_parent(self, version: str, parent: Mapping[str, str]) -> None:
+        """Names the orchestrator's task run (`namespace`, `name`, `run_id`) as the version's parent."""
+        ...
 
     def lineage_rows(self, version: str | None = None) -> list[OutboxRow]: ...
 

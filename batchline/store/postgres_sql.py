@@ -487,6 +487,11 @@ CREATE TABLE launches (
 );
 ALTER TABLE launches ENABLE ROW LEVEL SECURITY;
 """),
+    # The orchestrator's task run that launched a version: its lineage events name it as their
+    # parent, so a lineage server shows the scheduler's graph and batchline's as one.
+    (24, "the lineage parent of a version", """
+ALTER TABLE jobs ADD COLUMN lineage_parent jsonb;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -1201,6 +1206,8 @@ LINEAGE_FAILED = WorkerStatement(
     "given_up_at = CASE WHEN %(give_up)s THEN batchline_now() END "
     "WHERE id = %(id)s AND claimed_by = %(by)s AND sent_at IS NULL", _OUTBOX_DRAIN,
     *reads("lineage_outbox", "clock"))
+LINEAGE_PARENT = WorkerStatement("SELECT lineage_parent FROM jobs WHERE version = %(v)s", *reads("jobs"))
+SET_LINEAGE_PARENT = "UPDATE jobs SET lineage_parent = %(parent)s WHERE version = %(v)s"
 LINEAGE_ROWS = (f"SELECT {_OUTBOX_COLUMNS} FROM lineage_outbox WHERE (%(v)s::text IS NULL OR version = %(v)s) "
                 f"ORDER BY id")
 LINEAGE_RETRY = ("UPDATE lineage_outbox SET given_up_at = NULL, tries = 0, next_try_at = batchline_now() "

@@ -357,6 +357,10 @@ CREATE TABLE IF NOT EXISTS launches (
     PRIMARY KEY (version, key)
 );
 """),
+    # The orchestrator's task run that launched a version: its lineage events' parent.
+    (19, "the lineage parent of a version", """
+ALTER TABLE jobs ADD COLUMN lineage_parent TEXT;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -837,6 +841,8 @@ LINEAGE_FAILED = (f"UPDATE lineage_outbox SET last_error = :error, claimed_until
                   f"next_try_at = {NOW_EXPR} + :retry_in, "
                   f"given_up_at = CASE WHEN :give_up THEN {NOW_EXPR} END "
                   f"WHERE id = :id AND claimed_by = :by AND sent_at IS NULL")
+LINEAGE_PARENT = "SELECT lineage_parent FROM jobs WHERE version = :v"
+SET_LINEAGE_PARENT = "UPDATE jobs SET lineage_parent = :parent WHERE version = :v"
 LINEAGE_ROWS = f"SELECT {_OUTBOX_COLUMNS} FROM lineage_outbox WHERE (:v IS NULL OR version = :v) ORDER BY id"
 LINEAGE_RETRY = (f"UPDATE lineage_outbox SET given_up_at = NULL, tries = 0, next_try_at = {NOW_EXPR} "
                  f"WHERE (:v IS NULL OR version = :v) AND sent_at IS NULL AND given_up_at IS NOT NULL")

@@ -34,13 +34,15 @@ with DAG(
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": datetime.timedelta(minutes=5)},
     params={"triage_spec": Param(str(SPECS / "triage.yaml"), type="string"),
-            "summaries_spec": Param(str(SPECS / "summaries.yaml"), type="string")},
+            "summaries_spec": Param(str(SPECS / "summaries.yaml"), type="string"),
+            # How often the triggerer reads the store while the fleet works.
+            "poll_seconds": Param(30, type="number", exclusiveMinimum=0)},
     tags=["batchline"],
 ) as dag:
     triage = BatchlineRunOperator(task_id="triage", spec="{{ params.triage_spec }}", launcher="local",
-                                  workers=2, deadline="6h", publish=True, poll_seconds=30)
+                                  workers=2, deadline="6h", publish=True, poll_seconds="{{ params.poll_seconds }}")
     summaries = BatchlineRunOperator(task_id="summaries", spec="{{ params.summaries_spec }}", launcher="local",
-                                     workers=1, publish=False, poll_seconds=30)
+                                     workers=1, publish=False, poll_seconds="{{ params.poll_seconds }}")
     publish_index = BatchlinePublishOperator(task_id="publish_index",
                                              version="{{ ti.xcom_pull(task_ids='summaries')['version'] }}")
     triage >> summaries >> publish_index

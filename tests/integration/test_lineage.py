@@ -268,6 +268,31 @@ def test_two_jobs_publishing_under_one_dataset_root_collapsed_into_one_lineage_n
     assert named == {"alpha": str(root / "alpha"), "beta": str(root / "beta")}
 
 
+def test_a_version_launched_by_an_orchestrators_task_names_that_run_as_its_parent_and_root(
+        job_factory: Any, store_url: str, store: Store, receiver: LineageReceiver,
+        lineage_env: pytest.MonkeyPatch) -> None:
+    from batchline.plan.planner import plan
+    from batchline.spec import load_spec
+
+    lineage_env.setenv("OPENLINEAGE_URL", receiver.url)
+    task = {"namespace": "airflow-prod", "name": "nightly.triage", "run_id": "01939c2e-8f0a-7000-8000-000000000001"}
+    spec = job_factory(n=40, name="scheduled")
+    version = plan(load_spec(spec), store).version
+    store.set_lineage_parent(version, task)
+    assert Jobs(store_url).run(spec, workers=1, publish=True, progress=None, log=lambda _m: None).exit_code == 0
+    [start] = receiver.of("scheduled", "START")
+    parent = start["run"]["facets"]["parent"]
+    assert (parent["job"]["namespace"], parent["job"]["name"], parent["run"]["runId"]) == (
+        "airflow-prod", "nightly.triage", task["run_id"])
+    [published] = receiver.of("scheduled.publish", "COMPLETE")
+    facet = published["run"]["facets"]["parent"]
+    assert facet["run"]["runId"] == start["run"]["runId"]  # the publish hangs under the computation
+    assert (facet["root"]["job"]["namespace"], facet["root"]["job"]["name"], facet["root"]["run"]["runId"]) == (
+        "airflow-prod", "nightly.triage", task["run_id"])
+    for event in receiver.received():
+        validate_event(event)
+
+
 def test_a_cancelled_run_is_aborted_naming_who(job_factory: Any, store_url: str, store: Store,
                                                 receiver: LineageReceiver, lineage_env: pytest.MonkeyPatch) -> None:
     from batchline.plan.planner import plan

@@ -50,6 +50,32 @@ def gate_and_publish(store_url: str, version: str, publish: bool, log: Callable[
         store.close()
 
 
+def _name_lineage_parent(store_url: str, version: str, context: Mapping[str, Any]) -> None:
+    """Names the task's OpenLineage run as the version's lineage parent, where Airflow's
+    OpenLineage provider is installed: batchline's events then hang under the task's run."""
+    try:
+        from airflow.providers.openlineage.plugins.macros import (
+            lineage_job_name,
+            lineage_job_namespace,
+            lineage_run_id,
+        )
+    except ImportError:
+        return
+    from batchline.store import open_store
+
+    ti = context["ti"]
+    try:
+        parent = {"namespace": lineage_job_namespace(),  # type: ignore[no-untyped-call]
+                  "name": lineage_job_name(ti), "run_id": lineage_run_id(ti)}
+    except (AttributeError, KeyError, TypeError):  # a task instance the provider cannot name a run for
+        return
+    store = open_store(store_url, create=False)
+    try:
+        store.set_lineage_parent(version, parent)
+    finally:
+        store.close()
+
+
 def task_key(context: Mapping[str, Any]) -> str:
     """The task run's key: its DAG, task, run and map index, the same on each of its tries."""
     ti = context["ti"]
@@ -59,11 +85,12 @@ def task_key(context: Mapping[str, Any]) -> str:
 class BatchlineRunOperator(BaseOperator):
     """Runs the job of `spec` on the fleet `launcher` places, then validates and publishes it."""
 
-    template_fields: Sequence[str] = ("spec", "deadline")
+    # poll_seconds may be a template (a DAG param), rendered to text: read as a number at execute.
+    template_fields: Sequence[str] = ("spec", "deadline", "poll_seconds")
 
     def __init__(self, *, spec: str, launcher: str = "local", workers: int = 1, deadline: str | None = None,
                  publish: bool = True, deferrable: bool = True, batchline_conn_id: str = "batchline_default",
-                 launcher_options: Mapping[str, Any] | None = None, poll_seconds: float = 30.0,
+                 launcher_options: Mapping[str, Any] | None = None, poll_seconds: float | str = 30.0,
                  max_store_failures: int = 10, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.spec = spec
@@ -77,6 +104,7 @@ class BatchlineRunOperator(BaseOperator):
         self.poll_seconds = poll_seconds
         self.max_store_failures = max_store_failures
         self._request: Any = None
+        self._finished: tuple[str, str, str | None] | None = None  # the store, version and name it published
 
     def _hook(self) -> BatchlineHook:
         return BatchlineHook(self.batchline_conn_id)
@@ -95,6 +123,12 @@ class BatchlineRunOperator(BaseOperator):
         from batchline.spec import load_spec
         from batchline.store import open_store
 
+        try:
+            self.poll_seconds = float(self.poll_seconds)
+        except ValueError:
+            raise AirflowException(f"poll_seconds must be a number of seconds, not {self.poll_seconds!r}") from None
+        if self.poll_seconds <= 0:
+            raise AirflowException(f"poll_seconds must be more than 0, not {self.poll_seconds}")
         spec = load_spec(self.spec)
         needs_model = model_checks(spec)
         if needs_model:
@@ -112,18 +146,19 @@ class BatchlineRunOperator(BaseOperator):
             launched = launch_once(store, request, self.launcher, by=key)
         finally:
             store.close()
+        _name_lineage_parent(store_url, planned.version, context)
         what = "launched" if launched.launched_now else "re-attached to the fleet an earlier try launched:"
         self.log.info("%s %s (%s) %s", planned.version, what, self.launcher, launched.record.detail)
         if not self.deferrable:
             return self._finish(store_url, self._wait(planned.version))
-        self.defer(trigger=BatchlineVersionTrigger(planned.version, self.batchline_conn_id, self.poll_seconds,
+        self.defer(trigger=BatchlineVersionTrigger(planned.version, self.batchline_conn_id, float(self.poll_seconds),
                                                    self.max_store_failures),
                    method_name="execute_complete")
 
     def _wait(self, version: str) -> dict[str, Any]:
         from batchline.launch.fleet import wait
 
-        return wait(self._hook().store_url(), version, self.poll_seconds, self.log.warning,
+        return wait(self._hook().store_url(), version, float(self.poll_seconds), self.log.warning,
                     self.max_store_failures).to_json()
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
@@ -131,11 +166,32 @@ class BatchlineRunOperator(BaseOperator):
 
     def _finish(self, store_url: str, event: Mapping[str, Any]) -> dict[str, Any]:
         version = str(event.get("version"))
+        self._finished = (store_url, version, None)
         if event.get("state") == ERROR:
             raise AirflowException(str(event.get("message")))
         if event.get("state") != "sealed":
             raise AirflowException(f"{event.get('message')}; nothing published")
-        return gate_and_publish(store_url, version, self.publish, self.log.info)
+        shown = gate_and_publish(store_url, version, self.publish, self.log.info)
+        self._finished = (store_url, version, shown["published_as"])
+        return shown
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Airflow's lineage of the task: the input snapshot, the published table and
+        batchline's run facets (nothing before the task has finished a version)."""
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        from batchline.lineage.events import version_lineage
+        from batchline.store import open_store
+
+        if self._finished is None:
+            return OperatorLineage()
+        store_url, version, published_as = self._finished
+        store = open_store(store_url, create=False)
+        try:
+            inputs, outputs, facets = version_lineage(store, version, published_as)
+        finally:
+            store.close()
+        return OperatorLineage(inputs=inputs, outputs=outputs, run_facets=facets)
 
     def on_kill(self) -> None:
         from batchline.launch.fleet import stop_launched

@@ -40,7 +40,7 @@ def example_dag(args: dict[str, Any]) -> dict[str, Any]:
     sys.path.insert(0, args["dags"])
     from nightly_triage import dag  # type: ignore[import-not-found]
 
-    run = dag.test(run_conf={"triage_spec": args["triage"], "summaries_spec": args["summaries"]})
+    run = dag.test(run_conf={"triage_spec": args["triage"], "summaries_spec": args["summaries"], "poll_seconds": 0.5})
     tasks = {}
     for ti in run.get_task_instances():
         tasks[ti.task_id] = {"state": str(ti.state.value if hasattr(ti.state, "value") else ti.state),
@@ -69,8 +69,13 @@ def defer_retry_and_finish(args: dict[str, Any]) -> dict[str, Any]:
     second = _defer(retried, _context("triage", 2))
     event = asyncio.run(_fire(second.trigger))
     manifest = retried.execute_complete(_context("triage", 2), event)
+    lineage = retried.get_openlineage_facets_on_complete(None)
     return {"classpath": classpath, "kwargs": kwargs, "method": first.method_name,
-            "second_kwargs": second.trigger.serialize()[1], "event": event, "manifest": manifest}
+            "second_kwargs": second.trigger.serialize()[1], "event": event, "manifest": manifest,
+            "lineage": {"inputs": [[d.namespace, d.name] for d in lineage.inputs],
+                        "outputs": [[d.namespace, d.name, d.facets["version"].datasetVersion]
+                                    for d in lineage.outputs],
+                        "run_facets": sorted(lineage.run_facets)}}
 
 
 def killed_then_retried(args: dict[str, Any]) -> dict[str, Any]:

@@ -93,7 +93,8 @@ def test_the_example_dag_defers_fires_on_the_seal_and_publishes_with_only_a_mani
         "triage": "success", "summaries": "success", "publish_index": "success"}
     triaged = result["xcoms"]["triage"]["return_value"]
     assert set(triaged) == {"version", "name", "state", "records", "results", "dead_letters", "input_tokens",
-                            "output_tokens", "published_as", "targets"}
+                            "output_tokens", "paid_worker_seconds", "paid_cost", "published_as", "targets"}
+    assert (triaged["paid_worker_seconds"], triaged["paid_cost"]) == (0.0, 0.0)  # no pacer bought any
     assert (triaged["records"], triaged["results"], triaged["published_as"]) == (120, 120, "triage-nightly")
     assert store.resolve_name("triage-nightly") == triaged["version"]
     summarised = result["xcoms"]["summaries"]["return_value"]
@@ -103,6 +104,9 @@ def test_the_example_dag_defers_fires_on_the_seal_and_publishes_with_only_a_mani
     assert set(call_counts(calls).values()) == {1}
     [launch] = store.launches(triaged["version"])
     assert (launch.launcher, launch.state) == ("local", "launched")
+    # batchline's own events hang under the task's OpenLineage run.
+    parent = store.lineage_parent(triaged["version"])
+    assert parent is not None and parent["name"] == "batchline_nightly_triage.triage" and parent["run_id"]
 
 
 def test_a_task_killed_while_deferred_and_retried_reattaches_and_computes_nothing_twice(
@@ -123,6 +127,13 @@ def test_a_task_killed_while_deferred_and_retried_reattaches_and_computes_nothin
     assert result["manifest"]["published_as"] == "triage-nightly" and result["manifest"]["results"] == 200
     counts = call_counts(calls)
     assert len(counts) == 200 and set(counts.values()) == {1}
+    # Airflow's own lineage of the task: the input snapshot, the view it published, batchline's facets.
+    from batchline.lineage.events import store_datasets
+
+    view = store_datasets(store.url).of("triage-nightly")
+    assert result["lineage"]["inputs"] == [["file", str(Path(yaml.safe_load(spec.read_text())["input"]["path"]))]]
+    assert result["lineage"]["outputs"] == [[view.namespace, view.name, version]]
+    assert {"batchline_job", "batchline_model", "batchline_prompt"} <= set(result["lineage"]["run_facets"])
 
 
 def test_on_kill_stops_the_fleet_and_the_next_try_launches_it_again_without_a_record_computed_twice(
@@ -173,7 +184,7 @@ def test_checks_that_run_a_model_and_an_unknown_launcher_option_are_refused_befo
     refused = airflow("refused_at_start", spec=str(plain), kwargs={"launcher_options": {"runner_dri": "/tmp"}})["refused"]
     assert "option 'runner_dri' is not one it takes (runner_dir)" in refused
     refused = airflow("refused_at_start", spec=str(plain), kwargs={"launcher": "slurm"})["refused"]
-    assert "launcher 'slurm' is not one of local" in refused
+    assert "launcher 'slurm' is not one of kubernetes, local, ray" in refused
     assert store.jobs() == []
 
 

@@ -70,3 +70,15 @@ def test_a_launch_of_a_version_that_does_not_exist_is_refused(store: Store) -> N
     assert store.launch_stopped("nope@1", KEY, "gone") is None
     with pytest.raises(StoreError, match="no launch"):
         store.launch_recorded("nope@1", KEY, {})
+
+
+def test_a_versions_lineage_parent_is_kept_replaced_by_the_latest_and_refused_incomplete(store: Store) -> None:
+    plan_version(store)
+    assert store.lineage_parent("job@1") is None
+    store.set_lineage_parent("job@1", {"namespace": "airflow", "name": "nightly.triage", "run_id": "r-1"})
+    store.set_lineage_parent("job@1", {"namespace": "airflow", "name": "nightly.triage", "run_id": "r-2"})
+    assert store.lineage_parent("job@1") == {"namespace": "airflow", "name": "nightly.triage", "run_id": "r-2"}
+    with pytest.raises(ValueError, match="needs run_id"):
+        store.set_lineage_parent("job@1", {"namespace": "airflow", "name": "nightly.triage"})
+    with pytest.raises(NoSuchVersion):
+        store.set_lineage_parent("nope@1", {"namespace": "a", "name": "b", "run_id": "c"})

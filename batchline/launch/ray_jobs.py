@@ -1,0 +1,106 @@
+"""The `ray` launcher: `batchline launch ray --job VERSION` submitted to a Ray cluster through
+its Jobs API, so the fleet is driven from the cluster and outlives the task that submitted it.
+
+The submission id comes from the version and the launch key: a retry, or an intent whose
+launch was never recorded, finds the submission that exists instead of making a second one.
+The driver reads the store's URL from the cluster's own environment (`BATCHLINE_STORE` on
+the head node) unless `store_url_in_runtime_env` is set: a job's runtime environment is
+readable by whoever can list the cluster's jobs, so a URL with a password stays out of it
+by default. `stop` stops the submission: the driver gets SIGTERM and stops its workers,
+which give their leases back (I5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from batchline.errors import BatchlineError, SpecError
+from batchline.launch import slug
+from batchline.launch.fleet import LaunchRequest
+
+
+def submission_id(request: LaunchRequest) -> str:
+    digest = hashlib.sha256(f"{request.version}\0{request.key}".encode()).hexdigest()[:12]
+    return f"batchline-{slug(request.version, 40)}-{digest}"
+
+
+class RayJobsLauncher:
+    name = "ray"
+    options: ClassVar[Mapping[str, str]] = {
+        "address": "the cluster's Jobs API (its dashboard), such as http://head:8265 (required)",
+        "gpus_per_worker": "GPUs each worker takes (default: 1 where the cluster has GPUs)",
+        "cpus_per_worker": "CPUs each worker takes (default 1)",
+        "auth_token": "the cluster's token, where it authenticates (a credential: give it in the connection)",
+        "store_url_in_runtime_env": "pass the store's URL in the job's environment (default false: the "
+                                    "cluster's own BATCHLINE_STORE)",
+    }
+
+    def _client(self, request: LaunchRequest) -> Any:
+        from ray.job_submission import JobSubmissionClient
+
+        address = request.option("address")
+        if not isinstance(address, str) or not address:
+            raise SpecError("launcher ray: option address is required (the cluster's Jobs API, http://HEAD:8265)")
+        token = request.option("auth_token")
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        try:
+            return JobSubmissionClient(address, headers=headers)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise BatchlineError(f"launcher ray: cannot reach the Jobs API at {address}: "
+                                 f"{' '.join(str(exc).split())[:300]}") from None
+
+    def entrypoint(self, request: LaunchRequest) -> str:
+        args = ["batchline", "launch", "ray", "--job", request.version, "--workers", str(request.workers),
+                "--address", "auto"]
+        for option, flag in (("gpus_per_worker", "--gpus-per-worker"), ("cpus_per_worker", "--cpus-per-worker")):
+            if request.option(option) is not None:
+                args += [flag, str(float(request.option(option)))]
+        if request.deadline is not None:
+            args += ["--deadline", request.deadline]
+        return shlex.join(args)
+
+    def check(self, request: LaunchRequest) -> None:
+        flag = request.option("store_url_in_runtime_env", False)
+        if not isinstance(flag, bool):
+            raise SpecError("launcher ray: option store_url_in_runtime_env must be true or false")
+        self._client(request)
+
+    def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        client = self._client(request)
+        sid = submission_id(request)
+        detail = {"address": request.option("address"), "submission_id": sid}
+        if self._exists(client, sid):
+            return {**detail, "existing": True}
+        env = {"BATCHLINE_STORE": request.store_url} if request.option("store_url_in_runtime_env", False) else {}
+        try:
+            client.submit_job(entrypoint=self.entrypoint(request), submission_id=sid,
+                              runtime_env={"env_vars": env} if env else None,
+                              metadata={"batchline_version": request.version})
+        except RuntimeError as exc:
+            if not self._exists(client, sid):  # not a race with another try: a refusal
+                raise BatchlineError(f"launcher ray: the submission was refused: "
+                                     f"{' '.join(str(exc).split())[:300]}") from None
+            return {**detail, "existing": True}
+        return {**detail, "existing": False}
+
+    @staticmethod
+    def _exists(client: Any, sid: str) -> bool:
+        try:
+            client.get_job_info(sid)
+        except RuntimeError:
+            return False
+        return True
+
+    def stop(self, request: LaunchRequest, detail: Mapping[str, Any]) -> None:
+        client = self._client(request)
+        try:
+            client.stop_job(str(detail["submission_id"]))
+        except RuntimeError as exc:
+            raise BatchlineError(f"launcher ray: stopping {detail['submission_id']} was refused: "
+                                 f"{' '.join(str(exc).split())[:300]}") from None
+
+
+RAY_JOBS = RayJobsLauncher()
