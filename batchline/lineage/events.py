@@ -56,6 +56,7 @@ from batchline.sources.base import DatasetName, StoreDatasets
 from batchline.spec import JobSpec, stored_spec
 from batchline.store.lineage import ABORT, COMPLETE, FAIL, PUBLISH, ROLLBACK, START, OutboxRow
 from batchline.store.model import JobInfo
+from batchline.targets.files import iso_ms
 from batchline.version import __version__
 
 PRODUCER = f"https://pypi.org/project/batchline/{__version__}/"
@@ -80,8 +81,7 @@ def computation_run_id(job: JobInfo, attempt: int) -> str:
     return run_id(job.version, job.created_at, f"run\0{attempt}")
 
 
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+_iso = iso_ms  # an event's time as the JSONL export writes one
 
 
 def store_datasets(url: str) -> StoreDatasets:

@@ -65,6 +65,13 @@ def export_jsonl(store: ReaderStore, version: str, out: Path | None) -> int:
     return write_jsonl(store, JobVersion.of(store, version), out)
 
 
+def iso_ms(seconds: float) -> str:
+    """A time as ISO 8601 in UTC to the millisecond, as the JSONL export writes `created_at`."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(seconds, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def write_jsonl(store: ReaderStore, job: JobVersion, out: Path | None) -> int:
     """The results of `job`'s version, a JSON object a line, at `out` (written beside it and
     renamed into place) or on standard output; the lines written."""
@@ -74,7 +81,7 @@ def write_jsonl(store: ReaderStore, job: JobVersion, out: Path | None) -> int:
         n = 0
         for r in _rows(store, version):
             row = {"id": r.record_id, "output": json.loads(r.output), "acl": None if r.acl is None else r.acl.to_list(),
-                   "model": r.model}
+                   "model": r.model, ORIGIN_COLUMN: r.origin or version, "created_at": iso_ms(r.created_at)}
             if r.carry is not None:
                 row["carry"] = r.carry
             if provenance:

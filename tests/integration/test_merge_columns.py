@@ -1,11 +1,13 @@
 """What a downstream merge keys on: a carried row keeps the `created_at` of the attempt that
 computed it and names that attempt's version in `origin_version`, in the store and in every
-export (the Parquet file, the Iceberg table), on both stores; `version` stays the version the
+export (the JSONL and Parquet files, the Iceberg table), on both stores; `version` stays the version the
 row is published under (in the Iceberg table, the version that wrote the row's file)."""
 
 from __future__ import annotations
 
+import json
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pyarrow.parquet as pq
 from batchline.check.validate import validate
 from batchline.publish.pointer import publish
 from batchline.store import Store
-from batchline.targets.files import export_parquet
+from batchline.targets.files import export_jsonl, export_parquet
 from tests.helpers import make_records, planned, run_to_seal, write_jsonl
 from tests.iceberg_support import main_rows, with_table
 
@@ -55,6 +57,13 @@ def test_a_carried_row_took_the_carry_time_and_a_merge_keyed_on_time_saw_every_r
     assert {rid: r["origin_version"] for rid, r in exported.items()} == {
         rid: (v2 if rid == changed else v1) for rid in rows}
     assert all(abs(exported[rid]["created_at"].timestamp() - first[rid]) < 0.002 for rid in carried)
+
+    export_jsonl(store, v2, tmp_path / "v2.jsonl")
+    lines = {d["id"]: d for d in map(json.loads, (tmp_path / "v2.jsonl").read_text().splitlines())}
+    assert {rid: d["origin_version"] for rid, d in lines.items()} == {
+        rid: (v2 if rid == changed else v1) for rid in rows}
+    assert all(abs(datetime.fromisoformat(lines[rid]["created_at"]).timestamp() - first[rid]) < 0.002
+               for rid in carried)
 
     table = {rid: (version, origin, created) for rid, version, origin, created in main_rows(
         store_url, "lake.results", "id, version, origin_version, epoch(created_at)")}
