@@ -166,11 +166,8 @@ def poll(store_url: str, version: str) -> Watch:
     """`watch` over a store opened for this one poll."""
     from batchline.store import open_store
 
-    store = open_store(store_url, create=False)
-    try:
+    with contextlib.closing(open_store(store_url, create=False)) as store:
         return watch(store, version)
-    finally:
-        store.close()
 
 
 def wait(store_url: str, version: str, poll_seconds: float, log: Callable[[str], None],

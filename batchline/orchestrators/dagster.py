@@ -11,6 +11,8 @@ nothing is published, nothing materialised. The metadata: version, records, resu
 letters, tokens, paid worker time and cost, where it was published.
 """
 
+import contextlib
+
 # No `from __future__ import annotations`: Dagster reads the asset function's annotations
 # (its context's type, its resource's) as objects.
 from collections.abc import Iterator, Mapping, Sequence
@@ -84,11 +86,8 @@ def batchline_asset(spec: str | Path, *, key: str | Sequence[str] | None = None,
         request = LaunchRequest(version=planned.version, spec=path, key=run_key, plan_key=run_key, store_url=url,
                                 workers=workers, deadline=deadline,
                                 options=dict(batchline.launcher_options.get(launcher, {})))
-        store = open_store(url, create=False)
-        try:
+        with contextlib.closing(open_store(url, create=False)) as store:
             launched = launch_once(store, request, launcher, by=run_key)
-        finally:
-            store.close()
         context.log.info(f"{planned.version} {'launched' if launched.launched_now else 're-attached'} ({launcher})")
         ended = wait(url, planned.version, poll_seconds, context.log.warning)
         if ended.state != "sealed":
@@ -102,11 +101,8 @@ def batchline_asset(spec: str | Path, *, key: str | Sequence[str] | None = None,
             yield from results
             raise Failure(description=f"{planned.version} failed its gate; nothing published\n{report.table()}")
         publication = jobs.publish(planned.version, log=context.log.info)
-        store = open_store(url, create=False)
-        try:
+        with contextlib.closing(open_store(url, create=False)) as store:
             shown = manifest(store, planned.version, publication.name, tuple(publication.shown))
-        finally:
-            store.close()
         yield MaterializeResult(asset_key=asset_key, metadata=_metadata(shown), check_results=results)
 
     return _run

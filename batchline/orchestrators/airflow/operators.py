@@ -16,6 +16,7 @@ the fleet running, and the retry re-attaches to it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,14 +44,11 @@ def gate_and_publish(store_url: str, version: str, publish: bool, log: Callable[
     if publish:
         result = jobs.publish(version, log=log)
         published_as, shown = result.name, result.shown
-    store = open_store(store_url, create=False)
-    try:
+    with contextlib.closing(open_store(store_url, create=False)) as store:
         return manifest(store, version, published_as, tuple(shown))
-    finally:
-        store.close()
 
 
-def _name_lineage_parent(store_url: str, version: str, context: Mapping[str, Any]) -> None:
+def _name_lineage_parent(store: Any, version: str, context: Mapping[str, Any]) -> None:
     """Names the task's OpenLineage run as the version's lineage parent, where Airflow's
     OpenLineage provider is installed: batchline's events then hang under the task's run."""
     try:
@@ -61,19 +59,13 @@ def _name_lineage_parent(store_url: str, version: str, context: Mapping[str, Any
         )
     except ImportError:
         return
-    from batchline.store import open_store
-
     ti = context["ti"]
     try:
         parent = {"namespace": lineage_job_namespace(),  # type: ignore[no-untyped-call]
                   "name": lineage_job_name(ti), "run_id": lineage_run_id(ti)}
     except (AttributeError, KeyError, TypeError):  # a task instance the provider cannot name a run for
         return
-    store = open_store(store_url, create=False)
-    try:
-        store.set_lineage_parent(version, parent)
-    finally:
-        store.close()
+    store.set_lineage_parent(version, parent)
 
 
 def task_key(context: Mapping[str, Any]) -> str:
@@ -141,12 +133,9 @@ class BatchlineRunOperator(BaseOperator):
         planned = Jobs(store_url).plan(self.spec, plan_key=key, log=self.log.info)
         request = self._launch_request(context, planned.version, store_url)
         self._request = request
-        store = open_store(store_url, create=False)
-        try:
+        with contextlib.closing(open_store(store_url, create=False)) as store:
             launched = launch_once(store, request, self.launcher, by=key)
-        finally:
-            store.close()
-        _name_lineage_parent(store_url, planned.version, context)
+            _name_lineage_parent(store, planned.version, context)
         what = "launched" if launched.launched_now else "re-attached to the fleet an earlier try launched:"
         self.log.info("%s %s (%s) %s", planned.version, what, self.launcher, launched.record.detail)
         if not self.deferrable:
@@ -186,11 +175,8 @@ class BatchlineRunOperator(BaseOperator):
         if self._finished is None:
             return OperatorLineage()
         store_url, version, published_as = self._finished
-        store = open_store(store_url, create=False)
-        try:
+        with contextlib.closing(open_store(store_url, create=False)) as store:
             inputs, outputs, facets = version_lineage(store, version, published_as)
-        finally:
-            store.close()
         return OperatorLineage(inputs=inputs, outputs=outputs, run_facets=facets)
 
     def on_kill(self) -> None:
@@ -199,11 +185,8 @@ class BatchlineRunOperator(BaseOperator):
 
         if self._request is None:
             return
-        store = open_store(self._request.store_url, create=False)
-        try:
+        with contextlib.closing(open_store(self._request.store_url, create=False)) as store:
             stop_launched(store, self._request, "the Airflow task was killed")
-        finally:
-            store.close()
 
 
 class BatchlinePublishOperator(BaseOperator):
@@ -223,11 +206,8 @@ class BatchlinePublishOperator(BaseOperator):
         from batchline.store import open_store
 
         store_url = BatchlineHook(self.batchline_conn_id).store_url()
-        store = open_store(store_url, create=False)
-        try:
+        with contextlib.closing(open_store(store_url, create=False)) as store:
             job = JobVersion.of(store, self.version)
-        finally:
-            store.close()
         needs_model = model_checks(job.spec)
         if needs_model:
             raise AirflowException(f"{self.version}: {', '.join(needs_model)} run a model, which an Airflow worker "
