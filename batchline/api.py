@@ -227,7 +227,8 @@ class Jobs:
     def run(self, spec: str | Path, *, workers: int = 1, log_dir: str | Path | None = None, publish: bool = False,
             plan_key: str | None = None, progress: IO[str] | None = sys.stderr,
             log: Callable[[str], None] = _stderr, deadline: str | None = None,
-            spot_trace: str | Path | None = None, spot_trace_start: float = 0.0) -> RunResult:
+            spot_trace: str | Path | None = None, spot_trace_start: float = 0.0,
+            region: str | None = None) -> RunResult:
         """Plans the job if it is new and keeps `workers` local worker processes running until
         every shard is done; `publish`: then validates the version and publishes it if it
         passes (`BatchlineError` if it does not), unless its name shows it already.
@@ -237,7 +238,8 @@ class Jobs:
         `progress` gets the live progress line (None: nowhere); `log_dir`: the workers' logs
         (default: a folder of this run's own). Stopped early (SIGINT or SIGTERM, when run
         from the main thread), it returns with `exit_code` 75 and the work left in the
-        store for the next run."""
+        store for the next run. `region`: where the local workers run (they read its replica of
+        the input and claim its shards first); one the input does not know is refused."""
         from batchline.ops.runner import LocalRunner, default_log_dir
         from batchline.sizing.paced import Trace
         from batchline.spec import load_spec
@@ -267,9 +269,14 @@ class Jobs:
                 # Its bound is the store's: resuming it is a decision, not a side effect of a rerun.
                 raise VersionHalted(halt.message(version))
             out = progress if progress is not None else closing.enter_context(open(os.devnull, "w"))
+            if region is not None:
+                from batchline.spec import stored_spec
+                from batchline.store import require_job
+
+                stored_spec(require_job(s, version)).input.regions.check_worker(region, tuple(s.replicas(version)))
             runner = LocalRunner(s, version, workers, out=out,
                                  log_dir=Path(log_dir) if log_dir is not None else default_log_dir(s.url, version),
-                                 deadline=held, spot_trace=trace)
+                                 deadline=held, spot_trace=trace, region=region)
             summary = runner.run()
             _refuse_cancelled(s, version)
             result = RunResult(version, created, summary.status, summary.seconds, workers,

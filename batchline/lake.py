@@ -139,9 +139,10 @@ def _emulator(host: str | None) -> str | None:
     return host if "://" in host else f"http://{host}"
 
 
-def check_storage_options(raw: Any, where: str) -> dict[str, Any]:
-    """`input.storage` as the spec gives it: only known keys that hold no secret."""
-    field = f"{where}: input.storage"
+def check_storage_options(raw: Any, where: str, name: str = "input.storage") -> dict[str, Any]:
+    """`input.storage` (or a region's `storage`, `name`) as the spec gives it: only known keys
+    that hold no secret."""
+    field = f"{where}: {name}"
     if raw is None:
         return {}
     if not isinstance(raw, dict):

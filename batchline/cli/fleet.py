@@ -59,6 +59,10 @@ def _launch_ray(targets: Subcommands) -> None:
     p.add_argument("--deadline", default=None, metavar="TIME|WINDOW",
                    help="the deadline instead of the spec's: an ISO 8601 time, or a window such as 6h from the "
                         "version's first claim")
+    p.add_argument("--region", default=None, metavar="REGION",
+                   help="the region these workers run in (BATCHLINE_REGION in each actor): they read its replica of "
+                        "the input and claim its shards first; with --spot-resource naming the region's nodes, "
+                        "launch one per region")
     p.set_defaults(func=cmd_launch_ray)
 
 
@@ -135,6 +139,10 @@ def _launch_k8s(targets: Subcommands) -> None:
                    help="an annotation of the workers' ServiceAccount, binding it to a cloud role (workload "
                         "identity: eks.amazonaws.com/role-arn=..., iam.gke.io/gcp-service-account=...)")
     _paid_pool_options(p)
+    p.add_argument("--region", default=None, metavar="REGION",
+                   help="the region this pool of workers runs in: placed on its nodes (topology.kubernetes.io/"
+                        "region), they read its replica of the input and claim its shards first; launch a pool per "
+                        "region")
     p.add_argument("--out", type=Path, default=None, metavar="PATH", help="write here instead of stdout")
     p.set_defaults(func=cmd_launch_k8s)
 
@@ -201,6 +209,7 @@ register = COMMANDS.register
 
 def cmd_launch_ray(args: argparse.Namespace) -> int:
     from batchline.launch.ray import RayLauncher
+    from batchline.worker.regions import worker_region
 
     url = args.store or default_url()
     store = open_store(url, create=False)
@@ -214,7 +223,7 @@ def cmd_launch_ray(args: argparse.Namespace) -> int:
     launcher = RayLauncher(url, args.job, args.workers, address=args.address,
                            gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
                            max_restarts=args.max_restarts, log=log.info, spot_resource=args.spot_resource,
-                           paid_resource=args.paid_resource, deadline=deadline)
+                           paid_resource=args.paid_resource, deadline=deadline, region=worker_region(args.region))
 
     def on_signal(name: str) -> None:
         log.info("received %s: stopping every worker", name)
@@ -242,6 +251,7 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
     )
     from batchline.launch.k8s_isolation import egress_cidr, egress_selector
     from batchline.launch.manifests import render, render_cluster_objects
+    from batchline.worker.regions import worker_region
 
     if (args.job is None) == (args.schedule is None):
         raise BatchlineError("give --job VERSION (work on a planned version now) or --schedule CRON with --spec "
@@ -288,7 +298,7 @@ def cmd_launch_k8s(args: argparse.Namespace) -> int:
         preemption_notice=args.preemption_notice, take_back=args.take_back, lake_secret=args.lake_secret,
         service_account_annotations=annotations, schedule=schedule, worker_secret=args.worker_secret,
         worker_secret_key=args.worker_secret_key, kueue_sample=args.kueue_sample,
-        kueue_api=args.kueue_api, fallback=pool,
+        kueue_api=args.kueue_api, fallback=pool, region=worker_region(args.region),
         egress=Egress(tuple(egress_cidr(c) for c in args.egress_cidr),
                       tuple(egress_selector(s) for s in args.egress_selector),
                       tuple(egress_cidr(c, "--api-server-cidr") for c in args.api_server_cidr)))

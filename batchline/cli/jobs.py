@@ -44,6 +44,7 @@ def _run(sub: Subcommands) -> None:
                         "at each moment; the extra ones are killed outright, as a reclaim would")
     p.add_argument("--spot-trace-start", default=0.0, type=duration, metavar="DURATION",
                    help="where in --spot-trace the run starts: seconds, or such as 24h (default 0)")
+    region_option(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -106,7 +107,15 @@ def _worker(sub: Subcommands) -> None:
                    help="take only shards of these routes: 'local' for the job's own engine, or the names of "
                         "routing.providers (default: every route; a worker without a GPU can poll hosted "
                         "batches with --routes naming only providers)")
+    region_option(p)
     p.set_defaults(func=cmd_worker)
+
+
+def region_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--region", default=None, metavar="REGION",
+                   help="the region this worker runs in (default: $BATCHLINE_REGION): it reads its region's replica "
+                        "of the input and claims shards whose input lives there first; one the input does not "
+                        "know is refused")
 
 
 @COMMANDS
@@ -278,9 +287,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.workers < 0:
         raise BatchlineError("--workers must be at least 0 (0: the version's workers run elsewhere, and this command "
                              "plans it, waits for it and with --publish publishes it)")
+    from batchline.worker.regions import worker_region
+
     summary = Jobs(args.store).run(args.spec, workers=args.workers, log_dir=args.log_dir, plan_key=args.plan_key,
                                    deadline=args.deadline, spot_trace=args.spot_trace,
-                                   spot_trace_start=args.spot_trace_start)
+                                   spot_trace_start=args.spot_trace_start, region=worker_region(args.region))
     store = _store(args)
     st = summary.status
     info = store.job(st.version)
@@ -364,10 +375,12 @@ def _keyed_version(store: Store, name: str, key: str, wait: float, stop: threadi
 def cmd_worker(args: argparse.Namespace) -> int:
     from batchline.lineage import lineage_config
     from batchline.ops.logs import configure_worker_logging
+    from batchline.worker.regions import worker_region
     from batchline.worker.supervisor import Worker, new_worker_id
     from batchline.worker.telemetry import WorkerTelemetry
 
     lineage = lineage_config()  # a malformed configuration is refused before anything starts
+    region = worker_region(args.region)
     # Batch work yields: the lowest CPU priority, so interactive work on a shared node comes first.
     os.nice(19)
     worker_id = new_worker_id()
@@ -424,11 +437,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
             return 0
         log.info("paid worker of slot %s", paid)
     # Every worker heartbeats from now on, the model's loading included: the capacity a pacer counts.
-    heartbeat = Heartbeat(store, worker_id, args.job, process_identity(), paid=keeper, log=log.info)
+    heartbeat = Heartbeat(store, worker_id, args.job, process_identity(), paid=keeper, log=log.info, region=region)
     worker = Worker(store, version=args.job, worker_id=worker_id, stop=stop,
                     poll_seconds=args.poll_seconds, log=log.info, telemetry=telemetry,
                     routes=[r.strip() for r in args.routes.split(",") if r.strip()] if args.routes else None,
-                    on_claim=heartbeat.on_claim, lineage=lineage)
+                    on_claim=heartbeat.on_claim, lineage=lineage, region=region)
+    heartbeat.cross_region_bytes = lambda: worker.handle.regions.cross_region_bytes
     heartbeat.start()
     try:
         code = worker.run()
@@ -505,7 +519,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                               **(pace.to_json() if pace is not None else {}), "outcome": outcome.to_json()},
                           # What each target showed after the publication readers see now (an
                           # Iceberg table's metadata_location, for a reader without a catalog).
-                          "targets": (history[-1].targets or {}) if history else {}}, indent=2))
+                          "targets": (history[-1].targets or {}) if history else {},
+                          "regions": regions_dict(store, version)}, indent=2))
         return 0
     rate = st.records_per_second or None
     print(f"{st.version} ({st.state}" + (f", published as {st.name}" if published else "") + ")")
@@ -528,6 +543,103 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("  dead letters: " + ", ".join(f"{k} {v}" for k, v in sorted(st.dead_letters_by_kind.items())))
     if st.halt is not None:
         print(f"  {st.halt.message(st.version)}")
+    for line in region_lines(store, version):
+        print(f"  {line}")
+    return 0
+
+
+def regions_dict(store: Store, version: str) -> dict[str, Any]:
+    """Shards by home region and where they were last claimed, replicas, bytes across regions."""
+    return {
+        "shards": [{"home": r.home, "ran_in": r.ran_in, "state": r.state, "shards": r.shards, "records": r.records}
+                   for r in store.shard_regions(version)],
+        "replicas": {region: {"location": r.location, "objects": len(r.pins), "compared": r.compared}
+                     for region, r in store.replicas(version).items()},
+        "workers": [{"worker": w.worker, "region": w.region, "cross_region_bytes": w.cross_region_bytes}
+                    for w in store.worker_regions(version) if w.region is not None],
+    }
+
+
+def region_lines(store: Store, version: str) -> list[str]:
+    """What `status` says of regions: nothing for a version that has none."""
+    shards = [r for r in store.shard_regions(version) if r.home is not None or r.ran_in is not None]
+    replicas = store.replicas(version)
+    workers = [w for w in store.worker_regions(version) if w.region is not None]
+    lines: list[str] = []
+    if shards:
+        by_home: dict[str, dict[str, int]] = {}
+        for r in shards:
+            where = by_home.setdefault(r.home or "any", {})
+            key = f"ran in {r.ran_in}" if r.ran_in else r.state
+            where[key] = where.get(key, 0) + r.shards
+        lines.append("regions: " + "; ".join(f"home {home}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
+                                             for home, c in sorted(by_home.items())))
+    for region, replica in replicas.items():
+        lines.append(f"replica {region}: {replica.location} ({replica.compared})")
+    if workers:
+        crossed = sum(w.cross_region_bytes for w in workers)
+        lines.append(f"read across regions: {crossed:,} bytes by {len(workers)} workers with a region"
+                     + "".join(f"; {w.worker} ({w.region}) {w.cross_region_bytes:,}"
+                               for w in workers if w.cross_region_bytes))
+    return lines
+
+
+@COMMANDS
+def _replicas(sub: Subcommands) -> None:
+    p = sub.add_parser("replicas", help="a version's replicas of its input near other regions",
+                       description="a version's replicas of its input near other regions")
+    replicas = p.add_subparsers(dest="replicas_command", required=True, metavar="COMMAND")
+    add = store_command(replicas, "add", "check a copy of the version's input under another prefix against the "
+                                         "primary object by object and record it for REGION's workers (the version "
+                                         "does not change)")
+    add.add_argument("version", metavar="VERSION")
+    add.add_argument("region", metavar="REGION")
+    add.add_argument("location", metavar="LOCATION", help="the s3:// or gs:// prefix the copy is under")
+    add.add_argument("--endpoint", default=None, metavar="URL",
+                     help="the replica's object store, where it is not input.storage's")
+    add.set_defaults(func=cmd_replicas_add)
+    show = store_command(replicas, "list", "the version's replicas, each with what was compared")
+    show.add_argument("version", metavar="VERSION")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_replicas_list)
+
+
+def cmd_replicas_add(args: argparse.Namespace) -> int:
+    from batchline.lake import check_storage_options
+    from batchline.snapshot.replicas import check_replicas
+    from batchline.spec import stored_spec
+    from batchline.spec.model import REGION_PATTERN
+    from batchline.store import require_job
+    from batchline.store.model import who
+
+    if not REGION_PATTERN.fullmatch(args.region):
+        raise BatchlineError(f"REGION {args.region!r} is not a region name (lower-case letters, digits and '-')")
+    store = _store(args)
+    version = Jobs(store).resolve(args.version)
+    spec = stored_spec(require_job(store, version))
+    storage = check_storage_options({"endpoint": args.endpoint} if args.endpoint else None, "--endpoint",
+                                    "endpoint")
+    if args.region == spec.input.regions.primary:
+        raise BatchlineError(f"{args.region} is the primary's region (input.region); a replica is in another")
+    for replica in check_replicas(spec, {args.region: (args.location, storage)}, store.replicas(version), who()):
+        store.add_replica(version, replica)
+        print(f"replica {replica.region}: {replica.location} checked against the primary ({replica.compared}) "
+              "and recorded", file=sys.stderr)
+    print(version)
+    return 0
+
+
+def cmd_replicas_list(args: argparse.Namespace) -> int:
+    store = _store(args)
+    version = Jobs(store).resolve(args.version)
+    found = store.replicas(version)
+    if args.json:
+        print(json.dumps({region: {"location": r.location, "root": r.root, "compared": r.compared, "by": r.by,
+                                   "added_at": r.added_at, "objects": len(r.pins)} for region, r in found.items()},
+                         indent=2))
+        return 0
+    for region, r in found.items():
+        print(f"{region}\t{r.location}\t{r.root}\t{r.compared}")
     return 0
 
 

@@ -33,6 +33,8 @@ ENVIRONMENT = {
     "BATCHLINE_SCHEDULED_JOB": "set by launch k8s --schedule manifests: the Job the CronJob made, whose name ends in the "
                          "scheduled minute, the run's --plan-key",
     "BATCHLINE_RAY_ACTOR": "set by launch ray: the worker's actor, so its death can be proven",
+    "BATCHLINE_REGION": "the region a worker runs in, where --region is not given (an image's way to say it): it "
+                        "reads that region's replica of the input and claims its shards first",
     "BATCHLINE_HEARTBEAT_SECONDS": "how often a worker heartbeats (default 5; 0.1 to 60): the capacity a pacer counts, "
                                    "and how often a paid worker holds max_cost",
     "BATCHLINE_RAY_NODE": "set by launch ray: the node the worker's actor runs on, in its process identity",

@@ -190,6 +190,9 @@ class K8sOptions:
     kueue_api: str = KUEUE_APIS[0]  # the sample's kueue.x-k8s.io version
     # Where the pods are placed besides the queue (a paid worker's on-demand nodes).
     node_selector: dict[str, str] = field(default_factory=dict)
+    # The region this pool of workers runs in (`--region`): its workers read that region's replica
+    # and claim its shards first, and are placed on its nodes (topology.kubernetes.io/region).
+    region: str | None = None
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     # Paid workers a pacer Deployment buys while the job is behind (batchline.launch.k8s_pacer).
     fallback: PaidPool | None = None
@@ -228,11 +231,17 @@ RUN_KEY = '"${BATCHLINE_SCHEDULED_JOB##*-}"'
 CRON_MACROS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
 
 
+# The well-known node label of the region a node runs in.
+REGION_NODE_LABEL = "topology.kubernetes.io/region"
+
+
 def _labels(o: K8sOptions, index: int | None = None) -> dict[str, str]:
     labels = {"app.kubernetes.io/name": "batchline-worker", "app.kubernetes.io/part-of": "batchline",
               "batchline/job": slug(o.version, 63), **o.extra_labels}
     if index is not None:
         labels["batchline/worker"] = str(index)
+    if o.region is not None:
+        labels["batchline/region"] = o.region
     return labels
 
 
@@ -366,8 +375,9 @@ def _job_spec(o: K8sOptions, index: int | None, command: list[str], args: list[s
         "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": res.scratch}},
                     {"name": "weights-cache", "emptyDir": {"sizeLimit": res.weights_cache}}, *volumes],
     }
-    if o.node_selector:
-        pod_spec["nodeSelector"] = dict(o.node_selector)
+    if o.node_selector or o.region is not None:
+        pod_spec["nodeSelector"] = {**o.node_selector,
+                                    **({REGION_NODE_LABEL: o.region} if o.region is not None else {})}
     if o.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in o.tolerations]
     return {
@@ -389,12 +399,14 @@ def _job_spec(o: K8sOptions, index: int | None, command: list[str], args: list[s
 
 
 def _notice_args(o: K8sOptions) -> list[str]:
-    return ["--preemption-notice", o.preemption_notice] if o.preemption_notice != "none" else []
+    return (["--preemption-notice", o.preemption_notice] if o.preemption_notice != "none" else []) + (
+        ["--region", o.region] if o.region is not None else [])
 
 
 def worker_job(o: K8sOptions, index: int) -> dict[str, Any]:
     args = ["worker", "--job", o.version, *_notice_args(o)]
-    name = f"batchline-{slug(o.version, 40)}-{index}"
+    # A pool per region: each region's Jobs are named apart.
+    name = f"batchline-{slug(o.version, 40)}-{slug(o.region, 12) + '-' if o.region else ''}{index}"
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": name, "namespace": o.namespace,

@@ -36,6 +36,7 @@ from batchline.launch import FATAL_EXITS, slug
 from batchline.spec.deadline import Deadline
 from batchline.store.paid import PaidSlot
 from batchline.worker.liveness import RAY_ACTOR_ENV, RAY_NODE_ENV
+from batchline.worker.regions import REGION_ENV
 
 if TYPE_CHECKING:
     from batchline.launch.pacer import Pacer
@@ -161,7 +162,7 @@ class RayLauncher:
                  max_restarts: int | None = None, poll_seconds: float = 1.0,
                  log: Callable[[str], None] = lambda _m: None, spot_resource: str | None = None,
                  paid_resource: str | None = None, deadline: Deadline | None = None,
-                 pace_seconds: float = 10.0) -> None:
+                 pace_seconds: float = 10.0, region: str | None = None) -> None:
         if workers < 1:
             raise BatchlineError("--workers must be at least 1")
         self.store_url = store_url
@@ -178,6 +179,7 @@ class RayLauncher:
         self._lock = threading.Lock()
         self.spot_resource = spot_resource
         self.paid_resource = paid_resource
+        self.region = region  # the region its workers run in: BATCHLINE_REGION in each actor
         self.deadline = deadline
         self.pace_seconds = pace_seconds
         self.paid: RayPaid | None = None
@@ -205,10 +207,12 @@ class RayLauncher:
 
     def _start(self, ray: Any, cls: Any, slot: _Slot, gpus: float) -> None:
         slot.starts += 1
-        slot.name = f"batchline-{slug(self.version)}-{slot.index}-{slot.starts}"
+        region = f"{slug(self.region, 12)}-" if self.region else ""
+        slot.name = f"batchline-{slug(self.version)}-{region}{slot.index}-{slot.starts}"
         slot.actor = cls.options(num_gpus=gpus, num_cpus=self.cpus_per_worker, max_restarts=0, name=slot.name,
                                  resources={self.spot_resource: 1} if self.spot_resource else None).remote(
-            {"BATCHLINE_STORE": self.store_url, "PYTHONUNBUFFERED": "1", RAY_ACTOR_ENV: slot.name})
+            {"BATCHLINE_STORE": self.store_url, "PYTHONUNBUFFERED": "1", RAY_ACTOR_ENV: slot.name,
+             **({REGION_ENV: self.region} if self.region else {})})
         slot.ref = slot.actor.run.remote([sys.executable, "-m", "batchline", "worker", "--job", self.version])
 
     def worker_pids(self) -> dict[int, Any]:

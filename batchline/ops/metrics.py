@@ -80,6 +80,8 @@ class PrometheusTelemetry(WorkerTelemetry):
         self.batch_tokens = Histogram("batchline_engine_batch_tokens", "Tokens per engine batch",
                                       ["direction"], buckets=TOKEN_BUCKETS, registry=r)
         self.tokens = Counter("batchline_engine_tokens", "Tokens through the engine", ["direction"], registry=r)
+        self.cross_region = Counter("batchline_cross_region_read_bytes",
+                                    "Input bytes this worker read from outside its region", registry=r)
         self.in_flight_records = Gauge("batchline_records_in_flight",
                                        "Records sent to the engine child and not yet answered", registry=r)
         if worker_id is not None:
@@ -111,6 +113,9 @@ class PrometheusTelemetry(WorkerTelemetry):
 
     def taken_back(self, n: int) -> None:
         self.take_backs.inc(n)
+
+    def read_across_regions(self, n: int) -> None:
+        self.cross_region.inc(n)
 
     def stale_epoch(self, op: str) -> None:
         self.stale.labels(op=op or "unknown").inc()

@@ -35,6 +35,7 @@ from batchline.spec.deadline import Deadline, format_duration, format_rate
 from batchline.store import JobStatus, Store, require_job
 from batchline.store.paid import PaidSlot
 from batchline.worker.liveness import death_proof, signal_same_host, take_back_dead
+from batchline.worker.regions import REGION_ENV
 from batchline.worker.supervisor import EXIT_DONE, EXIT_PREEMPTED
 
 __all__ = ["PACE_TICK_SECONDS", "LocalRunner", "RateMeter", "RunSummary", "WorkerFailed", "default_log_dir",
@@ -163,8 +164,9 @@ class LocalRunner:
     def __init__(self, store: Store, version: str, workers: int, *, log_dir: Path | None = None,
                  out: IO[str] = sys.stderr, refresh_seconds: float | None = None, max_restarts: int | None = None,
                  deadline: Deadline | None = None, pace: bool = True, spot_trace: Trace | None = None,
-                 tick_seconds: float = PACE_TICK_SECONDS) -> None:
+                 tick_seconds: float = PACE_TICK_SECONDS, region: str | None = None) -> None:
         self.store = store
+        self.region = region  # the region its workers are in (BATCHLINE_REGION in their environment)
         self.version = version
         self.workers = workers
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="batchline-logs-"))
@@ -208,7 +210,8 @@ class LocalRunner:
         slot.proc = subprocess.Popen(
             [sys.executable, "-m", "batchline", "worker", "--job", self.version, *extra],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-            env={**os.environ, "BATCHLINE_STORE": self.store.url},
+            env={**os.environ, "BATCHLINE_STORE": self.store.url,
+                 **({REGION_ENV: self.region} if self.region is not None else {})},
         )
         log.close()
 

@@ -45,6 +45,7 @@ from batchline.store import (
 )
 from batchline.store.changes import record_kind
 from batchline.store.ports import PlanWriter
+from batchline.store.replicas import ReplicaRecord
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,10 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     existing = store.job(version)
     if existing is not None and existing.state not in ("planning", "removed"):
         keep_gate(spec, store, existing, log)
+        _record_replicas(store, version, _check_replicas(stored_spec(existing), store, version, spec), log)
         return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
+    # Before anything is written: a replica that differs stops the plan with nothing planned.
+    replicas = _check_replicas(replace(spec, pins=tuple(stored_pins(snapshot))), store, None, spec)
 
     _check_weights(spec)
     warning = check_output_budget(spec)
@@ -89,12 +93,33 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     except BaseException:
         writer.abort()
         raise
+    _record_replicas(store, version, replicas, log)
     log(f"planned {version}: {result.records} records in {result.shards} shards"
         + (f", {result.dead_letters} dead letters at planning (over the length cap, or without text)"
            if result.dead_letters else ""))
     if spec.routing is not None:
         log(routes_summary(spec, result.routes))
     return result
+
+
+def _check_replicas(pinned: JobSpec, store: Store, version: str | None, spec: JobSpec) -> list[ReplicaRecord]:
+    """The replicas `spec` names (input.replicas) that the version has not recorded at their
+    location, each checked against the version's pinned input (`pinned`: its stored spec, or
+    the one about to be). They never move the version, so a replica named at a later plan of
+    the same content is added to it."""
+    from batchline.snapshot.replicas import check_replicas, spec_replicas
+    from batchline.store.model import who
+
+    wanted = spec_replicas(spec)
+    recorded = store.replicas(version) if version is not None and wanted else {}
+    return check_replicas(pinned, wanted, recorded, who())
+
+
+def _record_replicas(store: Store, version: str, replicas: list[ReplicaRecord], log: Callable[[str], None]) -> None:
+    for replica in replicas:
+        store.add_replica(version, replica)
+        log(f"replica {replica.region}: {replica.location} checked against the primary ({replica.compared}) "
+            "and recorded")
 
 
 def _check_weights(spec: JobSpec) -> None:
@@ -248,7 +273,8 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
             slices[shard_no] = sl
             per_route[route] = per_route.get(route, 0) + len(batch)
             writer.add_shards([PlannedShard(shard_no, sl.to_json(), len(batch), route,
-                                            first_piece=pieces, end_piece=pieces + len(shard_pieces))])
+                                            first_piece=pieces, end_piece=pieces + len(shard_pieces),
+                                            home=spec.input.regions.homes.get(source.location))])
             pieces += len(shard_pieces)
             try:
                 writer.add_records([PlannedRecord(s.record.id, shard_no, s.record.content_hash,

@@ -121,6 +121,9 @@ class Slice:
     # Values every row of the file shares that the file does not hold (a table's partition
     # values): added to each row read.
     columns: Mapping[str, Any] = field(default_factory=dict)
+    # Where a worker reads a replica instead of the planned location: that region's storage
+    # settings (never stored: the slice's stored form names the primary).
+    storage: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -258,7 +261,7 @@ def scan_with_header(source: Source | str, spec: InputSpec) -> tuple[tuple[str, 
     if spec.format in (STORED, ROWS):
         rows: RowSource = source  # type: ignore[assignment]  # a source of a row input is one
         return None, _scan_rows(rows)
-    source = open_source(source, spec.storage) if isinstance(source, str) else source
+    source = open_source(source, spec.storage_of(source)) if isinstance(source, str) else source
     found: Scan = input_format(spec.format).scan(source, spec)
     return found.header, found.records
 
@@ -571,7 +574,7 @@ def _text_format(sl: Slice) -> TextFormat:
 
 
 def _slice_source(sl: Slice, spec: InputSpec) -> Source:
-    source = open_source(sl.path, spec.storage, sl.pin)
+    source = open_source(sl.path, sl.storage if sl.storage is not None else spec.storage_of(sl.path), sl.pin)
     return WithColumns(source, sl.columns) if sl.columns else source
 
 

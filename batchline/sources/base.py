@@ -25,6 +25,7 @@ taken from there.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from batchline.spec.ports import (
 )
 
 __all__ = [
+    "READ_METER",
     "DatasetName",
     "InputSource",
     "KeyedFamily",
@@ -74,6 +76,26 @@ if TYPE_CHECKING:
 
 
 
+
+
+class ReadMeter:
+    """The bytes this process has read from object stores (every source family that reaches a
+    store over the network adds what it receives): a worker measures a shard's read by it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._total = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self._total += n
+
+    @property
+    def total(self) -> int:
+        return self._total
+
+
+READ_METER = ReadMeter()
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, NoReturn, TypeVar, ca
 
 from batchline.errors import InputError, SourceUnavailable, missing_extra, one_line
 from batchline.lake import LakeSettings, lake_settings
-from batchline.sources.base import InputSource, KeyedFamily, LocationFamily, Pin
+from batchline.sources.base import READ_METER, InputSource, KeyedFamily, LocationFamily, Pin
 
 if TYPE_CHECKING:
     from obstore.store import GCSStore, S3Store
@@ -210,6 +210,7 @@ class ObjectSource:
         options = self.get_options((start, end))
         data = retrying(self.location, self.settings,
                         lambda: bytes(obs.get(self.store, self.key, options=options).bytes()), pin)
+        READ_METER.add(len(data))
         if len(data) != end - start:
             raise InputError(f"input changed since planning: {self.location} (bytes {start}-{end} came back "
                              f"{len(data)} long)")
@@ -273,6 +274,7 @@ class _ObjectStream(io.RawIOBase):
                                .stream(min_chunk_size=STREAM_CHUNK))
         try:
             chunk = bytes(next(self.chunks))
+            READ_METER.add(len(chunk))
         except StopIteration:
             raise InputError(f"input changed since planning: {self.source.location} ended at byte "
                              f"{self.pos} of {self.size}") from None

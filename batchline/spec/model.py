@@ -45,6 +45,76 @@ COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip", ".
 DEFAULT_MAX_BYTES_PER_TOKEN = 32
 
 
+REGION_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+REPLICA_FALLBACKS = ("none", "primary")
+
+
+@dataclass(frozen=True)
+class Replica:
+    """`input.replicas.REGION`: the primary's objects under another bucket or prefix, and how
+    that region's object store is reached (merged over `input.storage`)."""
+
+    location: str  # a prefix ending in `/`: an object's key below the primary's root is kept under it
+    storage: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> Any:
+        return {"location": self.location, "storage": dict(self.storage)} if self.storage else self.location
+
+
+@dataclass(frozen=True)
+class Regions:
+    """Where the input's bytes live (`input.region`, `input.replicas`, `input.regions`): which
+    location a worker of a region reads and which shards it claims first. Scheduling and
+    transfer only: not part of the version, which is the snapshot's content wherever it lies."""
+
+    primary: str | None = None  # input.region: where input.path's objects are
+    replicas: Mapping[str, Replica] = field(default_factory=dict)
+    fallback: str = "none"  # input.replica_fallback: read the primary when a replica cannot be reached
+    # input.regions: each location's home region, and each region's storage settings.
+    homes: Mapping[str, str] = field(default_factory=dict)
+    storages: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def known(self) -> tuple[str, ...]:
+        """The regions a worker may say it is in: the primary's, the replicas' and the homes'."""
+        named = ([self.primary] if self.primary else []) + list(self.replicas) + list(self.homes.values())
+        return tuple(dict.fromkeys(named))
+
+    def home_of(self, location: str) -> str | None:
+        """The region a location's bytes live in (None: nowhere known)."""
+        return self.homes.get(location, self.primary)
+
+    def storage_for(self, location: str, storage: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The storage settings a location is reached with: its home region's over the input's."""
+        home = self.homes.get(location)
+        extra = self.storages.get(home, {}) if home is not None else {}
+        return {**storage, **extra} if extra else storage
+
+    def check_worker(self, region: str | None, recorded: tuple[str, ...] = ()) -> None:
+        """A worker's region must be one the input names, or one a replica was recorded for
+        (`recorded`), where there is any."""
+        known = tuple(dict.fromkeys((*self.known, *recorded)))
+        if region is not None and known and region not in known:
+            from batchline.errors import ArgumentError
+
+            raise ArgumentError(f"--region {region}: not a region of this job's input (it knows {', '.join(known)})")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.primary:
+            out["region"] = self.primary
+        if self.replicas:
+            out["replicas"] = {r: rep.to_dict() for r, rep in self.replicas.items()}
+            out["replica_fallback"] = self.fallback
+        if self.homes:
+            by_region: dict[str, list[str]] = {}
+            for location, region in self.homes.items():
+                by_region.setdefault(region, []).append(location)
+            out["regions"] = {r: ({"path": locs, "storage": dict(self.storages[r])} if self.storages.get(r)
+                                  else locs) for r, locs in by_region.items()}
+        return out
+
+
 @dataclass(frozen=True)
 class InputSpec:
     # Where the snapshot is: the part of the section a source plug-in owns (files or objects,
@@ -75,9 +145,16 @@ class InputSpec:
     # input.storage: where the object store is (endpoint, region) and how long to wait on it;
     # never a credential (see batchline.lake). Not part of the version: it cannot change a result.
     storage: Mapping[str, Any] = field(default_factory=dict)
+    # Where its bytes live, replicas near other regions (batchline.spec.model.Regions): not
+    # part of the version either.
+    regions: Regions = field(default_factory=Regions)
 
     def describe(self) -> str:
         return self.source.describe()
+
+    def storage_of(self, location: str) -> Mapping[str, Any]:
+        """The storage settings `location` is read with: its home region's over `storage`."""
+        return self.regions.storage_for(location, self.storage)
 
     @property
     def locations(self) -> tuple[str, ...]:
@@ -203,6 +280,9 @@ class ShardSpec:
     # rest of this section: not part of the version, and `batchline resume` may change it.
     abort_dead_letter_rate: float | None = None
     abort_min_outcomes: int | None = None
+    # With input.regions: how long a worker with no shard of its own region ready waits, since it
+    # last claimed one, before it takes another region's (Spark's locality wait, timed per worker).
+    locality_wait_seconds: float = 30.0
 
     @property
     def abort_bound(self) -> DeadLetterBound | None:
@@ -411,12 +491,15 @@ class JobSpec:
         out: dict[str, Any] = {
             "name": self.name,
             "input": {
-                **self.input.source.to_dict(),
+                # With input.regions the locations are listed under their regions instead.
+                **{k: v for k, v in self.input.source.to_dict().items()
+                   if not (k == "path" and self.input.regions.homes)},
                 "id_field": self.input.id_field,
                 "text_field": self.input.text_field,
                 "max_bytes_per_token": self.input.max_bytes_per_token,
                 "format": self.input.format,
                 **({"storage": dict(self.input.storage)} if self.input.storage else {}),
+                **self.input.regions.to_dict(),
             },
             "model": {"engine": self.model.engine, "options": dict(self.model.options)},
             # An openai-batch job has no prompt section: its lines carry their conversations.

@@ -46,6 +46,8 @@ from batchline.spec.model import (
     NAME_PATTERN,
     OPENAI_BATCH,
     PENALTY_DEFAULTS,
+    REGION_PATTERN,
+    REPLICA_FALLBACKS,
     REPRODUCE_ON,
     ROUTE_NAME,
     ROWS,
@@ -59,13 +61,15 @@ from batchline.spec.model import (
     ModelSpec,
     PromptSpec,
     ProviderSpec,
+    Regions,
+    Replica,
     ReproduceSpec,
     RetentionSpec,
     RoutingSpec,
     ShardSpec,
     ValidateSpec,
 )
-from batchline.spec.ports import GraderContext, GraderParser, expand_paths
+from batchline.spec.ports import FileSet, GraderContext, GraderParser, expand_paths
 from batchline.spec.reader import Fields, ParseContext, SpecReader
 from batchline.store import JobInfo, ReaderStore, require_job
 
@@ -119,6 +123,13 @@ INPUT_FIELDS: Fields = {
     "format": _doc({"enum": list(FORMATS)}, "How the files are read; default from their suffix "
                    "(openai-batch is never guessed)"),
     "storage": _doc(_MAP, "Where the object store is and how long to wait on it; never a credential"),
+    "region": _doc(_STR, "The region input.path's objects are in (a name such as us-east-1)"),
+    "replicas": _doc(_MAP, "REGION: a prefix (or {location, storage}) holding the same objects under the same keys "
+                           "below the primary's common folder; a worker of REGION reads there"),
+    "replica_fallback": _doc({"enum": list(REPLICA_FALLBACKS)}, "primary: a worker whose replica cannot be reached "
+                             "reads the primary; none (the default): it gives its shard back"),
+    "regions": _doc(_MAP, "REGION: a path, glob or list (or {path, storage}) of objects that live there, instead of "
+                          "input.path: each shard's home region, claimed there first"),
 }
 MODEL_FIELDS: Fields = {
     "engine": _doc({"enum": list(ENGINES)}, "The engine that answers each record"),
@@ -184,6 +195,8 @@ _SHARD_DOCS = {
     "records_per_second": "size: auto: one worker's throughput",
     "abort_dead_letter_rate": "Halt the version once its computed outcomes' dead-letter share passes this "
                               "(at least validate.max_dead_letter_rate; default: never)",
+    "locality_wait_seconds": "With input.regions: how long a worker with no shard of its region ready waits, since "
+                             "it last claimed one, before it takes another region's",
     "abort_min_outcomes": "Outcomes computed before abort_dead_letter_rate is judged (default "
                           f"{DEFAULT_ABORT_MIN_OUTCOMES})",
 }
@@ -437,10 +450,10 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
     keyed = keyed_members(SOURCES)
     inp = r.section(top["input"], "input", input_fields())
     storage = check_storage_options(inp.get("storage"), r.where)
-    given = [key for key in ("path", *keyed) if inp.get(key) is not None]
+    given = [key for key in ("path", "regions", *keyed) if inp.get(key) is not None]
     if len(given) != 1:
         choices = [f"'{key}' ({(input_fields()[key].get('description') or '').lower() or key})"
-                   for key in ("path", *keyed)]
+                   for key in ("path", "regions", *keyed)]
         r.fail("input", f"give exactly one of {', '.join(choices[:-1])} or {choices[-1]}")
     key = given[0]
     for family in keyed.values():
@@ -448,7 +461,14 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
             if inp.get(option) is not None and keyed.get(key) is not family:
                 r.fail(f"input.{option}", f"goes with input.{next(iter(family.keys))}")
     ctx = ParseContext(base_dir, storage, resolved)
-    source = expand_paths(inp["path"], r, ctx) if key == "path" else keyed[key].parse(key, inp, r, ctx)
+    regions, homed = _parse_regions(r, inp, ctx, storage)
+    source = (expand_paths(inp["path"], r, ctx) if key == "path" else homed if homed is not None
+              else keyed[key].parse(key, inp, r, ctx))
+    if regions.replicas:
+        local = [loc for loc in source.locations if not is_remote(loc)]
+        if key != "path" or local:
+            r.fail("input.replicas", "mirror objects named by input.path (s3:// or gs://)"
+                   + (f"; {local[0]} is a file on this machine" if local else ""))
     for location in source.locations:
         suffix = PurePosixPath(location).suffix.lower()
         if suffix in COMPRESSED_SUFFIXES:
@@ -502,7 +522,78 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         ),
         format=fmt,
         storage=storage,
+        regions=regions,
     )
+
+
+def _region_name(r: SpecReader, value: Any, where: str) -> str:
+    name = r.string(value, where)
+    if not REGION_PATTERN.fullmatch(name):
+        r.fail(where, f"{name!r} is not a region name (lower-case letters, digits and '-', such as eu-west-1)")
+    return name
+
+
+def _region_entry(r: SpecReader, value: Any, where: str, key: str) -> tuple[Any, dict[str, Any]]:
+    """A region's value: its `key` (a location, or locations) alone, or {key, storage}."""
+    if not isinstance(value, dict):
+        return value, {}
+    unknown = sorted(set(value) - {key, "storage"})
+    if unknown:
+        r.fail(f"{where}.{unknown[0]}", f"unknown field (allowed: {key}, storage)")
+    if value.get(key) is None:
+        r.fail(f"{where}.{key}", "is required")
+    return value[key], check_storage_options(value.get("storage"), r.where, f"{where}.storage")
+
+
+def _parse_regions(r: SpecReader, inp: Mapping[str, Any], ctx: ParseContext,
+                   storage: Mapping[str, Any]) -> tuple[Regions, FileSet | None]:
+    """`input.region`, `input.replicas`, `input.replica_fallback` and `input.regions`; with
+    `input.regions`, the input's locations too (each region's, in the order the regions come)."""
+    primary = _region_name(r, inp["region"], "input.region") if inp.get("region") is not None else None
+    replicas: dict[str, Replica] = {}
+    raw = inp.get("replicas")
+    if raw is not None:
+        if not isinstance(raw, dict) or not raw:
+            r.fail("input.replicas", "must map each region to the prefix its copy is under")
+        if primary is None:
+            r.fail("input.replicas", "needs input.region, the region of input.path's objects")
+        for name, value in raw.items():
+            where = f"input.replicas.{name}"
+            region = _region_name(r, name, where)
+            if region == primary:
+                r.fail(where, "is input.region; a replica is a copy in another region")
+            location, extra = _region_entry(r, value, where, "location")
+            location = r.string(location, f"{where}.location" if extra else where)
+            if not location.startswith(("s3://", "gs://")) or not location.endswith("/") or any(
+                    ch in location for ch in "*?["):
+                r.fail(where, f"{location!r} must be an s3:// or gs:// prefix ending in '/'")
+            replicas[region] = Replica(location, extra)
+    fallback = r.string(inp.get("replica_fallback", "none"), "input.replica_fallback")
+    if fallback not in REPLICA_FALLBACKS:
+        r.fail("input.replica_fallback", f"{fallback!r} is not one of {', '.join(REPLICA_FALLBACKS)}")
+    if inp.get("replica_fallback") is not None and not replicas:
+        r.fail("input.replica_fallback", "goes with input.replicas")
+    raw = inp.get("regions")
+    if raw is None:
+        return Regions(primary, replicas, fallback), None
+    if primary is not None:
+        r.fail("input.region", "goes with input.path; with input.regions each region names its own objects")
+    if not isinstance(raw, dict) or not raw:
+        r.fail("input.regions", "must map each region to the objects that live there")
+    homes: dict[str, str] = {}
+    storages: dict[str, dict[str, Any]] = {}
+    for name, value in raw.items():
+        where = f"input.regions.{name}"
+        region = _region_name(r, name, where)
+        paths, extra = _region_entry(r, value, where, "path")
+        if extra:
+            storages[region] = extra
+        region_ctx = replace(ctx, storage={**storage, **extra})
+        for location in expand_paths(paths, r, region_ctx, f"{where}.path" if extra else where).locations:
+            if location in homes:
+                r.fail(where, f"{location} is listed under input.regions.{homes[location]} too")
+            homes[location] = region
+    return Regions(None, {}, fallback, homes, storages), FileSet(tuple(homes))
 
 
 def _format_options(r: SpecReader, inp: Mapping[str, Any], fmt: str, reader: Any,
@@ -710,6 +801,8 @@ def _parse_shards(r: SpecReader, raw: Any) -> ShardSpec:
         abort_dead_letter_rate=(r.number(sh["abort_dead_letter_rate"], "shards.abort_dead_letter_rate", 0.0, 1.0)
                                 if sh.get("abort_dead_letter_rate") is not None else None),
         abort_min_outcomes=r.optional_int(sh.get("abort_min_outcomes"), "shards.abort_min_outcomes", 1),
+        locality_wait_seconds=r.number(sh.get("locality_wait_seconds", defaults.locality_wait_seconds),
+                                       "shards.locality_wait_seconds", 0.0),
     )
     if shards.abort_dead_letter_rate is None:
         if shards.abort_min_outcomes is not None:

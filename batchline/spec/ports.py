@@ -221,24 +221,54 @@ class FileSet:
         return [location_dataset(location, pin_version(by_location.get(location))) for location in self.locations]
 
     def snapshot(self, ctx: SourceContext) -> Snapshot:
-        files: list[Source] = [location_family(location).open(location, ctx.input.storage)
+        files: list[Source] = [location_family(location).open(location, ctx.input.storage_of(location))
                                for location in self.locations]
         pins = [s.pin() for s in files]
         return Snapshot(self, files, pins, lambda: all(s.still(p) for s, p in zip(files, pins, strict=True)))
 
 
-def expand_paths(value: Any, r: SpecReader, ctx: ParseContext) -> FileSet:
-    """`input.path` (one location or a list), each expanded by the family that opens it;
-    a stored spec's are taken as they are."""
+def expand_paths(value: Any, r: SpecReader, ctx: ParseContext, field: str = "input.path") -> FileSet:
+    """`input.path` (one location or a list; or a region's, `field`), each expanded by the
+    family that opens it; a stored spec's are taken as they are."""
     items = value if isinstance(value, list) else [value]
     if not items:
-        r.fail("input.path", "is empty")
+        r.fail(field, "is empty")
     locations: list[str] = []
     for i, item in enumerate(items):
-        where = f"input.path[{i}]" if isinstance(value, list) else "input.path"
+        where = f"{field}[{i}]" if isinstance(value, list) else field
         text = r.string(item, where)
         locations.extend([text] if ctx.resolved else location_family(text).expand(text, where, r, ctx))
     return FileSet(tuple(locations))
+
+
+@dataclass(frozen=True)
+class Staging:
+    """Where a version's workers write their shard files (`output.*.staging`): one prefix, or one
+    per region (`{REGION: PREFIX, ...}`), so each worker writes near where it runs. The first is
+    where a worker of no region, or of a region without a prefix of its own, writes. Which prefix
+    a shard's file must be under is derived from the store (where the shard's completing lease
+    was claimed), never taken from the worker."""
+
+    by_region: tuple[tuple[str, str], ...]  # (region, prefix); one prefix for all has region ""
+
+    @classmethod
+    def one(cls, prefix: str) -> Staging:
+        return cls((("", prefix),))
+
+    def prefix_for(self, region: str | None) -> str:
+        return next((p for r, p in self.by_region if r and r == region), self.by_region[0][1])
+
+    @property
+    def prefixes(self) -> list[str]:
+        return list(dict.fromkeys(p for _r, p in self.by_region))
+
+    def to_json(self) -> str | dict[str, str]:
+        if len(self.by_region) == 1 and not self.by_region[0][0]:
+            return self.by_region[0][1]
+        return dict(self.by_region)
+
+    def __str__(self) -> str:
+        return ", ".join(f"{p} ({r})" if r else p for r, p in self.by_region)
 
 
 class PublicationTarget(Protocol):
@@ -285,17 +315,18 @@ class TargetSpec(Protocol):
         of the job `name`, at the version `state` (what `show` returned) says readers see."""
         ...
 
-    def shard_files(self) -> str | None:
+    def shard_files(self) -> Staging | None:
         """Where the workers of a version write each completed shard's file for this target
         (`files: per-shard`), or None: the publisher writes every file itself."""
         ...
 
     def write_shard_file(self, spec: JobSpec, version: str, shard_no: int, epoch: int,
                          results: Sequence[StoredResult], dead_letters: Sequence[StoredDeadLetter],
-                         storage: Mapping[str, Any]) -> dict[str, Any]:
+                         storage: Mapping[str, Any], region: str | None = None) -> dict[str, Any]:
         """Writes what a worker computed of its shard (its results and dead letters, in this
-        target's columns) as one file named by the version, the shard and the lease epoch,
-        whole or not at all; returns what the store records of it (`path`, `rows`, `pin`)."""
+        target's columns) as one file named by the version, the shard and the lease epoch, under
+        its `region`'s staging prefix, whole or not at all; returns what the store records of it
+        (`path`, `rows`, `pin`)."""
         ...
 
     def stored_shard_rows(self, store: ReaderStore, spec: JobSpec, version: str) -> Callable[[int], Any]:

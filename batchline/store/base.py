@@ -225,6 +225,9 @@ class StoreBase(ABC):
     def _list(self, values: Sequence[Any]) -> Any:
         """A list of values as one statement parameter."""
 
+    def _planned(self) -> None:  # noqa: B027 - a hook a backend may fill, not one it must
+        """After a plan commits: what the backend does to serve its claims well (nothing, by default)."""
+
     @abstractmethod
     def _put(self, tx: Tx, lease: Lease, rows: Sequence[ResultRow]) -> tuple[bool, int]:
         """Fenced put-if-absent of results, counting them (and their tokens) on the shard:

@@ -46,9 +46,13 @@ class WorkerBeats(StoreBase):
     """Workers' heartbeats: their writes by the worker, and what a pacer reads of them."""
 
     def worker_beat(self, version: str, worker: str, *, every: float, paid_slot: str | None = None,
-                    process: dict[str, Any] | None = None) -> None:
+                    process: dict[str, Any] | None = None, region: str | None = None,
+                    cross_region_bytes: int = 0) -> None:
+        """`cross_region_bytes`: what the worker has read from outside its region so far (a
+        count that only grows; the store keeps the largest it was told)."""
         params = {"v": version, "w": worker, "slot": paid_slot, "every": every,
-                  "process": self._json(process) if process is not None else None}
+                  "process": self._json(process) if process is not None else None, "region": region,
+                  "cross": int(cross_region_bytes)}
         self._write(lambda tx: tx.run(self.q.WORKER_BEAT, params))
 
     def worker_gone(self, version: str, worker: str) -> None:

@@ -50,11 +50,12 @@ from batchline.store.paid import PaidSlots
 from batchline.store.planning import CorePlanWriter, Planning
 from batchline.store.publication import Publishing
 from batchline.store.reading import Reading
+from batchline.store.replicas import ReplicaRecords
 
 __all__ = ["INPUT_CHANGED", "CorePlanWriter", "DuplicateKey", "Missing", "Params", "Row", "StoreBase", "StoreCore",
            "Tx", "acl_json", "carry_json", "chunks", "fence", "input_columns", "split_point"]
 
 
 class StoreCore(Leasing, Planning, Publishing, Reading, VersionChanges, ShardOutcomes, PaidSlots, WorkerBeats,
-                LaunchRecords, ABC):
+                LaunchRecords, ReplicaRecords, ABC):
     """Every port's operation, over a backend's SQL (`q`) and transactions."""

@@ -33,6 +33,7 @@ class ShardUnit:
     dead_letters: int
     files: Mapping[str, Any] | None = None  # what its completing worker wrote, by target key
     epoch: int = 0  # the lease epoch that completed it: its file's name holds it
+    ran_in: str | None = None  # the region of the worker whose claim it was: its file's staging prefix
 
     @property
     def all_carried(self) -> bool:
@@ -88,7 +89,8 @@ class ShardOutcomes(StoreBase):
         rows = self._read(lambda tx: tx.all(self.q.SHARD_UNITS, {"v": version}))
         return [ShardUnit(int(r[0]), unit_identity(version, int(r[0]), self._unjson(r[1]), r[2], r[3]), int(r[4]),
                           int(r[5] or 0),
-                          int(r[6] or 0), int(r[7] or 0), self._unjson(r[8]) if r[8] is not None else None, int(r[9] or 0))
+                          int(r[6] or 0), int(r[7] or 0), self._unjson(r[8]) if r[8] is not None else None, int(r[9] or 0),
+                          r[10])
                 for r in rows]
 
     def shard_outcomes(self, version: str, shard_no: int, *, computed_only: bool = False) -> tuple[list[Any], list[Any]]:

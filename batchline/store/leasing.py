@@ -46,16 +46,23 @@ class Leasing(LineageOutbox):
     """The workers' port: shards claimed, renewed, split, released and completed under fenced"""
 
     def claim(self, worker: str, version: str | None = None, routes: Sequence[str] | None = None,
-              *, process: dict[str, Any] | None = None) -> Lease | None:
+              *, process: dict[str, Any] | None = None, region: str | None = None,
+              foreign: bool = True) -> Lease | None:
+        """A shard of `version` (else of the first ready version with one). A worker of a
+        `region` is given a shard whose home is its region first; another region's only when
+        `foreign` (its locality wait has passed) or its region has no shard left to do."""
         op = uuid.uuid4()
         route_list = self._list(list(routes)) if routes is not None else None
 
         def body(tx: Tx) -> Lease | None:
             versions = [version] if version is not None else [r[0] for r in tx.all(self.q.READY_JOBS)]
             for v in versions:
-                row = tx.one(self.q.PICK_SHARD, {"v": v, "routes": route_list})
+                params = {"v": v, "routes": route_list, "home": region}
+                row = tx.one(self.q.PICK_HOME_SHARD, params) if region is not None else None
+                if row is None and (region is None or foreign or tx.one(self.q.HOME_OPEN, params) is None):
+                    row = tx.one(self.q.PICK_SHARD, params)
                 if row is not None:
-                    return self._grant(tx, v, row, worker, process, op)
+                    return self._grant(tx, v, row, worker, process, op, region)
             return None
 
         def recover(tx: Tx) -> Lease | Missing | None:
@@ -63,30 +70,32 @@ class Leasing(LineageOutbox):
                 if mark.kind == "claim" and mark.version is not None and mark.shard_no is not None:
                     row = tx.one(self.q.LEASE_BY_CLAIM, {"v": mark.version, "s": mark.shard_no})
                     assert row is not None
-                    slice_, count, expires, route, batch, first_piece, end_piece = row
+                    slice_, count, expires, route, batch, first_piece, end_piece, home = row
                     # If the lease was lost meanwhile, the first fenced write says so.
                     return Lease(mark.version, mark.shard_no, worker, int(mark.epoch or 0), self._unjson(slice_),
                                  int(count), float(expires or 0.0), route,
-                                 self._unjson(batch) if batch is not None else None, first_piece, end_piece)
+                                 self._unjson(batch) if batch is not None else None, first_piece, end_piece, home)
             return MISSING
 
         return self._write(body, recover=recover)
 
     def _grant(self, tx: Tx, version: str, row: Row, worker: str, process: dict[str, Any] | None,
-               op: uuid.UUID) -> Lease:
-        shard_no, state, old_owner, old_epoch, slice_, count, route, batch, now, lease_seconds, first, end = row
+               op: uuid.UUID, region: str | None = None) -> Lease:
+        shard_no, state, old_owner, old_epoch, slice_, count, route, batch, now, lease_seconds, first, end, home = row
         granted = tx.one(self.q.GRANT_SHARD, {
             "w": worker, "expires": float(now) + float(lease_seconds), "v": version, "s": shard_no,
-            "process": self._json(process) if process is not None else None})
+            "process": self._json(process) if process is not None else None, "region": region})
         assert granted is not None
         epoch, expires = int(granted[0]), float(granted[1])
         if state == "leased":
             self._event(tx, "lease_expired", version, old_owner, shard_no, old_epoch, {"reclaimed_by": worker}, op)
-        self._event(tx, "claim", version, worker, shard_no, epoch, None, op)
+        self._event(tx, "claim", version, worker, shard_no, epoch,
+                    {"region": region, "home": home} if region is not None or home is not None else None, op)
         self._lineage_claimed(tx, version)
         return Lease(version=version, shard_no=shard_no, owner=worker, epoch=epoch, slice=self._unjson(slice_),
                      record_count=int(count), expires=expires, route=route,
-                     batch=self._unjson(batch) if batch is not None else None, first_piece=first, end_piece=end)
+                     batch=self._unjson(batch) if batch is not None else None, first_piece=first, end_piece=end,
+                     home=home)
 
     def renew(self, lease: Lease, started: int | None = None) -> Lease | None:
         op = uuid.uuid4()
@@ -135,7 +144,7 @@ class Leasing(LineageOutbox):
             row = tx.one(self.q.SPLIT_CANDIDATE, {"v": version})
             if row is None:
                 return None
-            shard_no, owner, epoch, slice_json, first, end, started = row
+            shard_no, owner, epoch, slice_json, first, end, started, home = row
             point = split_point(first, end, started)
             if point is None:
                 return None
@@ -149,7 +158,7 @@ class Leasing(LineageOutbox):
             tail = {**piece_slice, "pieces": moved, "start": moved[0]["start"], "end": moved[-1]["end"],
                     "first_line": moved[0]["first_line"]}
             tx.run(self.q.SPLIT_SHARD, {"v": version, "new": new, "slice": self._json(tail), "records": records,
-                                        "dead": dead, "first": point, "end": end})
+                                        "dead": dead, "first": point, "end": end, "home": home})
             self._event(tx, "split", version, owner, shard_no, epoch,
                         {"by": worker, "new_shard": new, "at_piece": point, "end_piece": end, "records": records}, op)
             return new

@@ -56,6 +56,7 @@ class Lease:
     # brings the new end, and writes for records past it are refused.
     first_piece: int | None = None
     end_piece: int | None = None
+    home: str | None = None  # the region its input lives in (input.regions); None: every region's
 
     def holds(self, piece: int | None) -> bool:
         return within(piece, self.first_piece, self.end_piece)
@@ -156,6 +157,7 @@ class PlannedShard:
     # (`pieces`: each with its bounds, digest, `records` and planned `dead` letters).
     first_piece: int | None = None
     end_piece: int | None = None
+    home: str | None = None  # the region its input lives in (input.regions)
 
 
 @dataclass(frozen=True)

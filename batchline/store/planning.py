@@ -102,7 +102,7 @@ class CorePlanWriter:
 
     def add_shards(self, shards: Sequence[PlannedShard]) -> None:
         rows = [{"v": self.version, "s": s.shard_no, "slice": self.store._json(s.slice), "n": s.record_count,
-                 "route": s.route, "first": s.first_piece, "end": s.end_piece} for s in shards]
+                 "route": s.route, "first": s.first_piece, "end": s.end_piece, "home": s.home} for s in shards]
         self._planning(lambda tx: tx.many(self.q.INSERT_SHARD, rows))
 
     def add_records(self, records: Sequence[PlannedRecord]) -> None:
@@ -160,6 +160,7 @@ class CorePlanWriter:
             if tx.one(self.q.SEAL, {"v": self.version}) is not None:
                 self.store._lineage_sealed(tx, self.version)
         self._planning(body)
+        self.store._planned()
 
     def abort(self) -> None:
         def body(tx: Tx) -> None:

@@ -47,6 +47,7 @@ from batchline.store.model import (
     ValidationRecord,
 )
 from batchline.store.paid import PaidSlot
+from batchline.store.replicas import ReplicaRecord, ShardRegions, WorkerRegion
 
 
 class StoreHandle(Protocol):
@@ -72,10 +73,13 @@ class ShardLeases(Protocol):
     """Claiming, holding and finishing shards."""
 
     def claim(self, worker: str, version: str | None = None, routes: Sequence[str] | None = None,
-              *, process: dict[str, Any] | None = None) -> Lease | None:
+              *, process: dict[str, Any] | None = None, region: str | None = None,
+              foreign: bool = True) -> Lease | None:
         """Leases the lowest shard that is ready, whose lease expired, or whose batch at a
         provider is due to be polled; `routes` limits it to shards of those routes.
-        `process` identifies the claimer's process, so that its death can be proven."""
+        `process` identifies the claimer's process, so that its death can be proven. A worker
+        of `region` gets a shard whose home is its region first, another region's only when
+        `foreign` or when its region has none left to do."""
         ...
 
     def renew(self, lease: Lease, started: int | None = None) -> Lease | None:
@@ -220,8 +224,10 @@ class Heartbeats(Protocol):
     """Every worker's heartbeat, from its start to its exit (batchline.store.beats)."""
 
     def worker_beat(self, version: str, worker: str, *, every: float, paid_slot: str | None = None,
-                    process: dict[str, Any] | None = None) -> None:
-        """The worker is up (loading, working or idle) and beats every `every` seconds."""
+                    process: dict[str, Any] | None = None, region: str | None = None,
+                    cross_region_bytes: int = 0) -> None:
+        """The worker is up (loading, working or idle) and beats every `every` seconds; in
+        `region`, having read `cross_region_bytes` from outside it so far."""
         ...
 
     def worker_gone(self, version: str, worker: str) -> None:
@@ -263,8 +269,26 @@ class LineageAdmin(LineageDrain, Protocol):
     def lineage_retry(self, version: str | None = None) -> int: ...
 
 
+class ReplicaReader(Protocol):
+    """A version's replicas of its input, as the worker reads them (batchline.store.replicas)."""
+
+    def replicas(self, version: str) -> dict[str, ReplicaRecord]:
+        """The version's checked replicas by region."""
+        ...
+
+
+class Replicas(ReplicaReader, Protocol):
+    """The owner's side: replicas recorded once checked, and where shards and workers ran."""
+
+    def add_replica(self, version: str, replica: ReplicaRecord) -> None: ...
+
+    def shard_regions(self, version: str) -> list[ShardRegions]: ...
+
+    def worker_regions(self, version: str) -> list[WorkerRegion]: ...
+
+
 class WorkerStore(StoreHandle, ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, PaidHeartbeat,
-                  Heartbeats, ShardFiles, LineageDrain, Protocol):
+                  Heartbeats, ShardFiles, LineageDrain, ReplicaReader, Protocol):
     """Everything a worker may call."""
 
 
@@ -532,7 +556,7 @@ class Launches(Protocol):
         ...
 
 
-class Store(WorkerStore, PlannerStore, PublisherStore, PaidCapacity, Launches, Protocol):
+class Store(WorkerStore, PlannerStore, PublisherStore, PaidCapacity, Launches, Replicas, Protocol):
     """A whole store: every port, and the test clock."""
 
     def shift_clock(self, seconds: float) -> None:

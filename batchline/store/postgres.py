@@ -142,7 +142,6 @@ class PostgresStore(StoreCore):
         if options is not None and options != given_options:
             self._conninfo = make_conninfo(url, **extra, options=options)
         self._conn: psycopg.Connection[Any] | None = None
-        self._staged = False
         self.reconnects = 0
         # One connection: a store shared by threads runs one transaction at a time.
         self._lock = threading.RLock()
@@ -180,8 +179,11 @@ class PostgresStore(StoreCore):
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
+            # No server-side prepared statements: behind a pooler in transaction mode (PgBouncer
+            # before 1.21, or without max_prepared_statements) the next transaction may run on
+            # another server connection, where a statement prepared on this one is unknown.
             try:
-                self._conn = psycopg.connect(self._conninfo, autocommit=True)
+                self._conn = psycopg.connect(self._conninfo, autocommit=True, prepare_threshold=None)
             except psycopg.OperationalError as exc:
                 # A pooler (PgBouncer by default) refuses the options startup parameter: the
                 # session settings are a safeguard, not a condition, so connect without them.
@@ -190,8 +192,7 @@ class PostgresStore(StoreCore):
                 log.warning("%s refuses session settings at connection (%s); connecting without them",
                             redact(self.url), _first_line(exc))
                 self._conninfo = self._plain_conninfo
-                self._conn = psycopg.connect(self._conninfo, autocommit=True)
-            self._staged = False
+                self._conn = psycopg.connect(self._conninfo, autocommit=True, prepare_threshold=None)
         return self._conn
 
     def _drop_connection(self) -> None:
@@ -315,6 +316,12 @@ class PostgresStore(StoreCore):
     def _list(self, values: Sequence[Any]) -> Any:
         return list(values)
 
+    def _planned(self) -> None:
+        # The shards a plan adds at once (thousands) are all ready: until autovacuum's analyze
+        # runs, the planner's statistics say otherwise, and a claim may walk the live leases in
+        # number order instead of seeking the expired ones by time (see postgres_sql._pick).
+        self._write(lambda tx: tx.run(q.ANALYZE_SHARDS), retry=False)
+
     def _put(self, tx: Tx, lease: Lease, rows: Sequence[ResultRow]) -> tuple[bool, int]:
         assert isinstance(tx, _Tx)
         if len(rows) >= COPY_MIN_ROWS:
@@ -330,9 +337,9 @@ class PostgresStore(StoreCore):
         return bool(row[0]), int(row[1])
 
     def _stage(self, cur: Cursor, rows: Sequence[ResultRow]) -> None:
-        if not self._staged:
-            cur.execute(q.CREATE_STAGE)
-            self._staged = True
+        # In the put's own transaction, every time: behind a pooler in transaction mode each
+        # transaction may run on another server connection, whose session has no staging table.
+        cur.execute(q.CREATE_STAGE)
         with cur.copy(q.COPY_STAGE) as copy:
             copy.set_types(q.STAGE_TYPES)
             for r in rows:

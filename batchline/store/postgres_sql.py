@@ -6,12 +6,15 @@ is one new entry at the end of `MIGRATIONS` (never an edit of an applied one).
 
 Layout and why:
 
-- `shards` is keyed (version, shard_no). A renewal touches only
-  `lease_expires`, which no index covers, so with the table's fillfactor it is
-  a HOT update of the worker's own row: hundreds of workers renewing never
-  share a row or an index page. Claims walk a partial index of the open
-  shards of one version (`FOR UPDATE SKIP LOCKED`), so claimers skip each
-  other's rows instead of queueing on them.
+- `shards` is keyed (version, shard_no). A claim is three seeks under `FOR UPDATE
+  SKIP LOCKED` (`_pick`): the lowest ready shard, the expired leases by their
+  expiry (`shards_expiring`), the batches due by their time; claimers skip each
+  other's rows instead of queueing on them, and a claim's cost does not grow with
+  the leases held (walking the open shards in order passed every live lease: a
+  thousand rows a claim with a thousand workers, claim p99 821 ms in
+  `bench/fleet_load.py`). The price is the renewal's: it moves `lease_expires`,
+  which that index covers, so it is no longer a HOT update, and writes an index
+  entry per index of the row; a renewal still touches only its worker's own row.
 - `records`, `results` and `dead_letters` are partitioned by job version (one
   partition per version, made when it is planned): a job's rows and their
   primary-key index live apart from every other job's, reading or exporting a
@@ -35,6 +38,74 @@ from dataclasses import dataclass
 
 # (version, description, SQL). Applied in order under an advisory lock, each in
 # the transaction that records it; an applied entry is never edited.
+_SHARD_FENCE_21 = """
+CREATE FUNCTION batchline_shard_fence() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    why text;
+    now_s float8 := batchline_now();
+BEGIN
+    IF pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'MEMBER') THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        -- A split's new shard: ready, nobody's, of no epoch, nothing done of it.
+        IF NEW.state <> 'ready' OR NEW.owner IS NOT NULL OR NEW.epoch <> 0 OR NEW.files IS NOT NULL
+           OR NEW.results_count <> 0 OR NEW.carried <> 0 OR NEW.batch IS NOT NULL OR NEW.claims <> 0 THEN
+            why := 'a new shard is a split''s: ready, nobody''s, nothing done of it';
+        END IF;
+    ELSIF NEW.version <> OLD.version OR NEW.shard_no <> OLD.shard_no OR NEW.slice IS DISTINCT FROM OLD.slice
+          OR NEW.route IS DISTINCT FROM OLD.route OR NEW.first_piece IS DISTINCT FROM OLD.first_piece
+          OR NEW.carried <> OLD.carried THEN
+        why := 'a shard''s version, number, slice, route and carried results are the planner''s';
+    ELSIF OLD.state = 'done' THEN
+        why := 'a completed shard is not changed by a worker';
+    -- Each test below is a violation unless it is known to hold: an unknown (NULL) is refused.
+    ELSIF NEW.files IS DISTINCT FROM OLD.files
+          AND NOT COALESCE(OLD.state = 'leased' AND NEW.state = 'done' AND NEW.epoch = OLD.epoch
+                           AND NEW.owner IS NOT DISTINCT FROM OLD.owner, false) THEN
+        why := 'a shard''s file is recorded only by the completion of its current lease';
+    ELSIF NEW.state = 'done' AND NOT COALESCE(OLD.state = 'leased' AND NEW.epoch = OLD.epoch
+                                              AND NEW.results_count + NEW.dead_count = NEW.record_count, false) THEN
+        why := 'a shard is completed only by its current lease, once every record has an outcome';
+    ELSIF NEW.epoch < OLD.epoch OR NEW.epoch > OLD.epoch + 1 THEN
+        why := 'an epoch only moves up by one, with a claim or a take-back';
+    ELSIF NEW.epoch = OLD.epoch + 1 AND NOT COALESCE(
+            (NEW.state = 'leased' AND (OLD.state = 'ready'
+                                       OR (OLD.state = 'leased' AND OLD.lease_expires <= now_s)
+                                       OR (OLD.state = 'submitted' AND OLD.poll_at <= now_s)))
+            OR (OLD.state = 'leased' AND NEW.state IN ('ready', 'submitted') AND NEW.owner IS NULL), false) THEN
+        why := 'a new epoch is a claim of a claimable shard or the take-back of a lease';
+    ELSIF NEW.epoch = OLD.epoch AND NEW.owner IS DISTINCT FROM OLD.owner AND NEW.owner IS NOT NULL THEN
+        why := 'a lease changes hands only with a new epoch';
+    ELSIF NEW.results_count < OLD.results_count OR NEW.input_tokens < OLD.input_tokens
+          OR NEW.output_tokens < OLD.output_tokens OR NEW.claims < OLD.claims THEN
+        why := 'a shard''s counts of outcomes, tokens and claims never go down';
+    ELSIF (NEW.record_count <> OLD.record_count OR NEW.dead_count < OLD.dead_count
+           OR NEW.end_piece IS DISTINCT FROM OLD.end_piece)
+          AND NOT COALESCE(OLD.state = 'leased' AND NEW.end_piece < OLD.end_piece
+                           AND NEW.record_count < OLD.record_count AND NEW.record_count >= 0, false) THEN
+        why := 'a shard''s records shrink only when a split moves its tail';
+    END IF;
+    IF why IS NOT NULL THEN
+        RAISE EXCEPTION 'shard % of %: %', COALESCE(NEW.shard_no, OLD.shard_no), COALESCE(NEW.version, OLD.version),
+            why USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER shards_fence BEFORE INSERT OR UPDATE ON shards
+    FOR EACH ROW EXECUTE FUNCTION batchline_shard_fence();
+"""
+# Migration 25 states the fence again with two rules more: a shard's home region is the
+# planner's, and where it ran changes only with a claim (a new epoch).
+_SHARD_FENCE_25 = (_SHARD_FENCE_21.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+                   .split("CREATE TRIGGER")[0]
+                   .replace("OR NEW.carried <> OLD.carried THEN",
+                            "OR NEW.carried <> OLD.carried OR NEW.home IS DISTINCT FROM OLD.home THEN")
+                   .replace("    ELSIF NEW.epoch = OLD.epoch AND NEW.owner IS DISTINCT FROM OLD.owner",
+                            "    ELSIF NEW.epoch = OLD.epoch AND NEW.ran_in IS DISTINCT FROM OLD.ran_in THEN\n"
+                            "        why := 'where a shard runs is set only by a claim';\n"
+                            "    ELSIF NEW.epoch = OLD.epoch AND NEW.owner IS DISTINCT FROM OLD.owner"))
+
 MIGRATIONS: list[tuple[int, str, str]] = [
     (1, "shard table, results, dead letters, event log, pointers", """
 CREATE TABLE clock (id int PRIMARY KEY CHECK (id = 1), offset_s float8 NOT NULL);
@@ -406,63 +477,7 @@ ALTER TABLE worker_beats ENABLE ROW LEVEL SECURITY;
     # outcome. A trigger, not row-level security: a policy sees only the new row, and these
     # rules compare it with the old one. Any role that is not (a member of) the table's owner
     # is held to them; the owner (planning, carrying, resuming) is not.
-    (21, "a worker's changes to shards are its fenced statements' only", """
-CREATE FUNCTION batchline_shard_fence() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    why text;
-    now_s float8 := batchline_now();
-BEGIN
-    IF pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'MEMBER') THEN
-        RETURN NEW;
-    END IF;
-    IF TG_OP = 'INSERT' THEN
-        -- A split's new shard: ready, nobody's, of no epoch, nothing done of it.
-        IF NEW.state <> 'ready' OR NEW.owner IS NOT NULL OR NEW.epoch <> 0 OR NEW.files IS NOT NULL
-           OR NEW.results_count <> 0 OR NEW.carried <> 0 OR NEW.batch IS NOT NULL OR NEW.claims <> 0 THEN
-            why := 'a new shard is a split''s: ready, nobody''s, nothing done of it';
-        END IF;
-    ELSIF NEW.version <> OLD.version OR NEW.shard_no <> OLD.shard_no OR NEW.slice IS DISTINCT FROM OLD.slice
-          OR NEW.route IS DISTINCT FROM OLD.route OR NEW.first_piece IS DISTINCT FROM OLD.first_piece
-          OR NEW.carried <> OLD.carried THEN
-        why := 'a shard''s version, number, slice, route and carried results are the planner''s';
-    ELSIF OLD.state = 'done' THEN
-        why := 'a completed shard is not changed by a worker';
-    -- Each test below is a violation unless it is known to hold: an unknown (NULL) is refused.
-    ELSIF NEW.files IS DISTINCT FROM OLD.files
-          AND NOT COALESCE(OLD.state = 'leased' AND NEW.state = 'done' AND NEW.epoch = OLD.epoch
-                           AND NEW.owner IS NOT DISTINCT FROM OLD.owner, false) THEN
-        why := 'a shard''s file is recorded only by the completion of its current lease';
-    ELSIF NEW.state = 'done' AND NOT COALESCE(OLD.state = 'leased' AND NEW.epoch = OLD.epoch
-                                              AND NEW.results_count + NEW.dead_count = NEW.record_count, false) THEN
-        why := 'a shard is completed only by its current lease, once every record has an outcome';
-    ELSIF NEW.epoch < OLD.epoch OR NEW.epoch > OLD.epoch + 1 THEN
-        why := 'an epoch only moves up by one, with a claim or a take-back';
-    ELSIF NEW.epoch = OLD.epoch + 1 AND NOT COALESCE(
-            (NEW.state = 'leased' AND (OLD.state = 'ready'
-                                       OR (OLD.state = 'leased' AND OLD.lease_expires <= now_s)
-                                       OR (OLD.state = 'submitted' AND OLD.poll_at <= now_s)))
-            OR (OLD.state = 'leased' AND NEW.state IN ('ready', 'submitted') AND NEW.owner IS NULL), false) THEN
-        why := 'a new epoch is a claim of a claimable shard or the take-back of a lease';
-    ELSIF NEW.epoch = OLD.epoch AND NEW.owner IS DISTINCT FROM OLD.owner AND NEW.owner IS NOT NULL THEN
-        why := 'a lease changes hands only with a new epoch';
-    ELSIF NEW.results_count < OLD.results_count OR NEW.input_tokens < OLD.input_tokens
-          OR NEW.output_tokens < OLD.output_tokens OR NEW.claims < OLD.claims THEN
-        why := 'a shard''s counts of outcomes, tokens and claims never go down';
-    ELSIF (NEW.record_count <> OLD.record_count OR NEW.dead_count < OLD.dead_count
-           OR NEW.end_piece IS DISTINCT FROM OLD.end_piece)
-          AND NOT COALESCE(OLD.state = 'leased' AND NEW.end_piece < OLD.end_piece
-                           AND NEW.record_count < OLD.record_count AND NEW.record_count >= 0, false) THEN
-        why := 'a shard''s records shrink only when a split moves its tail';
-    END IF;
-    IF why IS NOT NULL THEN
-        RAISE EXCEPTION 'shard % of %: %', COALESCE(NEW.shard_no, OLD.shard_no), COALESCE(NEW.version, OLD.version),
-            why USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    RETURN NEW;
-END $$;
-CREATE TRIGGER shards_fence BEFORE INSERT OR UPDATE ON shards
-    FOR EACH ROW EXECUTE FUNCTION batchline_shard_fence();
-"""),
+    (21, "a worker's changes to shards are its fenced statements' only", _SHARD_FENCE_21),
     # A scheduled run's worker slots find the night's version by its key, under a role made for
     # the job's name: it sees that job's keys alone.
     (22, "plan keys under row-level security", """
@@ -492,6 +507,32 @@ ALTER TABLE launches ENABLE ROW LEVEL SECURITY;
     (24, "the lineage parent of a version", """
 ALTER TABLE jobs ADD COLUMN lineage_parent jsonb;
 """),
+    # Where the input's bytes live (batchline.store.replicas): each replica's own pins, checked
+    # equal to the primary's; each shard's home region and the region of the worker that
+    # claimed it last; what each worker read from outside its region.
+    (25, "regions: replicas, home regions, bytes across regions", """
+CREATE TABLE replicas (
+    version text NOT NULL,
+    region text NOT NULL,
+    location text NOT NULL,
+    root text NOT NULL,
+    pins jsonb NOT NULL,
+    compared text NOT NULL,
+    by text NOT NULL,
+    added_at float8 NOT NULL,
+    PRIMARY KEY (version, region)
+);
+ALTER TABLE replicas ENABLE ROW LEVEL SECURITY;
+ALTER TABLE shards ADD COLUMN home text, ADD COLUMN ran_in text;
+ALTER TABLE worker_beats ADD COLUMN region text, ADD COLUMN cross_region_bytes bigint NOT NULL DEFAULT 0;
+-- A claim's seeks (postgres_sql._pick): the lowest ready shard, of any home or of one; the lease
+-- that expires first; the batch due first; and whether a region has a shard left to do.
+CREATE INDEX shards_ready ON shards (version, shard_no) WHERE state = 'ready';
+CREATE INDEX shards_ready_home ON shards (version, home, shard_no) WHERE state = 'ready';
+CREATE INDEX shards_expiring ON shards (version, lease_expires) WHERE state = 'leased';
+CREATE INDEX shards_due ON shards (version, poll_at) WHERE state = 'submitted';
+CREATE INDEX shards_open_home ON shards (version, home) WHERE state IN ('ready', 'leased', 'submitted');
+""" + _SHARD_FENCE_25),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -596,8 +637,8 @@ DELETE_PLANNING = tuple(f"DELETE FROM {table} WHERE version = %(v)s" for table i
     *PARTITIONED, "shards", "attempts", "events", "jobs"))
 PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = %(v)s AND state = 'planning' FOR SHARE"
 PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = %(v)s FOR UPDATE"
-INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece) "
-                "VALUES (%(v)s, %(s)s, %(slice)s, %(n)s, 'ready', %(route)s, %(first)s, %(end)s)")
+INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece, "
+                "home) VALUES (%(v)s, %(s)s, %(slice)s, %(n)s, 'ready', %(route)s, %(first)s, %(end)s, %(home)s)")
 COPY_RECORDS = "COPY records (version, record_id, shard_no, content_hash, carry, text_hash, acl) FROM STDIN"
 COPY_RECORDS_WITH_INPUT = ("COPY records (version, record_id, shard_no, content_hash, carry, text_hash, text, acl, "
                            "position) FROM STDIN")
@@ -657,29 +698,55 @@ WHERE j.state = 'ready'
   AND EXISTS (SELECT 1 FROM shards s WHERE s.version = j.version AND s.state IN {OPEN_STATES})
 ORDER BY j.created_at""", *reads("jobs", "shards"))
 
-# The lowest shard that is ready or whose lease has expired, skipping rows other
-# claimers hold locked right now: they are being granted, and waiting on them
-# would make claimers queue on each other.
-PICK_SHARD = WorkerStatement(f"""
-SELECT s.shard_no, s.state, s.owner, s.epoch, s.slice, s.record_count, s.route, s.batch, batchline_now(),
-       j.lease_seconds, s.first_piece, s.end_piece
-FROM shards s JOIN jobs j ON j.version = s.version
-WHERE s.version = %(v)s AND j.state = 'ready' AND s.state IN ('ready', 'leased', 'submitted')
-  AND (s.state = 'ready' OR (s.state = 'leased' AND s.lease_expires <= batchline_now())
-       OR (s.state = 'submitted' AND s.poll_at <= batchline_now()))
-  AND {ROUTES}
-ORDER BY s.shard_no
-LIMIT 1
-FOR UPDATE OF s SKIP LOCKED""", *reads("shards", "jobs", "clock"))
+# The lowest claimable shard, skipping rows other claimers hold locked right now (they are
+# being granted, and waiting on them would make claimers queue on each other). One index seek
+# per way a shard can be claimable: the lowest ready shard; the lowest of the expired leases and
+# of the batches due (found by their times, so only those are read); then the lowest of the
+# three. One filter over every open shard in order instead walked past each live lease on every
+# claim: with a thousand workers, a thousand rows a claim.
+def _pick(home: bool) -> WorkerStatement:
+    where = f"s.version = %(v)s AND {ROUTES}" + (" AND s.home = %(home)s" if home else "")
+    # A locking clause is not allowed in a member of a UNION: each seek is a CTE of its own. The
+    # `+ 0` keeps the planner from walking the open shards in number order to find the expired
+    # ones: it seeks them by time, then sorts the few it found.
+    return WorkerStatement(f"""
+WITH ready AS (
+    SELECT s.* FROM shards s WHERE {where} AND s.state = 'ready'
+    ORDER BY s.shard_no LIMIT 1 FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT s.* FROM shards s WHERE {where} AND s.state = 'leased' AND s.lease_expires <= batchline_now()
+    ORDER BY s.shard_no + 0 LIMIT 1 FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT s.* FROM shards s WHERE {where} AND s.state = 'submitted' AND s.poll_at <= batchline_now()
+    ORDER BY s.shard_no + 0 LIMIT 1 FOR UPDATE SKIP LOCKED
+)
+SELECT c.shard_no, c.state, c.owner, c.epoch, c.slice, c.record_count, c.route, c.batch, batchline_now(),
+       j.lease_seconds, c.first_piece, c.end_piece, c.home
+FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired UNION ALL SELECT * FROM due) c
+JOIN jobs j ON j.version = c.version
+WHERE j.state = 'ready'
+ORDER BY c.shard_no
+LIMIT 1""", *reads("shards", "jobs", "clock"))
+
+
+PICK_SHARD = _pick(home=False)
+ANALYZE_SHARDS = "ANALYZE shards"
+# A worker's own region's shards (input.regions): the same, among the shards whose home it is.
+PICK_HOME_SHARD = _pick(home=True)
 GRANT_SHARD = WorkerStatement("""
 UPDATE shards SET state = 'leased', owner = %(w)s, epoch = epoch + 1, lease_expires = %(expires)s,
-                  claims = claims + 1, owner_process = %(process)s
+                  claims = claims + 1, owner_process = %(process)s, ran_in = %(region)s
 WHERE version = %(v)s AND shard_no = %(s)s
 RETURNING epoch, lease_expires""",
-    updates("shards", "state", "owner", "epoch", "lease_expires", "claims", "owner_process"), *reads("shards"))
+    updates("shards", "state", "owner", "epoch", "lease_expires", "claims", "owner_process", "ran_in"),
+    *reads("shards"))
+# Whether a region has a shard not done yet (ready, or leased by a worker that may yet give it up).
+HOME_OPEN = WorkerStatement(
+    f"SELECT 1 FROM shards s WHERE s.version = %(v)s AND s.home = %(home)s AND s.state IN {OPEN_STATES} "
+    f"AND {ROUTES} LIMIT 1", *reads("shards"))
 SHARD_SLICE = "SELECT slice FROM shards WHERE version = %(v)s AND shard_no = %(s)s"
 LEASE_BY_CLAIM = WorkerStatement(
-    "SELECT slice, record_count, lease_expires, route, batch, first_piece, end_piece FROM shards "
+    "SELECT slice, record_count, lease_expires, route, batch, first_piece, end_piece, home FROM shards "
     "WHERE version = %(v)s AND shard_no = %(s)s", *reads("shards"))
 # A renewal also records how far the owner has got (the first piece it has not
 # started), which is where a split of its tail may begin.
@@ -772,7 +839,7 @@ WHERE {FENCE}""", updates("shards", "state", "owner", "epoch", "lease_expires", 
 # The leased local shard with the longest unstarted tail, whose owner's lease is current, holding no
 # carried results (see the SQLite module).
 SPLIT_CANDIDATE = WorkerStatement("""
-SELECT shard_no, owner, epoch, slice, first_piece, end_piece, started_piece FROM shards
+SELECT shard_no, owner, epoch, slice, first_piece, end_piece, started_piece, home FROM shards
 WHERE version = %(v)s AND state = 'leased' AND route = 'local' AND end_piece IS NOT NULL
   AND lease_expires > batchline_now() AND carried = 0
 ORDER BY end_piece - GREATEST(COALESCE(started_piece, first_piece), first_piece) DESC, shard_no
@@ -784,8 +851,8 @@ SHRINK_SHARD = WorkerStatement(
     "dead_count = dead_count - %(dead)s WHERE version = %(v)s AND shard_no = %(s)s AND end_piece = %(old_end)s",
     updates("shards", "end_piece", "record_count", "dead_count"), *reads("shards"))
 SPLIT_SHARD = WorkerStatement(
-    "INSERT INTO shards (version, shard_no, slice, record_count, state, route, dead_count, first_piece, end_piece) "
-    "VALUES (%(v)s, %(new)s, %(slice)s, %(records)s, 'ready', 'local', %(dead)s, %(first)s, %(end)s)",
+    "INSERT INTO shards (version, shard_no, slice, record_count, state, route, dead_count, first_piece, end_piece, "
+    "home) VALUES (%(v)s, %(new)s, %(slice)s, %(records)s, 'ready', 'local', %(dead)s, %(first)s, %(end)s, %(home)s)",
     inserts("shards"))
 
 # A put commits without waiting for its WAL flush (synchronous_commit off for
@@ -1136,12 +1203,14 @@ PAID_BUDGET = WorkerStatement(
 # --- worker heartbeats (batchline.store.beats) ----------------------------------------------
 
 WORKER_BEAT = WorkerStatement("""
-INSERT INTO worker_beats (version, worker, paid_slot, process, every_s, started_at, seen_at)
-SELECT %(v)s, %(w)s, %(slot)s, %(process)s, %(every)s, batchline_now(), batchline_now()
+INSERT INTO worker_beats (version, worker, paid_slot, process, every_s, started_at, seen_at, region,
+                          cross_region_bytes)
+SELECT %(v)s, %(w)s, %(slot)s, %(process)s, %(every)s, batchline_now(), batchline_now(), %(region)s, %(cross)s
 WHERE EXISTS (SELECT 1 FROM jobs WHERE version = %(v)s)
-ON CONFLICT (version, worker) DO UPDATE SET seen_at = EXCLUDED.seen_at, every_s = EXCLUDED.every_s
-WHERE worker_beats.stopped_at IS NULL""", inserts("worker_beats"), updates("worker_beats", "seen_at", "every_s"),
-    *reads("worker_beats", "clock", "jobs"))
+ON CONFLICT (version, worker) DO UPDATE SET seen_at = EXCLUDED.seen_at, every_s = EXCLUDED.every_s,
+    cross_region_bytes = GREATEST(worker_beats.cross_region_bytes, EXCLUDED.cross_region_bytes)
+WHERE worker_beats.stopped_at IS NULL""", inserts("worker_beats"),
+    updates("worker_beats", "seen_at", "every_s", "cross_region_bytes"), *reads("worker_beats", "clock", "jobs"))
 WORKER_GONE = WorkerStatement(
     "UPDATE worker_beats SET stopped_at = batchline_now() WHERE version = %(v)s AND worker = %(w)s "
     "AND stopped_at IS NULL", updates("worker_beats", "stopped_at"), *reads("worker_beats", "clock"))
@@ -1206,6 +1275,20 @@ LINEAGE_FAILED = WorkerStatement(
     "given_up_at = CASE WHEN %(give_up)s THEN batchline_now() END "
     "WHERE id = %(id)s AND claimed_by = %(by)s AND sent_at IS NULL", _OUTBOX_DRAIN,
     *reads("lineage_outbox", "clock"))
+# --- replicas and regions (batchline.store.replicas) -----------------------------------------
+
+_REPLICA_COLUMNS = "region, location, root, pins, compared, by, added_at"
+REPLICA_ADD = (f"INSERT INTO replicas (version, {_REPLICA_COLUMNS}) "
+               "VALUES (%(v)s, %(region)s, %(location)s, %(root)s, %(pins)s, %(compared)s, %(by)s, batchline_now()) "
+               "ON CONFLICT (version, region) DO UPDATE SET location = EXCLUDED.location, root = EXCLUDED.root, "
+               "pins = EXCLUDED.pins, compared = EXCLUDED.compared, by = EXCLUDED.by, added_at = EXCLUDED.added_at")
+REPLICAS = WorkerStatement(f"SELECT {_REPLICA_COLUMNS} FROM replicas WHERE version = %(v)s ORDER BY region",
+                           *reads("replicas"))
+SHARD_REGIONS = ("SELECT home, ran_in, state, count(*), sum(record_count) FROM shards WHERE version = %(v)s "
+                 "GROUP BY home, ran_in, state ORDER BY home NULLS FIRST, ran_in NULLS FIRST, state")
+WORKER_REGIONS = ("SELECT worker, region, cross_region_bytes FROM worker_beats WHERE version = %(v)s "
+                  "ORDER BY worker")
+
 LINEAGE_PARENT = WorkerStatement("SELECT lineage_parent FROM jobs WHERE version = %(v)s", *reads("jobs"))
 SET_LINEAGE_PARENT = "UPDATE jobs SET lineage_parent = %(parent)s WHERE version = %(v)s"
 LINEAGE_ROWS = (f"SELECT {_OUTBOX_COLUMNS} FROM lineage_outbox WHERE (%(v)s::text IS NULL OR version = %(v)s) "
@@ -1216,7 +1299,7 @@ LINEAGE_RETRY = ("UPDATE lineage_outbox SET given_up_at = NULL, tries = 0, next_
 # --- a version's outcomes by shard (batchline.store.files) -----------------------------------
 
 SHARD_UNITS = ("SELECT shard_no, slice, first_piece, end_piece, record_count, carried, results_count, dead_count, "
-               "files, epoch FROM shards WHERE version = %(v)s ORDER BY shard_no")
+               "files, epoch, ran_in FROM shards WHERE version = %(v)s ORDER BY shard_no")
 _SHARD = "r.version = %(v)s AND r.shard_no = %(s)s"
 RESULTS_OF_SHARD = f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE {_SHARD} ORDER BY r.record_id"
 RESULTS_OF_SHARD_CARRY = f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_CARRY_FROM} WHERE {_SHARD} ORDER BY r.record_id"

@@ -361,6 +361,26 @@ CREATE TABLE IF NOT EXISTS launches (
     (19, "the lineage parent of a version", """
 ALTER TABLE jobs ADD COLUMN lineage_parent TEXT;
 """),
+    # Where the input's bytes live (batchline.store.replicas): each replica's own pins, each
+    # shard's home region and where it was claimed last, what each worker read across regions.
+    (20, "regions: replicas, home regions, bytes across regions", """
+CREATE TABLE IF NOT EXISTS replicas (
+    version TEXT NOT NULL,
+    region TEXT NOT NULL,
+    location TEXT NOT NULL,
+    root TEXT NOT NULL,
+    pins TEXT NOT NULL,
+    compared TEXT NOT NULL,
+    by TEXT NOT NULL,
+    added_at REAL NOT NULL,
+    PRIMARY KEY (version, region)
+);
+ALTER TABLE shards ADD COLUMN home TEXT;
+ALTER TABLE shards ADD COLUMN ran_in TEXT;
+ALTER TABLE worker_beats ADD COLUMN region TEXT;
+ALTER TABLE worker_beats ADD COLUMN cross_region_bytes INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS shards_ready_home ON shards (version, home, shard_no) WHERE state = 'ready';
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -414,8 +434,8 @@ DELETE_PLANNING = tuple(f"DELETE FROM {table} WHERE version = :v" for table in (
     "shards", "records", "results", "attempts", "dead_letters", "events", "jobs"))
 PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = :v AND state = 'planning'"
 PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = :v"
-INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece) "
-                "VALUES (:v, :s, :slice, :n, 'ready', :route, :first, :end)")
+INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece, "
+                "home) VALUES (:v, :s, :slice, :n, 'ready', :route, :first, :end, :home)")
 INSERT_RECORD = ("INSERT INTO records (version, record_id, shard_no, content_hash, carry, text_hash, acl) "
                  "VALUES (?, ?, ?, ?, ?, ?, ?)")
 INSERT_RECORD_WITH_INPUT = ("INSERT INTO records (version, record_id, shard_no, content_hash, carry, text_hash, text, "
@@ -467,26 +487,37 @@ ORDER BY j.created_at"""
 # The lowest claimable shard: one index seek per way a shard can be claimable
 # (ready, lease expired, batch due to be polled) rather than one OR, which would
 # sort every open shard per claim.
-_SHARD_COLUMNS = "shard_no, state, owner, epoch, slice, record_count, route, batch, first_piece, end_piece"
-PICK_SHARD = f"""
+_SHARD_COLUMNS = "shard_no, state, owner, epoch, slice, record_count, route, batch, first_piece, end_piece, home"
+
+
+def _pick(home: bool) -> str:
+    where = f"version = :v AND {ROUTES}" + (" AND home = :home" if home else "")
+    return f"""
 SELECT c.shard_no, c.state, c.owner, c.epoch, c.slice, c.record_count, c.route, c.batch, {NOW_EXPR},
-       {LEASE_SECONDS}, c.first_piece, c.end_piece FROM (
-    SELECT * FROM (SELECT {_SHARD_COLUMNS} FROM shards WHERE version = :v AND state = 'ready' AND {ROUTES}
+       {LEASE_SECONDS}, c.first_piece, c.end_piece, c.home FROM (
+    SELECT * FROM (SELECT {_SHARD_COLUMNS} FROM shards WHERE {where} AND state = 'ready'
                    ORDER BY shard_no LIMIT 1)
     UNION ALL
-    SELECT * FROM (SELECT {_SHARD_COLUMNS} FROM shards WHERE version = :v AND state = 'leased'
-                   AND lease_expires <= {NOW_EXPR} AND {ROUTES} ORDER BY shard_no LIMIT 1)
+    SELECT * FROM (SELECT {_SHARD_COLUMNS} FROM shards WHERE {where} AND state = 'leased'
+                   AND lease_expires <= {NOW_EXPR} ORDER BY shard_no LIMIT 1)
     UNION ALL
-    SELECT * FROM (SELECT {_SHARD_COLUMNS} FROM shards WHERE version = :v AND state = 'submitted'
-                   AND poll_at <= {NOW_EXPR} AND {ROUTES} ORDER BY shard_no LIMIT 1)
+    SELECT * FROM (SELECT {_SHARD_COLUMNS} FROM shards WHERE {where} AND state = 'submitted'
+                   AND poll_at <= {NOW_EXPR} ORDER BY shard_no LIMIT 1)
 ) AS c
 WHERE EXISTS (SELECT 1 FROM jobs WHERE version = :v AND state = 'ready')
 ORDER BY c.shard_no LIMIT 1"""
+
+
+PICK_SHARD = _pick(home=False)
+PICK_HOME_SHARD = _pick(home=True)
 GRANT_SHARD = ("UPDATE shards SET state = 'leased', owner = :w, epoch = epoch + 1, lease_expires = :expires, "
-               "claims = claims + 1, owner_process = :process WHERE version = :v AND shard_no = :s "
+               "claims = claims + 1, owner_process = :process, ran_in = :region WHERE version = :v AND shard_no = :s "
                "RETURNING epoch, lease_expires")
+# Whether a region has a shard not done yet (ready, or leased by a worker that may yet give it up).
+HOME_OPEN = (f"SELECT 1 FROM shards WHERE version = :v AND home = :home AND state IN ('ready', 'leased', 'submitted') "
+             f"AND {ROUTES} LIMIT 1")
 SHARD_SLICE = "SELECT slice FROM shards WHERE version = :v AND shard_no = :s"
-LEASE_BY_CLAIM = ("SELECT slice, record_count, lease_expires, route, batch, first_piece, end_piece FROM shards "
+LEASE_BY_CLAIM = ("SELECT slice, record_count, lease_expires, route, batch, first_piece, end_piece, home FROM shards "
                   "WHERE version = :v AND shard_no = :s")
 # A renewal also records how far the owner has got (the first piece it has not
 # started), which is where a split of its tail may begin.
@@ -546,7 +577,7 @@ TAKE_BACK = (f"UPDATE shards SET state = CASE WHEN json_extract(batch, '$.batch_
 # shard holding results carried from a base version is not split: which of its pieces the
 # carried results are in is not kept, so the tail's count of outcomes could not move with it.
 SPLIT_CANDIDATE = f"""
-SELECT shard_no, owner, epoch, slice, first_piece, end_piece, started_piece FROM shards
+SELECT shard_no, owner, epoch, slice, first_piece, end_piece, started_piece, home FROM shards
 WHERE version = :v AND state = 'leased' AND route = 'local' AND end_piece IS NOT NULL
   AND lease_expires > {NOW_EXPR} AND carried = 0
 ORDER BY end_piece - MAX(COALESCE(started_piece, first_piece), first_piece) DESC, shard_no LIMIT 1"""
@@ -554,7 +585,7 @@ NEXT_SHARD_NO = "SELECT COALESCE(MAX(shard_no), -1) + 1 FROM shards WHERE versio
 SHRINK_SHARD = ("UPDATE shards SET end_piece = :end, record_count = record_count - :records, "
                 "dead_count = dead_count - :dead WHERE version = :v AND shard_no = :s AND end_piece = :old_end")
 SPLIT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, dead_count, first_piece, "
-               "end_piece) VALUES (:v, :new, :slice, :records, 'ready', 'local', :dead, :first, :end)")
+               "end_piece, home) VALUES (:v, :new, :slice, :records, 'ready', 'local', :dead, :first, :end, :home)")
 # One row of a flush; an id already answered (a result, or a dead letter) makes the
 # flush find the new rows first (see SQLiteStore._put).
 PUT_RESULT = """
@@ -787,15 +818,29 @@ PAID_BUDGET = (f"SELECT COALESCE(SUM((COALESCE(stopped_at, {NOW_EXPR}) - started
 # --- worker heartbeats (batchline.store.beats) ----------------------------------------------
 
 WORKER_BEAT = f"""
-INSERT INTO worker_beats (version, worker, paid_slot, process, every_s, started_at, seen_at)
-SELECT :v, :w, :slot, :process, :every, {NOW_EXPR}, {NOW_EXPR} WHERE EXISTS (SELECT 1 FROM jobs WHERE version = :v)
-ON CONFLICT (version, worker) DO UPDATE SET seen_at = excluded.seen_at, every_s = excluded.every_s
+INSERT INTO worker_beats (version, worker, paid_slot, process, every_s, started_at, seen_at, region, cross_region_bytes)
+SELECT :v, :w, :slot, :process, :every, {NOW_EXPR}, {NOW_EXPR}, :region, :cross
+WHERE EXISTS (SELECT 1 FROM jobs WHERE version = :v)
+ON CONFLICT (version, worker) DO UPDATE SET seen_at = excluded.seen_at, every_s = excluded.every_s,
+    cross_region_bytes = MAX(worker_beats.cross_region_bytes, excluded.cross_region_bytes)
 WHERE worker_beats.stopped_at IS NULL"""
 WORKER_GONE = (f"UPDATE worker_beats SET stopped_at = {NOW_EXPR} WHERE version = :v AND worker = :w "
                "AND stopped_at IS NULL")
 WORKERS_SEEN = (f"SELECT worker, paid_slot, process, every_s, started_at, seen_at FROM worker_beats "
                 f"WHERE version = :v AND stopped_at IS NULL AND seen_at >= {NOW_EXPR} - :grace * every_s "
                 "ORDER BY worker")
+# --- replicas and regions (batchline.store.replicas) -----------------------------------------
+
+_REPLICA_COLUMNS = "region, location, root, pins, compared, by, added_at"
+REPLICA_ADD = (f"INSERT INTO replicas (version, {_REPLICA_COLUMNS}) "
+               f"VALUES (:v, :region, :location, :root, :pins, :compared, :by, {NOW_EXPR}) "
+               "ON CONFLICT (version, region) DO UPDATE SET location = excluded.location, root = excluded.root, "
+               "pins = excluded.pins, compared = excluded.compared, by = excluded.by, added_at = excluded.added_at")
+REPLICAS = f"SELECT {_REPLICA_COLUMNS} FROM replicas WHERE version = :v ORDER BY region"
+SHARD_REGIONS = ("SELECT home, ran_in, state, count(*), sum(record_count) FROM shards WHERE version = :v "
+                 "GROUP BY home, ran_in, state ORDER BY home IS NOT NULL, home, ran_in IS NOT NULL, ran_in, state")
+WORKER_REGIONS = "SELECT worker, region, cross_region_bytes FROM worker_beats WHERE version = :v ORDER BY worker"
+
 # --- launch records (batchline.store.launches) ----------------------------------------------
 
 _LAUNCH_COLUMNS = "version, key, launcher, state, by, created_at, detail, launched_at, stopped_at, stop_reason"
@@ -850,7 +895,7 @@ LINEAGE_RETRY = (f"UPDATE lineage_outbox SET given_up_at = NULL, tries = 0, next
 # --- a version's outcomes by shard (batchline.store.files) -----------------------------------
 
 SHARD_UNITS = ("SELECT shard_no, slice, first_piece, end_piece, record_count, carried, results_count, dead_count, "
-               "files, epoch FROM shards WHERE version = :v ORDER BY shard_no")
+               "files, epoch, ran_in FROM shards WHERE version = :v ORDER BY shard_no")
 _SHARD = "r.version = :v AND r.shard_no = :s"
 # A shard's rows through the index by shard: the planner, without statistics, would walk the
 # version's whole primary key in id order instead.

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from batchline.spec.ports import PublicationTarget, TargetSpec
+from batchline.spec.ports import PublicationTarget, Staging, TargetSpec
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -82,12 +82,12 @@ class PublisherWritten:
     def describe(self) -> str:
         raise NotImplementedError
 
-    def shard_files(self) -> str | None:
+    def shard_files(self) -> Staging | None:
         return None
 
     def write_shard_file(self, spec: JobSpec, version: str, shard_no: int, epoch: int,
                          results: Sequence[StoredResult], dead_letters: Sequence[StoredDeadLetter],
-                         storage: Mapping[str, Any]) -> dict[str, Any]:
+                         storage: Mapping[str, Any], region: str | None = None) -> dict[str, Any]:
         raise NotImplementedError(f"{self.describe()} takes no shard files from workers")
 
     def stored_shard_rows(self, store: ReaderStore, spec: JobSpec, version: str) -> Callable[[int], Any]:

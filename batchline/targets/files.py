@@ -36,6 +36,7 @@ from batchline.targets.columns import (
 
 if TYPE_CHECKING:
     from batchline.spec import JobSpec, JobVersion
+    from batchline.spec.ports import Staging
 
 PARQUET_ROWS_PER_GROUP = 50_000
 
@@ -480,7 +481,7 @@ class ShardFileWriter(Protocol):
 
     def describe(self) -> str: ...
 
-    def shard_files(self) -> str | None: ...
+    def shard_files(self) -> Staging | None: ...
 
     def stored_shard_rows(self, store: ReaderStore, spec: JobSpec, version: str) -> Callable[[int], Any]: ...
 
@@ -493,17 +494,18 @@ def check_shard_files(store: ReaderStore, job: JobVersion, target: ShardFileWrit
     """Every file the version's workers recorded for `target` (its store key `key`), each checked
     against the store (`check_shard_file`): the files as checked, by shard, and what was refused,
     a line each naming the shard and the file."""
-    prefix = target.shard_files()
+    staging = target.shard_files()
     checked: dict[int, CheckedFile] = {}
     problems: list[str] = []
-    if prefix is None:
+    if staging is None:
         return checked, problems
     version = job.version
     stored_rows = target.stored_shard_rows(store, job.spec, version)
     units = [(u, (u.files or {}).get(key)) for u in store.shard_units(version)]
     # A shard no worker wrote a file of is written by the publisher from the store.
-    recorded = [(u, entry, shard_file_location(prefix, version, u.shard_no, u.epoch)) for u, entry in units
-                if entry is not None]
+    # Under the staging prefix of the region its completing lease was claimed in, as the store says.
+    recorded = [(u, entry, shard_file_location(staging.prefix_for(u.ran_in), version, u.shard_no, u.epoch))
+                for u, entry in units if entry is not None]
     # The next files are read (and their digests made) while the store's rows of this one are;
     # both mostly wait outside the interpreter.
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="batchline-shard-file") as pool:

@@ -62,6 +62,8 @@ from batchline.sources.iceberg import (
     table_schema,
 )
 from batchline.spec import JobSpec, JobVersion, canonical_json
+from batchline.spec.model import REGION_PATTERN
+from batchline.spec.ports import Staging
 from batchline.spec.reader import Fields, ParseContext, SpecReader
 from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
 from batchline.store.files import ShardColumns, ShardUnit
@@ -113,7 +115,7 @@ def _commit_failed() -> type[Exception]:
 
 class IcebergTable:
     def __init__(self, ref: TableRef, store_url: str | None = None,
-                 storage: Mapping[str, Any] | None = None, *, staging: str | None = None) -> None:
+                 storage: Mapping[str, Any] | None = None, *, staging: Staging | None = None) -> None:
         self.ref = ref
         self.staging = staging  # where the version's workers wrote their shard files (files: per-shard)
         self.store_url = store_url
@@ -193,10 +195,14 @@ class IcebergTable:
 
         used = {_local(f.file_path) for files in layout.units.values() for f in files}
         cutoff = time.time() - lease_seconds
-        prefix = version_prefix(self.staging, version)
-        for location, written_at in listing(prefix, self.storage):
-            if _local(location) not in used and written_at < cutoff and under(location, prefix):
-                delete(location, self.storage)
+        for prefix in self._version_prefixes(version):
+            for location, written_at in listing(prefix, self.storage):
+                if _local(location) not in used and written_at < cutoff and under(location, prefix):
+                    delete(location, self.storage)
+
+    def _version_prefixes(self, version: str) -> list[str]:
+        """The version's own staging prefixes, one per region's staging."""
+        return [version_prefix(p, version) for p in self.staging.prefixes] if self.staging is not None else []
 
     def _checked_files(self, store: ReaderStore, job: JobVersion) -> dict[int, CheckedFile]:
         """The workers' shard files as a passing validation checked them against the store; where
@@ -410,23 +416,20 @@ class IcebergTable:
         and under the staging prefix of each version of `snapshots` (the table's: a version shares
         its base's shard files, which lie under the base's prefix)."""
         own = [f"{table.metadata.location.rstrip('/')}/"]
-        if self.staging is not None:
-            for snapshot in snapshots:
-                props = snapshot.summary.additional_properties if snapshot.summary else {}
-                if props.get(VERSION_PROPERTY):
-                    own.append(version_prefix(self.staging, props[VERSION_PROPERTY]))
+        for snapshot in snapshots:
+            props = snapshot.summary.additional_properties if snapshot.summary else {}
+            if props.get(VERSION_PROPERTY):
+                own.extend(self._version_prefixes(props[VERSION_PROPERTY]))
         return own
 
     def _forget_staging(self, version: str, kept: set[str]) -> None:
         """What is left of the version's shard files that no kept snapshot uses (stale owners')."""
-        if self.staging is None:
-            return
         from batchline.sources import delete, listing
 
-        prefix = version_prefix(self.staging, version)
-        for location, _written_at in listing(prefix, self.storage):
-            if _local(location) not in kept and under(location, prefix):
-                delete(location, self.storage)
+        for prefix in self._version_prefixes(version):
+            for location, _written_at in listing(prefix, self.storage):
+                if _local(location) not in kept and under(location, prefix):
+                    delete(location, self.storage)
 
 
 # --- files shared between versions ----------------------------------------------------------
@@ -728,9 +731,11 @@ PER_SHARD = "per-shard"
 OUTPUT_TABLE_FIELDS: Fields = {
     "files": {"enum": [PER_SHARD], "description": "per-shard: each worker writes its completed shard's file into "
                                                   "the staging prefix, and publishing adds them without copying"},
-    "staging": {"type": "string", "minLength": 1,
+    "staging": {"anyOf": [{"type": "string", "minLength": 1},
+                          {"type": "object", "minProperties": 1, "additionalProperties": {"type": "string"}}],
                 "description": "Where workers write shard files (a folder or an s3:// or gs:// prefix; default: "
-                               "the warehouse's batchline-staging)"},
+                               "the warehouse's batchline-staging), or REGION: prefix for each region's workers "
+                               "(the first for a worker of no region or of another)"},
 }
 
 
@@ -741,14 +746,14 @@ class TableOutput:
 
     ref: TableRef
     files: str | None = None
-    staging: str | None = None
+    staging: Staging | None = None
 
     def describe(self) -> str:
         return self.ref.describe()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"table": {**self.ref.to_dict(), **({"files": self.files, "staging": self.staging}
-                                                   if self.files else {})}}
+        return {"table": {**self.ref.to_dict(), **({"files": self.files, "staging": self.staging.to_json()}
+                                                   if self.files and self.staging is not None else {})}}
 
     def target(self, store_url: str | None, storage: Mapping[str, Any]) -> IcebergTable:
         return IcebergTable(self.ref, store_url, storage, staging=self.shard_files())
@@ -756,16 +761,18 @@ class TableOutput:
     def check(self, spec: JobSpec, store_url: str | None) -> None:
         check_table_schema(self.ref, spec, store_url, per_shard=self.files == PER_SHARD)
 
-    def shard_files(self) -> str | None:
+    def shard_files(self) -> Staging | None:
         return self.staging if self.files == PER_SHARD else None
 
     def write_shard_file(self, spec: JobSpec, version: str, shard_no: int, epoch: int,
                          results: Sequence[StoredResult], dead_letters: Sequence[StoredDeadLetter],
-                         storage: Mapping[str, Any]) -> dict[str, Any]:
-        """The shard's rows (`shard_rows`) as one file named by the version, shard and epoch."""
+                         storage: Mapping[str, Any], region: str | None = None) -> dict[str, Any]:
+        """The shard's rows (`shard_rows`) as one file named by the version, shard and epoch, under
+        the staging prefix of the worker's region."""
         assert self.staging is not None
         rows = self.shard_rows(spec, version, results, dead_letters)
-        return write_shard_file(shard_file_location(self.staging, version, shard_no, epoch), rows, storage)
+        location = shard_file_location(self.staging.prefix_for(region), version, shard_no, epoch)
+        return write_shard_file(location, rows, storage)
 
     def _file_rows(self, spec: JobSpec, version: str) -> TableRows:
         # The table's columns as `iceberg_schema` makes them from the spec (a worker reaches no
@@ -793,6 +800,25 @@ class TableOutput:
         return self.ref.dataset(store, str(snapshot) if snapshot is not None else None)
 
 
+def _staging(r: SpecReader, given: Any, ctx: ParseContext) -> Staging:
+    """`output.table.staging`: one prefix, or REGION: prefix (each resolved as a path or URL)."""
+
+    def resolved(text: str) -> str:
+        return (text if "://" in text else str((ctx.base_dir / text).resolve())).removeprefix("file://")
+
+    if isinstance(given, dict):
+        if not given:
+            r.fail("output.table.staging", "names no region; give a prefix, or REGION: prefix for each")
+        by_region = []
+        for region, prefix in given.items():
+            where = f"output.table.staging.{region}"
+            if not REGION_PATTERN.fullmatch(str(region)):
+                r.fail(where, f"{region!r} is not a region name (lower-case letters, digits and '-')")
+            by_region.append((str(region), resolved(r.string(prefix, where))))
+        return Staging(tuple(by_region))
+    return Staging.one(resolved(r.string(given, "output.table.staging")))
+
+
 class IcebergOutput(TargetFamily):
     """An Apache Iceberg table (write, audit, publish)."""
 
@@ -806,17 +832,17 @@ class IcebergOutput(TargetFamily):
         files = raw.get("files")
         if files is not None and files != PER_SHARD:
             r.fail("output.table.files", f"must be {PER_SHARD}, not {files!r}")
-        staging = r.optional_string(raw.get("staging"), "output.table.staging")
-        if staging is not None and files is None:
+        given = raw.get("staging")
+        if given is not None and files is None:
             r.fail("output.table.staging", f"is where workers write shard files: give files: {PER_SHARD} too")
-        if files is not None and staging is None:
+        if files is not None and given is None:
             if ref.warehouse is None:
                 r.fail("output.table.staging", f"is required with files: {PER_SHARD} where no warehouse is given: "
                                                "where workers write their shard files")
-            staging = f"{ref.warehouse.rstrip('/')}/batchline-staging"
-        if staging is not None and "://" not in staging:
-            staging = str((ctx.base_dir / staging).resolve())
-        return TableOutput(ref, files, staging.removeprefix("file://") if staging else None)
+            given = f"{ref.warehouse.rstrip('/')}/batchline-staging"
+        if given is None:
+            return TableOutput(ref, files, None)
+        return TableOutput(ref, files, _staging(r, given, ctx))
 
     def access(self, section: Mapping[str, Any]) -> list[str]:
         output = section.get("table")
@@ -827,7 +853,8 @@ class IcebergOutput(TargetFamily):
                   "iceberg_namespace_properties" + (" (in the store's database; the worker role made here has none)"
                                                     if output["catalog"] == STORE_CATALOG else "")
                   if sql else "the catalog's right to create, load and commit to that table")
-        staging = output.get("staging") if output.get("files") == PER_SHARD else None
+        given = output.get("staging") if output.get("files") == PER_SHARD else None
+        staging = ", ".join(given.values()) if isinstance(given, dict) else given
         worker = (f"the worker needs no catalog right, only to write objects under {staging}/VERSION/ (each "
                   "completed shard's file, named by the version, the shard and the lease epoch)"
                   if staging else "the worker needs nothing of it")

@@ -46,8 +46,11 @@ def heartbeat_seconds() -> float:
 class Heartbeat:
     def __init__(self, store: WorkerStore, worker: str, version: str | None, process: dict[str, Any] | None, *,
                  paid: PaidSlotKeeper | None = None, every: float | None = None,
-                 log: Callable[[str], None] = lambda _m: None) -> None:
+                 log: Callable[[str], None] = lambda _m: None, region: str | None = None) -> None:
         self.store, self.worker, self.version, self.process = store, worker, version, process
+        self.region = region
+        # What the worker has read from outside its region so far (its RegionReader's count).
+        self.cross_region_bytes: Callable[[], int] = lambda: 0
         self.paid, self.log = paid, log
         self.every = every if every is not None else heartbeat_seconds()
         self._stop = threading.Event()
@@ -76,7 +79,8 @@ class Heartbeat:
         if version is not None:
             try:
                 self.store.worker_beat(version, self.worker, every=self.every, process=self.process,
-                                       paid_slot=str(self.paid.ref) if self.paid is not None else None)
+                                       paid_slot=str(self.paid.ref) if self.paid is not None else None,
+                                       region=self.region, cross_region_bytes=self.cross_region_bytes())
                 if self._failing:
                     self.log("heartbeat: the store answers again")
                 self._failing = False

@@ -35,6 +35,7 @@ from batchline.store import (
     ResultRow,
     WorkerStore,
 )
+from batchline.worker.regions import RegionReader
 from batchline.worker.telemetry import WorkerTelemetry
 
 # How often, at most, a worker that wrote dead letters asks the store whether they pass the
@@ -131,6 +132,7 @@ class WorkerHandle:
     halted: tuple[str, Halt] | None = None
     judge_pending: bool = False  # dead letters written since the store was last asked
     judged_at: float = float("-inf")
+    regions: RegionReader = field(default_factory=lambda: RegionReader(None))
 
 
 class ShardContext:
@@ -194,7 +196,9 @@ class ShardContext:
             if not held:
                 return []
             sl = replace(sl, pieces=held)
-        return read_slice(sl, self.job.spec.input, self.job.spec.routing, self.stored_reader())
+        spec, stored = self.job.spec, self.stored_reader()
+        return self.worker.regions.read(self.store, self.lease.version, spec, sl,
+                                        lambda at: read_slice(at, spec.input, spec.routing, stored))
 
     def renew_if_due(self, now: float | None = None, started: int | None = None) -> None:
         """Renews once renew_seconds have passed; `started`: every piece before it has been
@@ -271,7 +275,8 @@ class ShardContext:
         for t in writers:
             try:
                 files[t.target(None, spec.input.storage).key] = t.write_shard_file(
-                    spec, self.lease.version, self.lease.shard_no, self.lease.epoch, results, dead, spec.input.storage)
+                    spec, self.lease.version, self.lease.shard_no, self.lease.epoch, results, dead, spec.input.storage,
+                    self.worker.regions.region)
             except (OSError, BatchlineError) as exc:
                 raise OutputUnwritable(f"cannot write the file of shard {self.lease.shard_no} of {self.lease.version} "
                                        f"under {t.shard_files()}: {one_line(exc)}") from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 
@@ -33,6 +34,7 @@ from batchline.worker.engine_process import EngineProcess, EngineStopped
 from batchline.worker.hosted import HostedShardRun
 from batchline.worker.liveness import kubernetes_pod_lookup, process_identity, take_back_dead
 from batchline.worker.local import LocalShardRun
+from batchline.worker.regions import RegionReader
 from batchline.worker.shard import JobContext, ShardContext, WorkerHandle
 from batchline.worker.telemetry import WorkerTelemetry
 
@@ -59,7 +61,7 @@ class Worker:
                  log: Callable[[str], None] = lambda _m: None,
                  telemetry: WorkerTelemetry | None = None, routes: Sequence[str] | None = None,
                  on_claim: Callable[[str], None] = lambda _version: None,
-                 lineage: LineageConfig | None = None) -> None:
+                 lineage: LineageConfig | None = None, region: str | None = None) -> None:
         self.store = store
         # The lineage outbox's drainer (None where lineage is off): kicked after the claims and
         # completions that may have started, completed or failed the version's run.
@@ -79,7 +81,11 @@ class Worker:
         self._announced: set[tuple[str, str]] = set()
         self.identity = process_identity()
         self.pod_lookup = kubernetes_pod_lookup() if self.identity.get("pod") else None
-        self.handle = WorkerHandle(store, self.worker_id, self.stop, self.telemetry, log)
+        self.handle = WorkerHandle(store, self.worker_id, self.stop, self.telemetry, log,
+                                   regions=RegionReader(region, log, self.telemetry.read_across_regions))
+        # When this worker last claimed a shard of its own region (or started): it takes another
+        # region's only once shards.locality_wait_seconds have passed since (see _claim_or_recover).
+        self._home_found = time.monotonic()
         # The build this process loaded, taken now rather than at the first engine start, so
         # source changed on disk after the worker started is refused in its engine child.
         batchline_build()
@@ -105,10 +111,16 @@ class Worker:
         if self._drainer is not None:
             self._drainer.kick()
 
+    @property
+    def region(self) -> str | None:
+        return self.handle.regions.region
+
     def _loop(self) -> int:
         if self.version is not None and self.store.job(self.version) is None:
             # Not "no work left" (0): a Job that exits 0 shows Complete, having done nothing.
             raise NoSuchVersion(self.version, self.store.where())
+        if self.version is not None:
+            self._job(self.version)  # a region the version does not know is refused before any claim
         while True:
             self._leave_halted()
             if self.stop.is_set():
@@ -247,9 +259,20 @@ class Worker:
         """A claim; with nothing to claim, leases of owners proven dead are taken back and,
         for the local route, the longest unstarted tail of a leased shard is split off, so
         this worker works instead of idling until a lease runs out or a slow owner ends."""
+        wait = self._job(version).spec.shards.locality_wait_seconds
         for attempt in range(3):
-            lease = self.store.claim(self.worker_id, version, routes, process=self.identity)
+            # Per worker, from its own last claim at home (not the fleet's): a wait longer than a
+            # shard's work cannot keep an idle worker from another region's shards for longer
+            # than the wait, however often its region's other workers find work at home.
+            foreign = time.monotonic() - self._home_found >= wait
+            lease = self.store.claim(self.worker_id, version, routes, process=self.identity, region=self.region,
+                                     foreign=foreign)
             if lease is not None:
+                if lease.home is None or lease.home == self.region:
+                    self._home_found = time.monotonic()
+                elif self.region is not None:
+                    self.log(f"shard {lease.shard_no} lives in {lease.home}: no shard of {self.region} was ready "
+                             f"for {wait:g} s")
                 self.telemetry.claimed(version)
                 self.on_claim(version)
                 return lease
@@ -284,7 +307,10 @@ class Worker:
         if version not in self._jobs:
             info = self.store.job(version)
             assert info is not None
-            self._jobs[version] = JobContext.of(stored_spec(info))
+            spec = stored_spec(info)
+            if self.region is not None:
+                spec.input.regions.check_worker(self.region, tuple(self.store.replicas(version)))
+            self._jobs[version] = JobContext.of(spec)
         return self._jobs[version]
 
     def _ensure_engine(self, version: str, job: JobContext) -> EngineProcess:

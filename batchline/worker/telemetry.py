@@ -17,6 +17,9 @@ class WorkerTelemetry:
     def taken_back(self, n: int) -> None:
         """Leases of workers proven dead were ended at once (instead of running out)."""
 
+    def read_across_regions(self, n: int) -> None:
+        """Input bytes read from outside the worker's region (`--region`)."""
+
     def stale_epoch(self, op: str) -> None:
         """A fenced write (put, completion, charge, renewal) was refused."""
 

@@ -245,3 +245,83 @@ def test_the_rows_a_file_is_checked_against_are_the_rows_its_worker_writes(
         assert stored(shard_no).equals(written), shard_no
     assert sum(stored(n).num_rows for n in shards) == N
     assert validate(store, version).passed
+
+
+class StopsAtHome:
+    """A worker's store that gives back a shard of another region and stops its worker: the
+    region's workers end where its own shards do."""
+
+    def __init__(self, store: Store, region: str, stop: Any) -> None:
+        self._store, self._region, self._stop = store, region, stop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def claim(self, *args: Any, **kwargs: Any) -> Any:
+        lease = self._store.claim(*args, **kwargs)
+        if lease is not None and lease.home != self._region:
+            self._store.release(lease, "test")
+            self._stop.set()
+            return None
+        return lease
+
+
+def two_regions(job_factory: Any, tmp_path: Path) -> Path:
+    """The per-shard table over an input split between east and west, staged per region."""
+    path = per_shard(job_factory, tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    records = [{**r, "acl": [f"team-{i % 3}"]} for i, r in enumerate(make_records(N))]
+    halves = {"east": records[:N // 2], "west": records[N // 2:]}
+    for region, rows in halves.items():
+        (tmp_path / f"{region}.jsonl").write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    spec["input"].pop("path")
+    spec["input"]["regions"] = {region: str(tmp_path / f"{region}.jsonl") for region in halves}
+    spec["output"]["table"]["staging"] = {region: str(tmp_path / f"staging-{region}") for region in halves}
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_each_regions_workers_stage_their_files_in_their_region_and_one_commit_publishes_them_all(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    import threading
+
+    _spec, version = planned(two_regions(job_factory, tmp_path), store)
+    stop = threading.Event()
+    east = Worker(StopsAtHome(store, "east", stop), version=version, poll_seconds=0.1,  # type: ignore[arg-type]
+                  region="east", stop=stop)
+    assert east.run() == 75  # stopped at the first shard of the west
+    assert Worker(store, version=version, poll_seconds=0.1, region="west").run() == 0
+    staged = {region: sorted(p.name for p in (tmp_path / f"staging-{region}" / version).glob("*.parquet"))
+              for region in ("east", "west")}
+    assert staged == {"east": [f"shard-00000{i}-epoch-1.parquet" for i in (0, 1)],
+                      "west": ["shard-000002-epoch-2.parquet", "shard-000003-epoch-1.parquet"]}
+    assert validate(store, version).passed
+    publish(store, version)
+    table = pyiceberg_table(store_url, TABLE)
+    assert table is not None
+    files = [task.file.file_path for task in table.scan().plan_files()]
+    # One snapshot added the files of both regions.
+    assert len(files) == 4 and table.current_snapshot().summary["added-data-files"] == "4"
+    assert sorted(Path(f.removeprefix("file://")).parent.parent.name for f in files) == \
+        ["staging-east", "staging-east", "staging-west", "staging-west"]
+
+
+def test_a_file_staged_under_another_regions_prefix_than_its_shard_ran_in_is_refused(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    """The prefix a shard's file must be under is the store's word (where its completing lease
+    was claimed), not the worker's: an east worker's file recorded under the west's staging."""
+    _spec, version = planned(two_regions(job_factory, tmp_path), store)
+
+    def move_west(entry: dict[str, Any]) -> dict[str, Any]:
+        moved = Path(str(entry["path"]).replace("staging-east", "staging-west"))
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(entry["path"], moved)
+        return {**entry, "path": str(moved)}
+
+    assert Worker(Forging(store, move_west), version=version, poll_seconds=0.1,  # type: ignore[arg-type]
+                  region="east").run() == 0
+    report = validate(store, version)
+    [check] = [c for c in report.checks if c.name == "shard_files"]
+    [refused] = check.details["refused"]
+    assert re.search(rf"the file of shard {FORGED}, .*staging-west/.*: .*recorded it at .*staging-west/.*, not at "
+                     rf".*staging-east/{re.escape(version)}/shard-000002-epoch-1\.parquet", refused), refused

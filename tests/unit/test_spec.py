@@ -32,13 +32,15 @@ def write(tmp_path: Path, spec: dict[str, Any], schema: Any = None) -> Path:
     return path
 
 
-def with_change(path: str, value: Any) -> dict[str, Any]:
+def with_change(path: str, value: Any, **input_: Any) -> dict[str, Any]:
+    """BASE with `path` set to `value` (and `input_` added to its input section)."""
     spec = json.loads(json.dumps(BASE))
     *parents, last = path.split(".")
     node = spec
     for p in parents:
         node = node.setdefault(p, {})
     node[last] = value
+    spec["input"].update(input_)
     return spec
 
 
@@ -83,6 +85,8 @@ def test_the_snapshot_and_the_schema_change_the_version(tmp_path: Path) -> None:
     ("deadline", "2026-12-01T06:00:00Z"),
     ("validate", {"max_dead_letter_rate": 0.5}),
     ("shards.abort_dead_letter_rate", 0.5),
+    ("shards.locality_wait_seconds", 600),
+    ("input.region", "us-east-1"),
 ])
 def test_fields_that_cannot_change_a_result_keep_the_version(tmp_path: Path, field: str, value: Any) -> None:
     assert version_of(tmp_path, with_change(field, value)) == version_of(tmp_path, BASE)
@@ -113,6 +117,15 @@ def test_to_dict_round_trips_to_the_same_version(tmp_path: Path) -> None:
     (with_change("input.path", "in.txt"), "cannot tell the format"),
     (with_change("deadline", "tomorrow"), "deadline: 'tomorrow' is neither an ISO 8601 time (2026-12-01T06:00:00Z) nor a window"),
     ({k: v for k, v in BASE.items() if k != "model"}, "model: is required"),
+    (with_change("input.region", "US East"), "input.region: 'US East' is not a region name"),
+    (with_change("input.replicas", {"eu-west-1": "s3://copy/in/"}), "input.replicas: needs input.region"),
+    (with_change("input.replica_fallback", "primary"), "input.replica_fallback: goes with input.replicas"),
+    (with_change("input.replicas", {"eu": "s3://b/in/"}, region="eu"), "input.replicas.eu: is input.region"),
+    (with_change("input.replicas", {"eu": "s3://b/in"}, region="us"), "must be an s3:// or gs:// prefix ending in '/'"),
+    (with_change("input.replicas", {"eu": {"location": "s3://b/in/", "endpoint": "x"}}, region="us"),
+     "input.replicas.eu.endpoint: unknown field (allowed: location, storage)"),
+    (with_change("input.replicas", {"eu": "s3://b/in/"}, region="us"), "input.replicas: mirror objects named by "
+                                                                         "input.path"),
 ])
 def test_spec_errors_name_the_field(tmp_path: Path, spec: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError) as info:

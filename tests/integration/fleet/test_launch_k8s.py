@@ -261,3 +261,19 @@ def test_the_kueue_sample_admits_every_worker_of_the_fleet_it_was_rendered_for(
     assert set(demand) == set(group["coveredResources"])
     assert all(demand[r] <= quota[r] for r in demand), (demand, quota)
     assert ("nvidia.com/gpu" in demand) == bool(worker.get("cpu"))
+
+
+def test_a_pool_per_region_runs_on_its_regions_nodes_named_apart_and_says_its_region() -> None:
+    pools = {region: jobs_of(render(K8sOptions(egress=EGRESS, version="v@1", workers=2, image="i", queue="q",
+                                                   store_secret="s", gpus_per_worker=0, region=region)))
+             for region in ("us-east-1", "eu-west-1")}
+    names = [job["metadata"]["name"] for jobs in pools.values() for job in jobs]
+    assert len(set(names)) == 4
+    for region, jobs in pools.items():
+        for job in jobs:
+            parse(job)
+            pod = job["spec"]["template"]["spec"]
+            assert pod["nodeSelector"]["topology.kubernetes.io/region"] == region
+            args = pod["containers"][0]["args"]
+            assert args[args.index("--region") + 1] == region
+            assert job["spec"]["template"]["metadata"]["labels"]["batchline/region"] == region

@@ -21,6 +21,8 @@ import pytest
 from batchline.errors import StoreError
 from batchline.store import DeadLetterRow, ResultRow, Store, open_store
 from batchline.store.postgres import PostgresStore
+from examples.pgbouncer import AS_POSTGRES, PgBouncer
+from examples.pgbouncer import installed as pgbouncer_installed
 from tests.helpers import (
     PG_ADMIN_URL,
     check_invariants,
@@ -288,7 +290,7 @@ def test_workers_survive_their_backends_being_terminated_mid_run(
 
 
 # PostgreSQL's programs and PgBouncer refuse to run as root: as root, a test runs them as postgres.
-AS_POSTGRES: list[str] = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
 
 
 class PrivateServer:
@@ -378,52 +380,11 @@ def test_workers_survive_a_server_restart(private_server: PrivateServer, poison_
         store.close()
 
 
-class Pooler:
-    """A PgBouncer of this test's own (Debian's pgbouncer; `make test` installs it), in front of
-    the store's database, in transaction pooling and with its default startup parameters: it
-    refuses `options`, as a pooler most deployments put between workers and the server does."""
-
-    def __init__(self, pg_url: str) -> None:
-        program = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-        if not os.path.exists(program):
-            postgres_missing("needs PgBouncer (Debian's pgbouncer: make test installs it)")
-        params = psycopg.conninfo.conninfo_to_dict(pg_url)
-        self.dbname = str(params.get("dbname", "postgres"))
-        # PgBouncer will not run as root.
-        self.as_user = AS_POSTGRES
-        self.folder = Path(tempfile.mkdtemp(prefix="bl-pgbouncer-"))
-        self.port = free_port()
-        (self.folder / "users.txt").write_text('"postgres" ""\n')
-        (self.folder / "pgbouncer.ini").write_text(
-            f"[databases]\n{self.dbname} = host={params.get('host', '127.0.0.1')} port={params.get('port', 5432)} "
-            f"dbname={self.dbname}\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {self.port}\n"
-            f"unix_socket_dir =\nauth_type = trust\nauth_file = {self.folder / 'users.txt'}\n"
-            f"pool_mode = transaction\nlogfile = {self.folder / 'pgbouncer.log'}\n")
-        if self.as_user:
-            shutil.chown(self.folder, "postgres", "postgres")
-            for f in self.folder.iterdir():
-                shutil.chown(f, "postgres", "postgres")
-        self.process = subprocess.Popen([*self.as_user, program, str(self.folder / "pgbouncer.ini")],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(self.available, timeout=30, what="PgBouncer to listen")
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{self.dbname}"
-
-    def available(self) -> bool:
-        try:
-            with psycopg.connect(self.url, connect_timeout=3, prepare_threshold=None):
-                return True
-        except psycopg.Error:
-            return False
-
-    def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        finally:
-            shutil.rmtree(self.folder, ignore_errors=True)
+def Pooler(pg_url: str, pool_size: int = 20) -> PgBouncer:
+    """A PgBouncer of this test's own (examples/pgbouncer.py) in front of the store's database."""
+    if not pgbouncer_installed():
+        postgres_missing("needs PgBouncer (Debian's pgbouncer: make test installs it)")
+    return PgBouncer(str(psycopg.conninfo.conninfo_to_dict(pg_url).get("dbname", "postgres")), pool_size=pool_size)
 
 
 def test_a_worker_behind_a_pooler_that_refuses_session_settings_connects_without_them(
@@ -445,4 +406,34 @@ def test_a_worker_behind_a_pooler_that_refuses_session_settings_connects_without
         assert len(warned) == 1 and "unsupported startup parameter: options" in warned[0]
         worker.close()
     finally:
+        pooler.close()
+
+
+def test_workers_behind_a_transaction_pooler_share_server_connections_without_prepared_statements(
+        store: Store, pg_url: str) -> None:
+    """Regression: two workers behind PgBouncer in transaction mode, on its one server
+    connection: the second failed once a statement had run five times ('prepared statement
+    "_pg3_0" already exists', psycopg's automatic prepares), and a put after the server
+    connection changed (here: the pooler restarted) found no staging table ('relation
+    "put_stage" does not exist')."""
+    plan_version(store, shards=2, per_shard=300)
+    pooler = Pooler(pg_url, pool_size=1)
+    workers = [open_store(pooler.url, create=False, worker=True) for _ in range(2)]
+    try:
+        for _ in range(6):
+            for i, w in enumerate(workers):
+                w.worker_beat("job@1", f"w{i}", every=5.0)
+        leases = [w.claim(f"w{i}") for i, w in enumerate(workers)]
+        assert all(lease is not None for lease in leases)
+        first = [ResultRow(f"s{leases[0].shard_no}-r{j}", OUT) for j in range(150)]  # type: ignore[union-attr]
+        assert workers[0].put_results(leases[0], first) == 150  # type: ignore[arg-type]
+        # The pooler restarted: the workers reconnect, and the next transaction runs on a new
+        # server connection; the lease, not expired, is still theirs.
+        pooler.restart()
+        rest = [ResultRow(f"s{leases[0].shard_no}-r{j}", OUT) for j in range(150, 300)]  # type: ignore[union-attr]
+        assert workers[0].put_results(leases[0], rest) == 150  # type: ignore[arg-type]
+        workers[0].complete(leases[0])  # type: ignore[arg-type]
+    finally:
+        for w in workers:
+            w.close()
         pooler.close()

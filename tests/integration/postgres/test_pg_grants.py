@@ -291,6 +291,10 @@ def test_a_worker_role_changes_shards_only_as_its_fenced_statements_do(store: St
                                            "changes hands only with a new epoch"),
         "rewrite a slice": (f"UPDATE shards SET slice = '{{}}' WHERE shard_no = {ready}",
                             "permission denied for table shards"),  # not even a column it may write
+        "rewrite a shard's home region": (f"UPDATE shards SET home = 'elsewhere' WHERE shard_no = {ready}",
+                                          "permission denied for table shards"),  # the planner's alone
+        "say its shard ran in another region": (f"UPDATE shards SET ran_in = 'elsewhere' WHERE shard_no = {leased}",
+                                                "where a shard runs is set only by a claim"),
         "undo counted outcomes": (f"UPDATE shards SET results_count = 0 WHERE shard_no = {leased}",
                                   "never go down"),
         "shrink a shard without a split": (f"UPDATE shards SET record_count = 1 WHERE shard_no = {ready}",
