@@ -512,9 +512,11 @@ class JobSpec:
                                    if self.prompt.examples else {})}}),
             "decoding": self.decoding.to_dict(),
             "output": {"schema": dict(self.output_schema)},
-            # The dead-letter bound only when set, so the stored spec of a job without it is as before.
+            # The dead-letter bound only when set, and the locality wait only when not the default,
+            # so the stored spec of a job without them is as before.
             "shards": {k: v for k, v in self.shards.__dict__.items()
-                       if v is not None or k not in ("abort_dead_letter_rate", "abort_min_outcomes")},
+                       if (v is not None or k not in ("abort_dead_letter_rate", "abort_min_outcomes"))
+                       and not (k == "locality_wait_seconds" and v == ShardSpec.locality_wait_seconds)},
             "validate": _validate_dict(self.validate),
             "retention": dict(self.retention.__dict__),
         }

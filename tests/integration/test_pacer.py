@@ -12,6 +12,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,31 @@ def test_a_paid_worker_killed_while_loading_is_started_again_while_the_job_is_be
         (1, False, "its worker is gone"), (2, True, None)]
 
 
+def stop_between_writes(proc: Any, store: Store) -> None:
+    """SIGSTOP, at a moment the process holds no write of the store: on SQLite a process stopped
+    inside its heartbeat's transaction would hold the database's one write lock for good (and
+    every later write would wait out the busy timeout and fail). PostgreSQL locks rows only."""
+    import sqlite3
+
+    path = getattr(store, "path", None)  # a SQLite store's file
+    if path is None:
+        proc.send_signal(signal.SIGSTOP)
+        return
+    for _ in range(100):
+        proc.send_signal(signal.SIGSTOP)
+        probe = sqlite3.connect(str(path), timeout=0.5, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:
+            proc.send_signal(signal.SIGCONT)
+            time.sleep(0.02)
+        finally:
+            probe.close()
+    raise AssertionError("the worker held the store's write lock each time it was stopped")
+
+
 def test_a_hung_paid_worker_is_stopped_outright_and_started_again(
         job_factory: Any, store: Store, tmp_path: Path, runners: list[LocalRunner]) -> None:
     version, _lease = behind(job_factory, store, workers=1)
@@ -216,7 +242,7 @@ def test_a_hung_paid_worker_is_stopped_outright_and_started_again(
     assert runner.paid is not None
     hung = runner.paid.slots["paid-0"].proc
     assert hung is not None
-    hung.send_signal(signal.SIGSTOP)  # alive, and silent: a SIGTERM would wait for it forever
+    stop_between_writes(hung, store)  # alive, and silent: a SIGTERM would wait for it forever
     store.shift_clock(61)
     store.worker_beat(version, "spot-1", every=60.0)
     report = runner.pacer.tick()  # type: ignore[union-attr]

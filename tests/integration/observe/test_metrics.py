@@ -93,7 +93,8 @@ def test_counts_on_the_endpoint_match_the_store(job_factory: Any, store: Store, 
     ours = {name: kind for name, kind in types.items() if name.startswith("batchline_")}
     assert {n for n, k in ours.items() if k == "counter"} == {
         "batchline_records", "batchline_lease_claims", "batchline_lease_renewals", "batchline_lease_take_backs",
-        "batchline_stale_epoch_refusals", "batchline_engine_failures", "batchline_engine_tokens"}
+        "batchline_stale_epoch_refusals", "batchline_engine_failures", "batchline_engine_tokens",
+        "batchline_cross_region_read_bytes"}
     assert all(name.endswith("_total") for (name, _l) in samples
                if types.get(name.removesuffix("_total")) == "counter" and name.startswith("batchline_"))
     assert ours["batchline_engine_batch_seconds"] == "histogram"
