@@ -22,6 +22,15 @@ from batchline.store import Store, require_job
 from batchline.worker.supervisor import Worker
 from tests.helpers import make_records, start_worker, wait_for, write_jsonl
 from tests.integration.lake.support import FaultProxy, S3Bucket, S3StandIn
+from tests.stores import POSTGRES, SQLITE, WORKER_ROLE
+
+
+# Each store, and PostgreSQL with every worker call under the role `batchline grants` makes
+# (a worker reads its version's replicas, and claims by region, through it).
+@pytest.fixture(params=[SQLITE, pytest.param(POSTGRES, marks=pytest.mark.postgres),
+                        pytest.param(WORKER_ROLE, marks=pytest.mark.postgres)])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def jsonl(records: list[dict[str, Any]]) -> bytes:
