@@ -605,6 +605,7 @@ def _replicas(sub: Subcommands) -> None:
 
 
 def cmd_replicas_add(args: argparse.Namespace) -> int:
+    from batchline.errors import ArgumentError
     from batchline.lake import check_storage_options
     from batchline.snapshot.replicas import check_replicas
     from batchline.spec import stored_spec
@@ -613,14 +614,14 @@ def cmd_replicas_add(args: argparse.Namespace) -> int:
     from batchline.store.model import who
 
     if not REGION_PATTERN.fullmatch(args.region):
-        raise BatchlineError(f"REGION {args.region!r} is not a region name (lower-case letters, digits and '-')")
+        raise ArgumentError(f"REGION {args.region!r} is not a region name (lower-case letters, digits and '-')")
     store = _store(args)
     version = Jobs(store).resolve(args.version)
     spec = stored_spec(require_job(store, version))
     storage = check_storage_options({"endpoint": args.endpoint} if args.endpoint else None, "--endpoint",
                                     "endpoint")
     if args.region == spec.input.regions.primary:
-        raise BatchlineError(f"{args.region} is the primary's region (input.region); a replica is in another")
+        raise ArgumentError(f"{args.region} is the primary's region (input.region); a replica is in another")
     for replica in check_replicas(spec, {args.region: (args.location, storage)}, store.replicas(version), who()):
         store.add_replica(version, replica)
         print(f"replica {replica.region}: {replica.location} checked against the primary ({replica.compared}) "
