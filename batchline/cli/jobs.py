@@ -607,14 +607,15 @@ def _replicas(sub: Subcommands) -> None:
 def cmd_replicas_add(args: argparse.Namespace) -> int:
     from batchline.errors import ArgumentError
     from batchline.lake import check_storage_options
-    from batchline.snapshot.replicas import check_replicas
+    from batchline.snapshot.replicas import check_replicas, record_replicas
     from batchline.spec import stored_spec
-    from batchline.spec.model import REGION_PATTERN
+    from batchline.spec.model import region_refusal
     from batchline.store import require_job
     from batchline.store.model import who
 
-    if not REGION_PATTERN.fullmatch(args.region):
-        raise ArgumentError(f"REGION {args.region!r} is not a region name (lower-case letters, digits and '-')")
+    why = region_refusal(args.region)
+    if why is not None:
+        raise ArgumentError(f"REGION {why}")
     store = _store(args)
     version = Jobs(store).resolve(args.version)
     spec = stored_spec(require_job(store, version))
@@ -622,10 +623,8 @@ def cmd_replicas_add(args: argparse.Namespace) -> int:
                                     "endpoint")
     if args.region == spec.input.regions.primary:
         raise ArgumentError(f"{args.region} is the primary's region (input.region); a replica is in another")
-    for replica in check_replicas(spec, {args.region: (args.location, storage)}, store.replicas(version), who()):
-        store.add_replica(version, replica)
-        print(f"replica {replica.region}: {replica.location} checked against the primary ({replica.compared}) "
-              "and recorded", file=sys.stderr)
+    checked = check_replicas(spec, {args.region: (args.location, storage)}, store.replicas(version), who())
+    record_replicas(store, version, checked, lambda line: print(line, file=sys.stderr))
     print(version)
     return 0
 

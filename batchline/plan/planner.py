@@ -32,6 +32,7 @@ from batchline.snapshot import (
 )
 from batchline.snapshot.formats import InputFormat, input_format
 from batchline.snapshot.order import RENUMBERED, Occurrences
+from batchline.snapshot.replicas import record_replicas
 from batchline.sources import RowSource, Snapshot, Source, snapshot_digest, stored_pins
 from batchline.spec import LOCAL_ROUTE, ROWS, STORED, JobSpec, ModelSpec, stored_spec
 from batchline.store import (
@@ -67,7 +68,7 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     existing = store.job(version)
     if existing is not None and existing.state not in ("planning", "removed"):
         keep_gate(spec, store, existing, log)
-        _record_replicas(store, version, _check_replicas(stored_spec(existing), store, version, spec), log)
+        record_replicas(store, version, _check_replicas(stored_spec(existing), store, version, spec), log)
         return PlanResult(version, False, existing.record_count, existing.shard_count, 0)
     # Before anything is written: a replica that differs stops the plan with nothing planned.
     replicas = _check_replicas(replace(spec, pins=tuple(stored_pins(snapshot))), store, None, spec)
@@ -93,7 +94,7 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     except BaseException:
         writer.abort()
         raise
-    _record_replicas(store, version, replicas, log)
+    record_replicas(store, version, replicas, log)
     log(f"planned {version}: {result.records} records in {result.shards} shards"
         + (f", {result.dead_letters} dead letters at planning (over the length cap, or without text)"
            if result.dead_letters else ""))
@@ -113,13 +114,6 @@ def _check_replicas(pinned: JobSpec, store: Store, version: str | None, spec: Jo
     wanted = spec_replicas(spec)
     recorded = store.replicas(version) if version is not None and wanted else {}
     return check_replicas(pinned, wanted, recorded, who())
-
-
-def _record_replicas(store: Store, version: str, replicas: list[ReplicaRecord], log: Callable[[str], None]) -> None:
-    for replica in replicas:
-        store.add_replica(version, replica)
-        log(f"replica {replica.region}: {replica.location} checked against the primary ({replica.compared}) "
-            "and recorded")
 
 
 def _check_weights(spec: JobSpec) -> None:

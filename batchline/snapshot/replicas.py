@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +25,7 @@ from batchline.errors import InputError
 from batchline.snapshot.reading import Slice
 from batchline.sources import Pin, open_source
 from batchline.spec import JobSpec
+from batchline.store.ports import Replicas
 from batchline.store.replicas import ReplicaRecord
 
 # A single-part object's ETag is the MD5 of its bytes (S3 without SSE-KMS, MinIO, moto); a
@@ -112,6 +113,15 @@ def check_replicas(spec: JobSpec, wanted: Mapping[str, tuple[str, Mapping[str, A
     return [check_replica(spec, region, location, {**spec.input.storage, **storage}, by)
             for region, (location, storage) in wanted.items()
             if not (region in recorded and recorded[region].location == location)]
+
+
+def record_replicas(store: Replicas, version: str, replicas: Sequence[ReplicaRecord],
+                    log: Callable[[str], None]) -> None:
+    """Checked replicas recorded for the version's workers, each said."""
+    for replica in replicas:
+        store.add_replica(version, replica)
+        log(f"replica {replica.region}: {replica.location} checked against the primary ({replica.compared}) "
+            "and recorded")
 
 
 def spec_replicas(spec: JobSpec) -> dict[str, tuple[str, Mapping[str, Any]]]:

@@ -49,6 +49,13 @@ REGION_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 REPLICA_FALLBACKS = ("none", "primary")
 
 
+def region_refusal(name: object) -> str | None:
+    """Why `name` is not a region name (every place a spec or a command names one), or None."""
+    if isinstance(name, str) and REGION_PATTERN.fullmatch(name):
+        return None
+    return f"{name!r} is not a region name (lower-case letters, digits and '-', such as eu-west-1)"
+
+
 @dataclass(frozen=True)
 class Replica:
     """`input.replicas.REGION`: the primary's objects under another bucket or prefix, and how

@@ -46,7 +46,6 @@ from batchline.spec.model import (
     NAME_PATTERN,
     OPENAI_BATCH,
     PENALTY_DEFAULTS,
-    REGION_PATTERN,
     REPLICA_FALLBACKS,
     REPRODUCE_ON,
     ROUTE_NAME,
@@ -68,6 +67,7 @@ from batchline.spec.model import (
     RoutingSpec,
     ShardSpec,
     ValidateSpec,
+    region_refusal,
 )
 from batchline.spec.ports import FileSet, GraderContext, GraderParser, expand_paths
 from batchline.spec.reader import Fields, ParseContext, SpecReader
@@ -528,8 +528,9 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
 
 def _region_name(r: SpecReader, value: Any, where: str) -> str:
     name = r.string(value, where)
-    if not REGION_PATTERN.fullmatch(name):
-        r.fail(where, f"{name!r} is not a region name (lower-case letters, digits and '-', such as eu-west-1)")
+    why = region_refusal(name)
+    if why is not None:
+        r.fail(where, why)
     return name
 
 

@@ -62,7 +62,7 @@ from batchline.sources.iceberg import (
     table_schema,
 )
 from batchline.spec import JobSpec, JobVersion, canonical_json
-from batchline.spec.model import REGION_PATTERN
+from batchline.spec.model import region_refusal
 from batchline.spec.ports import Staging
 from batchline.spec.reader import Fields, ParseContext, SpecReader
 from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
@@ -812,8 +812,9 @@ def _staging(r: SpecReader, given: Any, ctx: ParseContext) -> Staging:
         by_region = []
         for region, prefix in given.items():
             where = f"output.table.staging.{region}"
-            if not REGION_PATTERN.fullmatch(str(region)):
-                r.fail(where, f"{region!r} is not a region name (lower-case letters, digits and '-')")
+            why = region_refusal(region)
+            if why is not None:
+                r.fail(where, why)
             by_region.append((str(region), resolved(r.string(prefix, where))))
         return Staging(tuple(by_region))
     return Staging.one(resolved(r.string(given, "output.table.staging")))

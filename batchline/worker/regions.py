@@ -23,7 +23,7 @@ from batchline.snapshot import Record, Slice
 from batchline.snapshot.replicas import replica_slice
 from batchline.sources.base import READ_METER
 from batchline.spec import JobSpec
-from batchline.spec.model import REGION_PATTERN
+from batchline.spec.model import region_refusal
 from batchline.store.ports import ReplicaReader
 
 REGION_ENV = "BATCHLINE_REGION"
@@ -34,8 +34,9 @@ T = TypeVar("T")
 def worker_region(given: str | None) -> str | None:
     """The worker's region: `--region`, else `BATCHLINE_REGION` (how an image is told), else none."""
     region = given if given is not None else (os.environ.get(REGION_ENV) or None)
-    if region is not None and not REGION_PATTERN.fullmatch(region):
-        raise ArgumentError(f"--region {region!r} is not a region name (lower-case letters, digits and '-')")
+    why = region_refusal(region) if region is not None else None
+    if why is not None:
+        raise ArgumentError(f"--region {why}")
     return region
 
 
