@@ -10,6 +10,7 @@ store's owner: the contract then proves that the narrow role can do all that a w
 from __future__ import annotations
 
 import inspect
+import threading
 import uuid
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 
 from batchline.store import Store, open_store
 from batchline.store.ports import (
+    Heartbeats,
     LineageDrain,
     OutcomeWriter,
     PaidHeartbeat,
@@ -39,7 +41,7 @@ CONTRACT_STORES = [*STORES, pytest.param(WORKER_ROLE, marks=pytest.mark.postgres
 # What a worker may call, from the port itself rather than a list kept by hand.
 WORKER_METHODS = frozenset(
     name for port in (ShardLeases, ShardInput, OutcomeWriter, ProviderParking, RuntimePins, PaidHeartbeat, LineageDrain,
-                                ShardFiles)
+                                ShardFiles, Heartbeats)
     for name in vars(port)
     if not name.startswith("_"))
 
@@ -81,13 +83,16 @@ class WorkerRoleStore:
         self.roles = roles
         self.by_version: dict[str, Store] = {}
         self.last: str | None = None
+        # Workers in threads share it: a version's role is made once.
+        self._lock = threading.Lock()
 
     def _worker_store(self, version: str | None) -> Store:
         version = version or self.last
         assert version is not None, "a worker call before any version was planned"
-        if version not in self.by_version:
-            self.by_version[version] = open_store(self.roles.url(version))
-        return self.by_version[version]
+        with self._lock:
+            if version not in self.by_version:
+                self.by_version[version] = open_store(self.roles.url(version))
+            return self.by_version[version]
 
     def begin_plan(self, version: str, name: str, spec: dict[str, Any]) -> Any:
         self.last = version

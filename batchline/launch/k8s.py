@@ -175,7 +175,7 @@ class K8sOptions:
     grace_seconds: float = 30.0
     priority_class: str = "batchline-batch"
     priority_value: int = LOWEST_PRIORITY
-    service_account: str = "batchline-worker"
+    service_account: str | None = None  # None: the version's own (`worker_account`)
     backoff_limit: int = 6
     preemption_notice: str = "none"  # aws | gcp | none: a cloud notice besides SIGTERM
     take_back: bool = True  # may ask the API server whether a lease owner's pod is gone
@@ -234,10 +234,44 @@ CRON_MACROS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnig
 # The well-known node label of the region a node runs in.
 REGION_NODE_LABEL = "topology.kubernetes.io/region"
 
+# Every name rendered stays a DNS-1123 label (63): a Job's name becomes its pods' `job-name`
+# label value and host name prefix, so it must, and the kinds named by a DNS subdomain
+# (ServiceAccounts, Roles, ConfigMaps, NetworkPolicies, admission policies: 253) take it too.
+NAME_LIMIT = 63
+# The CronJob controller names each Job it starts `<cronjob>-<11 digits>`, within 63.
+CRONJOB_NAME_LIMIT = 52
+_PREFIX = "batchline-"
+# The version's hash (16 hex digits) with the dash before it: what a cut name must keep.
+_HASH_ROOM = 17
+
+
+def object_name(version: str, role: str = "", limit: int = NAME_LIMIT) -> str:
+    """`batchline-VERSION-ROLE` within `limit` characters: the one rule for the names of the
+    objects a version owns. A long job name is cut, never the version's hash (or, for a
+    scheduled job's name, which has none, a digest of it), so the objects of two versions in
+    one namespace never share a name and applying one's never replaces the other's."""
+    tail = f"-{role}" if role else ""
+    room = limit - len(_PREFIX) - len(tail)
+    if room < _HASH_ROOM:
+        raise BatchlineError(f"the object name for {version!r} with {role!r} cannot keep the version's hash within "
+                             f"{limit} characters")
+    return f"{_PREFIX}{slug(version, room)}{tail}"
+
+
+def worker_account(o: K8sOptions) -> str:
+    """The workers' ServiceAccount: the version's own unless one is named, since its annotations
+    (workload identity) bind it to the version's cloud role, which another version's must not
+    replace while this one's pods run."""
+    return o.service_account or object_name(o.version, "worker")
+
+
+# The labels of an object every version shares by the name the operator gave it (the
+# PriorityClass): no version's, so applying one version's leaves it as the others' had it.
+SHARED_LABELS = {"app.kubernetes.io/name": "batchline-worker", "app.kubernetes.io/part-of": "batchline"}
+
 
 def _labels(o: K8sOptions, index: int | None = None) -> dict[str, str]:
-    labels = {"app.kubernetes.io/name": "batchline-worker", "app.kubernetes.io/part-of": "batchline",
-              "batchline/job": slug(o.version, 63), **o.extra_labels}
+    labels = {**SHARED_LABELS, "batchline/job": slug(o.version, NAME_LIMIT), **o.extra_labels}
     if index is not None:
         labels["batchline/worker"] = str(index)
     if o.region is not None:
@@ -248,7 +282,7 @@ def _labels(o: K8sOptions, index: int | None = None) -> dict[str, str]:
 def priority_class(o: K8sOptions) -> dict[str, Any]:
     return {
         "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-        "metadata": {"name": o.priority_class, "labels": _labels(o)},
+        "metadata": {"name": o.priority_class, "labels": dict(SHARED_LABELS)},
         "value": o.priority_value, "preemptionPolicy": "Never", "globalDefault": False,
         "description": "batchline workers: preempted first, never preempt anything",
     }
@@ -256,7 +290,7 @@ def priority_class(o: K8sOptions) -> dict[str, Any]:
 
 def service_account(o: K8sOptions) -> dict[str, Any]:
     # No rights on the API, and no token: a worker never talks to the API server.
-    meta: dict[str, Any] = {"name": o.service_account, "namespace": o.namespace, "labels": _labels(o)}
+    meta: dict[str, Any] = {"name": worker_account(o), "namespace": o.namespace, "labels": _labels(o)}
     if o.service_account_annotations:
         meta["annotations"] = dict(o.service_account_annotations)
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False}
@@ -364,7 +398,7 @@ def _job_spec(o: K8sOptions, index: int | None, command: list[str], args: list[s
     pod_spec = {
         "restartPolicy": "Never",  # the Job replaces pods; required by a pod failure policy
         "priorityClassName": o.priority_class,
-        "serviceAccountName": o.service_account,
+        "serviceAccountName": worker_account(o),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "hostNetwork": False, "hostPID": False, "hostIPC": False,
@@ -406,7 +440,7 @@ def _notice_args(o: K8sOptions) -> list[str]:
 def worker_job(o: K8sOptions, index: int) -> dict[str, Any]:
     args = ["worker", "--job", o.version, *_notice_args(o)]
     # A pool per region: each region's Jobs are named apart.
-    name = f"batchline-{slug(o.version, 40)}-{slug(o.region, 12) + '-' if o.region else ''}{index}"
+    name = object_name(o.version, f"{slug(o.region, 12) + '-' if o.region else ''}{index}")
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": name, "namespace": o.namespace,
@@ -422,7 +456,7 @@ def _config_key(path: str) -> str:
 def spec_config_map(o: K8sOptions) -> dict[str, Any]:
     assert o.schedule is not None
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": f"batchline-{slug(o.schedule.job_name, 40)}-spec", "namespace": o.namespace,
+            "metadata": {"name": object_name(o.version, "spec"), "namespace": o.namespace,
                          "labels": _labels(o)},
             "data": {_config_key(path): text for path, text in o.schedule.files.items()}}
 
@@ -450,7 +484,6 @@ def _cron(o: K8sOptions, name: str, labels: dict[str, str], job_spec: dict[str, 
     }
     if sched.time_zone:
         cron["timeZone"] = sched.time_zone
-    # The controller appends 11 characters to name each Job, within 63.
     return {"apiVersion": "batch/v1", "kind": "CronJob",
             "metadata": {"name": name, "namespace": o.namespace, "labels": labels}, "spec": cron}
 
@@ -484,7 +517,7 @@ def scheduled_control(o: K8sOptions) -> dict[str, Any]:
     # Not queued through Kueue: were the worker slots to hold the queue's quota while they wait for
     # the plan, a queued control could never start to make it.
     job_spec["suspend"] = False
-    return _cron(o, f"batchline-{slug(sched.job_name, 36)}-control", labels, job_spec, queued=False)
+    return _cron(o, object_name(o.version, CONTROL, CRONJOB_NAME_LIMIT), labels, job_spec, queued=False)
 
 
 def scheduled_job(o: K8sOptions, index: int) -> dict[str, Any]:
@@ -503,7 +536,7 @@ def scheduled_job(o: K8sOptions, index: int) -> dict[str, Any]:
              *_notice_args(o)]
     line, env = _keyed(words)
     job_spec = _job_spec(slot, index, ["sh", "-c"], [line], env, [], [])
-    return _cron(o, f"batchline-{slug(sched.job_name, 36)}-{index}", _labels(o, index), job_spec)
+    return _cron(o, object_name(o.version, str(index), CRONJOB_NAME_LIMIT), _labels(o, index), job_spec)
 
 
 def kueue_sample(o: K8sOptions) -> list[dict[str, Any]]:
@@ -516,7 +549,8 @@ def kueue_sample(o: K8sOptions) -> list[dict[str, Any]]:
     api = f"kueue.x-k8s.io/{o.kueue_api}"
     name = f"batchline-{slug(o.queue, 40)}"
     requests = resources(o).requests(o.gpu_resource)
-    labels = _labels(o)
+    # The queue's objects are named by the operator and shared by every version that uses it.
+    labels = dict(SHARED_LABELS)
     return [
         {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": name, "labels": labels}},
         {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": name, "labels": labels},

@@ -66,7 +66,7 @@ class K8sLauncher:
         "cpu": "each worker's CPU request", "memory": "each worker's memory request",
         "weights_cache_size": "each worker's weights cache (with GPUs: cpu, memory and this are required)",
         "priority_class": "the priority class the Jobs use (default batchline-batch; it must exist)",
-        "service_account": "the workers' ServiceAccount (default batchline-worker)",
+        "service_account": "the workers' ServiceAccount (default: the version's own, batchline-VERSION-worker)",
         "lake_secret": "a Secret whose keys become the workers' environment (the lake's credentials)",
         "egress_cidr": "CIDRs the workers may connect to (the store, the object store)",
         "egress_selector": "namespace:K=V;pod:K=V selectors the workers may connect to",

@@ -18,12 +18,17 @@ and reads customer text written to steer models. `launch k8s` renders, beside it
   lists).
 - **An admission policy for the pacer's Jobs** (`--cluster-objects`, for whoever
   administers the cluster: a ValidatingAdmissionPolicy and its binding are cluster-scoped,
-  as Kueue's sample objects are): for requests by the pacer's ServiceAccount, a Job is
+  as Kueue's sample objects are), one per version: for requests by this version's pacer's
+  own ServiceAccount (no other version's pacer matches it), a Job is
   admitted only when it is one of this version's paid workers as the template makes them:
   its labels, image, command, ServiceAccount (token unmounted), Secrets, volumes (the pod's
   own emptyDirs only) and pod security; and the pacer deletes only this version's paid Jobs.
   Its Role on `jobs` cannot say so (RBAC does not filter by label): without the policy the
   pacer's token could create any pod in the namespace.
+
+Every object a version owns is named by `batchline.launch.k8s.object_name` (a long job name
+is cut, the version's hash kept), so two versions in one namespace never replace each other's
+policies, Roles or Jobs.
 
 Workers hold no token and have no Role: the take-back of a dead pod's lease (proof from the
 API server that its pod is gone) is the pacer's, whose Role adds `get` on pods. Without a
@@ -37,8 +42,16 @@ import re
 from typing import Any
 
 from batchline.errors import BatchlineError
-from batchline.launch.k8s import QUEUE_LABEL, Egress, K8sOptions, Peer, _labels
-from batchline.launch.k8s_pacer import PACER_ACCOUNT, SLOT_LABEL, paid_job_template
+from batchline.launch.k8s import (
+    CONTROL,
+    QUEUE_LABEL,
+    Egress,
+    K8sOptions,
+    Peer,
+    _labels,
+    object_name,
+)
+from batchline.launch.k8s_pacer import PACER, SLOT_LABEL, pacer_account, paid_job_template
 
 # The link-local ranges: the node's metadata service and the cloud's other host endpoints live there.
 LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
@@ -117,7 +130,7 @@ def network_policies(o: K8sOptions) -> list[dict[str, Any]]:
     meta = {"namespace": o.namespace, "labels": labels}
     workers: dict[str, Any] = {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": {"name": f"batchline-{job[:40].rstrip('-.')}-workers", **meta},
+        "metadata": {"name": object_name(o.version, "workers"), **meta},
         "spec": {
             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "batchline-worker", "batchline/job": job},
                             "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "DoesNotExist"}]},
@@ -129,9 +142,9 @@ def network_policies(o: K8sOptions) -> list[dict[str, Any]]:
     out = [workers]
     if o.schedule is not None:
         # A scheduled run's control (plans, validates, publishes) reaches what the workers reach.
-        out.append({**workers, "metadata": {"name": f"batchline-{job[:40].rstrip('-.')}-control", **meta},
+        out.append({**workers, "metadata": {"name": object_name(o.version, CONTROL), **meta},
                     "spec": {**workers["spec"], "podSelector": {"matchLabels": {
-                        "batchline/job": job, "app.kubernetes.io/component": "control"}}}})
+                        "batchline/job": job, "app.kubernetes.io/component": CONTROL}}}})
     if o.fallback is None:
         return out
     if not egress.api_server:
@@ -139,9 +152,9 @@ def network_policies(o: K8sOptions) -> list[dict[str, Any]]:
                              "--api-server-cidr (the addresses `kubectl get endpoints kubernetes` lists)")
     pacer: dict[str, Any] = {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": {"name": f"batchline-{job[:40].rstrip('-.')}-pacer", **meta},
+        "metadata": {"name": object_name(o.version, PACER), **meta},
         "spec": {
-            "podSelector": {"matchLabels": {"batchline/job": job, "app.kubernetes.io/component": "pacer"}},
+            "podSelector": {"matchLabels": {"batchline/job": job, "app.kubernetes.io/component": PACER}},
             "policyTypes": ["Ingress", "Egress"],
             "egress": [*_rules(egress, identity),
                        {"to": [ip_block(c) for c in egress.api_server], "ports": API_SERVER_PORTS}],
@@ -216,15 +229,34 @@ def paid_job_rules(o: K8sOptions, template: dict[str, Any]) -> list[tuple[str, s
     return out
 
 
+def pacer_username(o: K8sOptions) -> str:
+    """The user name the API server gives requests made with the version's pacer's token."""
+    return f"system:serviceaccount:{o.namespace}:{pacer_account(o)}"
+
+
 def admission_policy(o: K8sOptions) -> list[dict[str, Any]]:
-    """The ValidatingAdmissionPolicy that admits, for the pacer's ServiceAccount, only this
-    version's paid worker Jobs, and its binding (cluster-scoped both)."""
+    """The ValidatingAdmissionPolicy that admits, for this version's pacer, only this version's
+    paid worker Jobs, and its binding (cluster-scoped both).
+
+    One policy per version, matched only by that version's pacer. The API server evaluates
+    every policy whose binding and match conditions match a request, each on its own, and
+    refuses the request when any of them refuses it: so a policy must never apply to another
+    version's requests, or last night's (still bound, or simply left behind) would refuse
+    tonight's paid Jobs. Each version's pacer runs as a ServiceAccount of its own, and the
+    policy's match condition is that account's user name: a request by another version's
+    pacer skips the policy (a false match condition skips it, whatever the other conditions),
+    and is held by its own version's policy instead. A policy left from before the pacers had
+    accounts of their own matches the old shared account, which no pacer rendered now runs as.
+    One shared policy with a params object per version (paramKind) would still need each
+    version's pacer to have an account of its own to tell the requests apart, and its params
+    would have to carry all of the version's template (image, Secrets, queue): one more
+    object per version to keep in step, for nothing the per-version policy lacks."""
     if o.fallback is None:
         raise BatchlineError("--cluster-objects renders the admission policy for the pacer's paid worker Jobs: give "
                              "--fallback-queue (a version without a pacer needs no cluster object of batchline's)")
     labels = _labels(o)
-    name = f"batchline-{labels['batchline/job'][:40].rstrip('-.')}-paid-jobs"
-    pacer = f"system:serviceaccount:{o.namespace}:{PACER_ACCOUNT}"
+    name = object_name(o.version, "paid-jobs")
+    pacer = pacer_username(o)
     rules = paid_job_rules(o, paid_job_template(o))
     return [
         {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
@@ -234,7 +266,8 @@ def admission_policy(o: K8sOptions) -> list[dict[str, Any]]:
              "matchConstraints": {"resourceRules": [{"apiGroups": ["batch"], "apiVersions": ["v1"],
                                                      "operations": ["CREATE", "UPDATE", "DELETE"],
                                                      "resources": ["jobs"]}]},
-             "matchConditions": [{"name": "by-the-pacer", "expression": f"request.userInfo.username == {_quoted(pacer)}"}],
+             "matchConditions": [{"name": "by-this-versions-pacer",
+                                  "expression": f"request.userInfo.username == {_quoted(pacer)}"}],
              "validations": [{"expression": expression, "message": message} for expression, message in rules],
          }},
         {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",

@@ -8,7 +8,10 @@
   from the store every tick and keeps the paid slots at what the pacing rule
   wants (`batchline.launch.pacer`). It needs the store URL (the same Secret as the
   workers) and nothing of the cluster but `jobs`;
-- **its own ServiceAccount and a namespaced Role on `jobs`** (get, list,
+- **a ServiceAccount of the version's own** (`batchline-VERSION-pacer`, as every
+  object a version owns is named: `batchline.launch.k8s.object_name`), so that each
+  version's admission policy can tell its own pacer from another version's, **and a
+  namespaced Role on `jobs`** (get, list,
   watch, create, delete) **and `get` on pods** (to prove a lease owner's pod gone
   and take its lease back, which the workers, holding no token, cannot; not with
   `--no-take-back`). RBAC cannot filter by label: the pacer itself touches only
@@ -43,17 +46,20 @@ from batchline.errors import BatchlineError
 from batchline.launch import slug
 from batchline.launch.k8s import (
     KUEUE_APIS,
+    NAME_LIMIT,
     QUEUE_LABEL,
+    SHARED_LABELS,
     K8sOptions,
     _job_spec,
     _labels,
     _notice_args,
     _scaled,
+    object_name,
     resources,
 )
 from batchline.store.paid import PaidSlot
 
-PACER_ACCOUNT = "batchline-pacer"
+PACER = "pacer"
 TEMPLATE_DIR = "/etc/batchline/paid"
 TEMPLATE_KEY = "job.json"
 SLOT_LABEL = "batchline/paid-slot"
@@ -62,6 +68,16 @@ GENERATION_LABEL = "batchline/paid-generation"
 TICK_SECONDS = 30.0
 # How long the Job of a finished paid start stays for its logs before the cluster removes it.
 PAID_JOB_TTL_SECONDS = 600
+
+
+# What `paid_job` appends to the template's name (`-paid-N-gG`) fits in what the name leaves.
+PAID_SUFFIX_ROOM = 13
+
+
+def pacer_account(o: K8sOptions) -> str:
+    """The version's pacer's ServiceAccount: its own, so that the API server tells one version's
+    pacer from another's (the admission policy of each version matches only its own pacer)."""
+    return object_name(o.version, PACER)
 
 
 def paid_options(o: K8sOptions) -> K8sOptions:
@@ -81,7 +97,7 @@ def paid_job_template(o: K8sOptions) -> dict[str, Any]:
     spec = {**_job_spec(paid, 0, ["batchline"], args, [], [], []), "ttlSecondsAfterFinished": PAID_JOB_TTL_SECONDS}
     return {
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": f"batchline-{slug(o.version, 40)}", "namespace": o.namespace,
+        "metadata": {"name": object_name(o.version, limit=NAME_LIMIT - PAID_SUFFIX_ROOM), "namespace": o.namespace,
                      "labels": {**_labels(paid), QUEUE_LABEL: paid.queue}},
         "spec": spec,
     }
@@ -91,8 +107,8 @@ def paid_job(template: dict[str, Any], slot: str, generation: int) -> dict[str, 
     """The Job of one start of a paid slot, from the template."""
     job = copy.deepcopy(template)
     name = f"{job['metadata']['name']}-{slot}-g{generation}"
-    if len(name) > 63:
-        raise BatchlineError(f"paid Job name {name!r} is over 63 characters")
+    if len(name) > NAME_LIMIT:
+        raise BatchlineError(f"paid Job name {name!r} is over {NAME_LIMIT} characters")
     labels = {**job["metadata"]["labels"], SLOT_LABEL: slot, GENERATION_LABEL: str(generation)}
     job["metadata"] = {**job["metadata"], "name": name, "labels": labels}
     pod = job["spec"]["template"]
@@ -107,22 +123,22 @@ def pacer_objects(o: K8sOptions) -> list[dict[str, Any]]:
     """The pacer's ServiceAccount, Role and RoleBinding, the paid Job template and the pacer
     Deployment (and with --kueue-sample, the on-demand queue)."""
     assert o.fallback is not None
-    labels = {**_labels(o), "app.kubernetes.io/component": "pacer"}
+    labels = {**_labels(o), "app.kubernetes.io/component": PACER}
     meta = {"namespace": o.namespace, "labels": labels}
-    role = f"{PACER_ACCOUNT}-jobs"
-    config = f"batchline-{slug(o.version, 40)}-paid"
+    account = role = pacer_account(o)
+    config = object_name(o.version, "paid")
     template = paid_job_template(o)
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": f"batchline-{slug(o.version, 40)}-pacer", **meta},
+        "metadata": {"name": object_name(o.version, PACER), **meta},
         "spec": {
             "replicas": 1,
             # Never two pacers side by side in a rollout (and were two to run, the store starts each slot once).
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {"batchline/job": labels["batchline/job"],
-                                         "app.kubernetes.io/component": "pacer"}},
+                                         "app.kubernetes.io/component": PACER}},
             "template": {"metadata": {"labels": labels}, "spec": {
-                "serviceAccountName": PACER_ACCOUNT,
+                "serviceAccountName": account,
                 "automountServiceAccountToken": True,
                 "enableServiceLinks": False,
                 "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
@@ -146,7 +162,7 @@ def pacer_objects(o: K8sOptions) -> list[dict[str, Any]]:
         },
     }
     out: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": PACER_ACCOUNT, **meta}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, **meta}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": role, **meta},
          "rules": [{"apiGroups": ["batch"], "resources": ["jobs"],
                     "verbs": ["get", "list", "watch", "create", "delete"]},
@@ -154,7 +170,7 @@ def pacer_objects(o: K8sOptions) -> list[dict[str, Any]]:
                    *([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}] if o.take_back else [])]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": role, **meta},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-         "subjects": [{"kind": "ServiceAccount", "name": PACER_ACCOUNT, "namespace": o.namespace}]},
+         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": o.namespace}]},
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": config, **meta},
          "data": {TEMPLATE_KEY: json.dumps(template, indent=1, sort_keys=True)}},
         deployment,
@@ -177,19 +193,19 @@ def on_demand_queue(o: K8sOptions) -> list[dict[str, Any]]:
     name = f"batchline-{slug(o.fallback.queue, 40)}"
     requests = resources(o).requests(o.gpu_resource)
     flavor: dict[str, Any] = {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": name,
-                                                                                         "labels": _labels(o)}}
+                                                                                         "labels": dict(SHARED_LABELS)}}
     if o.fallback.node_selector:
         flavor["spec"] = {"nodeLabels": dict(o.fallback.node_selector)}
     return [
         flavor,
-        {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": name, "labels": _labels(o)},
+        {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": name, "labels": dict(SHARED_LABELS)},
          "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": o.namespace}},
                   "queueingStrategy": "BestEffortFIFO",
                   "resourceGroups": [{"coveredResources": list(requests), "flavors": [{"name": name, "resources": [
                       {"name": resource, "nominalQuota": _scaled(amount, o.fallback.workers)}
                       for resource, amount in requests.items()]}]}]}},
         {"apiVersion": api, "kind": "LocalQueue",
-         "metadata": {"name": o.fallback.queue, "namespace": o.namespace, "labels": _labels(o)},
+         "metadata": {"name": o.fallback.queue, "namespace": o.namespace, "labels": dict(SHARED_LABELS)},
          "spec": {"clusterQueue": name}},
     ]
 

@@ -10,8 +10,9 @@ paid slots `paid-0` ... `paid-N-1` so:
   runs is "already there";
 - a slot above what is wanted is stopped as under I5 (its worker finishes what
   is in flight, gives its lease back and exits), so stopping loses nothing;
-- a paid worker counts as capacity only once the store has seen it (its first
-  heartbeat): a slot launched and not seen (a Kueue workload not admitted) is
+- a worker counts as capacity only as the store reads its heartbeats
+  (`live_capacity`: loading, holding a lease, or, paid, the worker of a running
+  start); a slot launched and not seen (a Kueue workload not admitted) is
   reported as "paid capacity not admitted";
 - a start that is stale (its process gone, its worker silent past
   `STALE_SECONDS`, or never seen within `fallback.launch_timeout_seconds` of its
@@ -199,10 +200,10 @@ class Pacer:
         for s in starts:
             latest[s.slot] = s
         slots = sorted(latest.values(), key=lambda s: s.index)
-        # Capacity is the workers the store has seen heartbeat recently (loading or idle
-        # included), less those proven dead on this host: not the owners of leases, which
-        # count the dead until their leases go and leave out the workers still loading.
-        alive = [w for w in self.store.workers_seen(self.version) if death_proof(w.process) is None]
+        # Capacity is the store's one reading of heartbeats (`live_capacity`: loading, leasing,
+        # or paid as a running start), less those proven dead on this host: not what workers
+        # say of themselves, which a worker's credentials could make look like a covered job.
+        alive = [w for w in self.store.live_capacity(self.version) if death_proof(w.process) is None]
         spot = sum(1 for w in alive if not w.paid)
         paid_up = {w.paid_slot for w in alive if w.paid}
         spend = self.store.paid_spend_seconds(self.version)

@@ -10,8 +10,12 @@ completes, and halt it when its dead letters pass its bound; nothing else
 a planned record (it reads its own version's, where the store holds its input:
 a job over a published job), or see any row of another version: every table that holds
 many jobs has row-level security, and the policies made here admit this role
-to this version's rows only. The store's owner is not subject to row-level
-security and keeps doing planning, validation and publication.
+to this version's rows only. What it inserts as an outcome and how it changes a
+shard are held by the database's fences (batchline.store.rights: a shard it
+leases, at that epoch, with the lease's key, a record of that shard's slice, a
+version still open), and it never says who reads a result: readers read each
+record's ACL from the plan. The store's owner is not subject to row-level
+security or the fences and keeps doing planning, validation and publication.
 
 What the database cannot guard (the input snapshot, the model weights) is
 printed as the read access the worker needs, to be granted where they live.
@@ -29,18 +33,9 @@ from psycopg import sql
 
 from batchline.errors import BatchlineError, StoreError
 from batchline.store import postgres_sql as q
-from batchline.store import require_job
+from batchline.store import require_job, rights
 from batchline.store.postgres import WORKER_SESSION_SETTINGS, redact
 
-# Row-level security admits the role to its version's rows only (or, for a role made for a
-# job's name, to the rows of every version of that name: `Scope`). Where a command needs more
-# than `{mine}` (those rows), it is said here: sealing and halting are the changes a worker
-# makes to its job (from ready to sealed, or to halted when its dead letters pass their bound),
-# and a worker cannot forge a carried result.
-_POLICY_OVERRIDES: dict[tuple[str, str], tuple[str | None, str | None]] = {
-    ("jobs", "UPDATE"): ("{mine} AND state = 'ready'", "{mine} AND state IN ('ready', 'sealed', 'halted')"),
-    ("results", "INSERT"): (None, "{mine} AND origin IS NULL"),
-}
 # Tables without a version column that every worker reads: the schema version and the test clock.
 _UNVERSIONED = ("schema_migrations", "clock")
 
@@ -140,7 +135,7 @@ def statements(scope: Scope, role: str, schema: str, *, role_exists: bool,
         out.append(sql.SQL("GRANT {} ON {} TO {}").format(privilege, table, r))
         if right.table in _UNVERSIONED:
             continue
-        using, check = _POLICY_OVERRIDES.get((right.table, right.privilege), (
+        using, check = rights.POLICY_OVERRIDES.get((right.table, right.privilege), (
             "{mine}" if right.privilege != "INSERT" else None,
             "{mine}" if right.privilege != "SELECT" else None))
         name = sql.Identifier(_policy_name(role, right.table, right.privilege))

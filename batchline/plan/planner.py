@@ -84,7 +84,7 @@ def plan(spec: JobSpec, store: Store, *, log: Callable[[str], None] = lambda _m:
     writer = store.begin_plan(version, spec.name, {**spec.to_dict(), "base_version": base,
                                                    **({"pins": pins} if (pins := stored_pins(snapshot)) else {})})
     try:
-        result = _write_plan(spec, version, writer, sources, keep_acl=base is not None)
+        result = _write_plan(spec, version, writer, sources)
         if base is not None:
             carried = writer.carry_from(base)
             log(f"carried {carried} unchanged records from {base} without inference")
@@ -227,10 +227,9 @@ def file_format(spec: JobSpec) -> InputFormat | None:
     return None if spec.input.format in (STORED, ROWS) else input_format(spec.input.format)
 
 
-def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[Source], *,
-                keep_acl: bool = False) -> PlanResult:
-    """Writes the shards, records and planner dead letters; `keep_acl`: each record keeps its
-    ACL too, under which a base version's result for its unchanged text is carried."""
+def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[Source]) -> PlanResult:
+    """Writes the shards, records (each with its ACL as read here, which every reader of its
+    outcome reads, and its piece) and planner dead letters."""
     cap = spec.input.max_input_tokens
     byte_bound = cap * spec.input.max_bytes_per_token if cap else None
     shard_no = records = dead_total = 0
@@ -270,12 +269,12 @@ def _write_plan(spec: JobSpec, version: str, writer: PlanWriter, sources: list[S
                                             first_piece=pieces, end_piece=pieces + len(shard_pieces),
                                             home=spec.input.regions.homes.get(source.location))])
             pieces += len(shard_pieces)
+            piece_of = [piece.no for piece in shard_pieces for _ in range(piece.records)]
             try:
                 writer.add_records([PlannedRecord(s.record.id, shard_no, s.record.content_hash,
                                                   stored_input(s) if stored else None, s.record.carried,
-                                                  text_hash(s.record, spec.input),
-                                                  s.record.acl if keep_acl else None)
-                                    for s in chunk])
+                                                  text_hash(s.record, spec.input), s.record.acl, piece)
+                                    for s, piece in zip(chunk, piece_of, strict=True)])
             except DuplicateRecord as dup:
                 raise _duplicate_error(dup, batch, slices, spec) from None
             planned_dead = [

@@ -81,8 +81,8 @@ class Observation:
     records: int  # the version's records
     done_at_start: int  # carried results and planner dead letters: done before any worker
     committed: int  # results plus dead letters now
-    spot_workers: int  # spot workers the store has seen claim or heartbeat recently
-    paid_workers: int  # paid workers the store has seen (launched ones not seen yet do not count)
+    spot_workers: int  # spot workers the store counts as capacity (store.live_capacity)
+    paid_workers: int  # paid workers it counts (launched ones not seen yet do not count)
     paid_running: int  # paid slots that exist now (seen or not): hysteresis holds these
     max_paid: int  # fallback.workers
     worker_rate: float  # records per second of one worker; 0: none measured and no prior
@@ -270,9 +270,10 @@ def observe(*, now: float, run_start: float, deadline: float, records: int, done
             prior_rate: float | None, restart_overhead: float, budget_seconds: float | None = None,
             stop_seconds: float = 0.0, tail_seconds: float = 0.0) -> Observation:
     """The rule's observation, built the same way by every launcher's pacer and the simulator:
-    the line from the run start; as capacity, the spot workers seen (heartbeating, loading or
-    idle included; not the dead) and the paid workers seen; the rate measured from what was
-    committed, else the prior."""
+    the line from the run start; as capacity, the spot and paid workers the store counts
+    (`live_capacity`: loading, or holding a lease within their interval; paid, only as the
+    worker of a running start; not the dead); the rate measured from what was committed,
+    else the prior."""
     return Observation(now=now, started_at=run_start, deadline=deadline, records=records,
                        done_at_start=done_at_start, committed=committed, spot_workers=spot_seen,
                        paid_workers=paid_seen, paid_running=paid_running, max_paid=max_paid,

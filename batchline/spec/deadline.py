@@ -30,9 +30,10 @@ from typing import Any
 
 from batchline.spec.reader import Fields, SpecReader
 
-# A paid worker's launch to its first claim (the model load included), until a run has
-# measured it: the simulator's default model load.
-DEFAULT_RESTART_OVERHEAD_SECONDS = 180.0
+# The store holds it too: a worker's loading allowance (batchline.store.beats) counts in it.
+from batchline.store.paid import (
+    DEFAULT_RESTART_OVERHEAD_SECONDS as DEFAULT_RESTART_OVERHEAD_SECONDS,
+)
 
 _WINDOW = re.compile(r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
 _UNITS = (86_400.0, 3_600.0, 60.0, 1.0)

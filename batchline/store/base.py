@@ -32,6 +32,7 @@ from batchline.store.model import (
     StoredDeadLetter,
     StoredResult,
 )
+from batchline.store.rights import key_hash
 
 T = TypeVar("T")
 Row = Sequence[Any]
@@ -116,10 +117,11 @@ def acl_json(acl: Acl | None) -> str | None:
     return None if acl is None else acl.to_json()
 
 
-def input_columns(r: PlannedRecord) -> tuple[str | None, str | None, int]:
-    """A planned record's text, ACL and position, as the records table holds them."""
+def input_columns(r: PlannedRecord) -> tuple[str | None, int]:
+    """A planned record's text and position, as the records table holds them (its ACL is the
+    record's own, `PlannedRecord.acl`)."""
     assert r.input is not None
-    return r.input.text, acl_json(r.input.acl), r.input.position
+    return r.input.text, r.input.position
 
 
 acl_value = Acl.from_json
@@ -172,7 +174,10 @@ def split_point(first: int, end: int, started: int | None) -> int | None:
 
 
 def fence(lease: Lease) -> dict[str, Any]:
-    return {"v": lease.version, "s": lease.shard_no, "w": lease.owner, "e": lease.epoch}
+    """A lease's fence, with its key (`k`, which PostgreSQL's fences read back) and the key's hash
+    (`kh`, which the shard's row is compared with)."""
+    return {"v": lease.version, "s": lease.shard_no, "w": lease.owner, "e": lease.epoch, "k": lease.key,
+            "kh": key_hash(lease.key)}
 
 
 def route_totals_from(rows: Sequence[Row]) -> dict[str, RouteTotals]:
@@ -238,8 +243,10 @@ class StoreBase(ABC):
         """Fenced insert of dead letters for ids without a result, counted on the shard."""
 
     @abstractmethod
-    def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord]) -> None:
-        """Bulk insert of planned records; raises DuplicateKey on an id already planned."""
+    def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord],
+                        acl_nos: Sequence[int | None]) -> None:
+        """Bulk insert of planned records, each with the number of its ACL in the version's
+        `acls` (`acl_nos`, in order); raises DuplicateKey on an id already planned."""
 
     @abstractmethod
     def _prepare_version(self, tx: Tx, version: str) -> None:

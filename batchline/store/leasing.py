@@ -40,6 +40,7 @@ from batchline.store.model import (
     ResultRow,
     within,
 )
+from batchline.store.rights import key_hash, new_lease_key
 
 
 class Leasing(LineageOutbox):
@@ -52,6 +53,7 @@ class Leasing(LineageOutbox):
         `region` is given a shard whose home is its region first; another region's only when
         `foreign` (its locality wait has passed) or its region has no shard left to do."""
         op = uuid.uuid4()
+        key = new_lease_key()
         route_list = self._list(list(routes)) if routes is not None else None
 
         def body(tx: Tx) -> Lease | None:
@@ -62,7 +64,7 @@ class Leasing(LineageOutbox):
                 if row is None and (region is None or foreign or tx.one(self.q.HOME_OPEN, params) is None):
                     row = tx.one(self.q.PICK_SHARD, params)
                 if row is not None:
-                    return self._grant(tx, v, row, worker, process, op, region)
+                    return self._grant(tx, v, row, worker, process, op, key, region)
             return None
 
         def recover(tx: Tx) -> Lease | Missing | None:
@@ -74,17 +76,19 @@ class Leasing(LineageOutbox):
                     # If the lease was lost meanwhile, the first fenced write says so.
                     return Lease(mark.version, mark.shard_no, worker, int(mark.epoch or 0), self._unjson(slice_),
                                  int(count), float(expires or 0.0), route,
-                                 self._unjson(batch) if batch is not None else None, first_piece, end_piece, home)
+                                 self._unjson(batch) if batch is not None else None, first_piece, end_piece, home,
+                                 key)
             return MISSING
 
         return self._write(body, recover=recover)
 
     def _grant(self, tx: Tx, version: str, row: Row, worker: str, process: dict[str, Any] | None,
-               op: uuid.UUID, region: str | None = None) -> Lease:
+               op: uuid.UUID, key: str, region: str | None = None) -> Lease:
         shard_no, state, old_owner, old_epoch, slice_, count, route, batch, now, lease_seconds, first, end, home = row
         granted = tx.one(self.q.GRANT_SHARD, {
             "w": worker, "expires": float(now) + float(lease_seconds), "v": version, "s": shard_no,
-            "process": self._json(process) if process is not None else None, "region": region})
+            "process": self._json(process) if process is not None else None, "region": region,
+            "kh": key_hash(key)})
         assert granted is not None
         epoch, expires = int(granted[0]), float(granted[1])
         if state == "leased":
@@ -95,7 +99,7 @@ class Leasing(LineageOutbox):
         return Lease(version=version, shard_no=shard_no, owner=worker, epoch=epoch, slice=self._unjson(slice_),
                      record_count=int(count), expires=expires, route=route,
                      batch=self._unjson(batch) if batch is not None else None, first_piece=first, end_piece=end,
-                     home=home)
+                     home=home, key=key)
 
     def renew(self, lease: Lease, started: int | None = None) -> Lease | None:
         op = uuid.uuid4()
@@ -253,7 +257,11 @@ class Leasing(LineageOutbox):
                       files: Mapping[str, Any] | None = None) -> None:
         # The files its worker wrote of it are recorded in the step that completes it, under its
         # fence: a stale owner's file is never the one a publisher adds.
-        tx.run(self.q.FINISH_SHARD, {**fence(lease), "files": self._json(dict(files)) if files else None})
+        if tx.run(self.q.FINISH_SHARD, {**fence(lease), "files": self._json(dict(files)) if files else None}) != 1:
+            # Its owner and epoch are current (read under the row's lock) but not its key: a
+            # worker acting for another's lease.
+            raise StoreError(f"shard {lease.shard_no} of {lease.version}: refused: the writer does not hold "
+                             f"the shard's lease (its key)")
         self._event(tx, "complete", lease.version, lease.owner, lease.shard_no, lease.epoch,
                     {"records": count, "results": results, "dead_letters": dead}, op)
         self._seal_if_done(tx, lease.version, lease.owner, op)

@@ -57,6 +57,9 @@ class Lease:
     first_piece: int | None = None
     end_piece: int | None = None
     home: str | None = None  # the region its input lives in (input.regions); None: every region's
+    # The lease's key (batchline.store.rights): a secret its claimer made, presented with each
+    # write under the lease; the store keeps its hash only. Never shown.
+    key: str = field(default="", repr=False, compare=False)
 
     def holds(self, piece: int | None) -> bool:
         return within(piece, self.first_piece, self.end_piece)
@@ -176,8 +179,12 @@ class PlannedRecord:
     # `content_hash` (a record with an ACL): an incremental plan carries a result whose
     # record changed only its ACL, under the new ACL.
     text_hash: str | None = None
-    # The record's ACL, kept where an incremental plan may carry a result under it.
+    # The record's ACL as the planner read it: what every reader of its result or dead letter
+    # reads (a worker's own word on it is never read; batchline.store.rights).
     acl: Acl | None = None
+    # The piece of its shard it lies in (numbered across the version): which shard covers it
+    # after a split, for the database's fence on what a worker may answer.
+    piece: int | None = None
 
 
 @dataclass(frozen=True)

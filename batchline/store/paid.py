@@ -30,6 +30,10 @@ from typing import Any
 
 from batchline.store.base import Row, StoreBase
 
+# A paid worker's launch to its first claim (the model load included), until a run has
+# measured it: the simulator's default model load.
+DEFAULT_RESTART_OVERHEAD_SECONDS = 180.0
+
 
 @dataclass(frozen=True)
 class PaidSlot:
@@ -64,7 +68,11 @@ def slot_name(index: int) -> str:
 def restart_overhead(slots: Sequence[PaidSlot]) -> float | None:
     """The median time from a paid worker's launch to its first claim (which takes in loading
     the model), over the starts that have claimed; None before any has."""
-    spans = [s.claimed_at - s.launched_at for s in slots if s.claimed_at is not None]
+    return median_restart([s.claimed_at - s.launched_at for s in slots if s.claimed_at is not None])
+
+
+def median_restart(spans: Sequence[float]) -> float | None:
+    """The restart overhead of the starts' launch-to-first-claim `spans`; None without any."""
     return statistics.median(spans) if spans else None
 
 

@@ -91,6 +91,8 @@ class CorePlanWriter:
         self.version = version
         self.token = token
         self.bound = bound  # the spec's, held by the store from the commit on
+        # Each distinct ACL once a version, numbered as first met: 50 M records hold a number each.
+        self.acl_nos: dict[str, int] = {}
 
     def _planning(self, body: Callable[[Tx], T]) -> T:
         def checked(tx: Tx) -> T:
@@ -112,9 +114,27 @@ class CorePlanWriter:
                 if r.record_id in seen:
                     raise DuplicateRecord(r.record_id, seen[r.record_id])
                 seen[r.record_id] = r.shard_no
+            new: list[dict[str, Any]] = []
+            nos: list[int | None] = []
+            for r in chunk:
+                text = acl_json(r.acl)
+                if text is None:
+                    nos.append(None)
+                    continue
+                no = self.acl_nos.get(text)
+                if no is None:
+                    no = self.acl_nos[text] = len(self.acl_nos)
+                    new.append({"v": self.version, "n": no, "acl": text})
+                nos.append(no)
+
+            def body(tx: Tx, chunk: Sequence[PlannedRecord] = chunk, new: list[dict[str, Any]] = new,
+                     nos: list[int | None] = nos) -> None:
+                if new:
+                    tx.many(self.q.INSERT_ACL, new)
+                self.store._insert_records(tx, self.version, chunk, nos)
+
             try:
-                self._planning(lambda tx, chunk=chunk: self.store._insert_records(  # type: ignore[misc]
-                    tx, self.version, chunk))
+                self._planning(body)
             except DuplicateKey:
                 raise self._duplicate(chunk) from None
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from batchline.acl import Acl
-from batchline.store.beats import WorkerSeen
+from batchline.store.beats import LiveWorker, WorkerSeen
 from batchline.store.changes import BaseRecord
 from batchline.store.files import ShardColumns, ShardUnit
 from batchline.store.launches import LaunchRecord
@@ -461,7 +461,24 @@ class ReaderStore(StoreHandle, ChangeReader, ShardFiles, Protocol):
         ...
 
     def workers_seen(self, version: str) -> list[WorkerSeen]:
-        """The version's workers seen heartbeat recently and not gone, spot and paid."""
+        """The version's workers heard heartbeat recently and not gone, spot and paid, as each
+        says of itself: what a worker says, not capacity (`live_capacity` is)."""
+        ...
+
+    def live_capacity(self, version: str) -> list[LiveWorker]:
+        """The version's workers that count as capacity now, each with why: the one meaning of a
+        heartbeat (batchline.store.beats), which every pacer, an orchestrator's liveness and the
+        pools read. A heartbeat is a worker saying it is up, and is not trusted on its own: a
+        worker heard recently (within 1.5 of its interval, which the store bounds to 0.1-60 s)
+        and not gone counts only while it holds an unexpired lease of the version (`leased`),
+        completed a shard within its interval (`completed`), or is loading, its first heartbeat
+        within two of the version's restart overheads (`loading`). A paid heartbeat counts
+        only as the worker of a launched, unstopped start of that slot and generation."""
+        ...
+
+    def loading_allowance(self, version: str) -> float:
+        """How long from its first heartbeat a worker of the version counts while loading: two
+        restart overheads (the paid starts' measured one, else the spec's, else the default)."""
         ...
 
 

@@ -261,7 +261,7 @@ class PostgresStore(StoreCore):
 
     def _migrate(self) -> None:
         current = int(self._rows(q.CURRENT_SCHEMA)[0][0]) if self._rows(q.HAS_MIGRATIONS)[0][0] else 0
-        if current == q.SCHEMA_VERSION:
+        if current == q.SCHEMA_VERSION and self._rows(q.FENCES_INSTALLED)[0][0] == q.FENCES_MARK_TEXT:
             return
         if current > q.SCHEMA_VERSION:
             raise StoreError(f"store {redact(self.url)} has schema {current}, newer than this batchline "
@@ -278,14 +278,20 @@ class PostgresStore(StoreCore):
                     cur.execute(statements.encode())
                     cur.execute("INSERT INTO schema_migrations (version, description) VALUES (%s, %s)",
                                 (number, description))
+            # The fences follow batchline.store.rights as it is now, whatever the schema's age.
+            cur.execute(q.FENCES_INSTALLED)
+            mark = cur.fetchone()
+            if mark is None or mark[0] != q.FENCES_MARK_TEXT:
+                cur.execute(q.FENCES.encode())
+                cur.execute(q.FENCES_MARK)
 
         try:
             self._run(body, retry=False)
         except StoreError as exc:
             if isinstance(exc.__cause__, errors.InsufficientPrivilege):
-                raise StoreError(f"store {redact(self.url)} has schema {current}, this batchline needs "
-                                 f"{q.SCHEMA_VERSION}, and this role may not migrate it: run any batchline "
-                                 f"command once as the store's owner") from None
+                raise StoreError(f"store {redact(self.url)} has schema {current} and fences other than this "
+                                 f"batchline's (schema {q.SCHEMA_VERSION}), and this role may not bring them up "
+                                 f"to date: run any batchline command once as the store's owner") from None
             raise
 
     def close(self) -> None:
@@ -354,19 +360,20 @@ class PostgresStore(StoreCore):
         assert row is not None
         return bool(row[0]), int(row[1])
 
-    def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord]) -> None:
+    def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord],
+                        acl_nos: Sequence[int | None]) -> None:
         assert isinstance(tx, _Tx)
         try:
             if any(r.input is not None for r in rows):
                 with tx.cur.copy(q.COPY_RECORDS_WITH_INPUT) as copy:
-                    for r in rows:
+                    for r, acl_no in zip(rows, acl_nos, strict=True):
                         copy.write_row((version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry),
-                                        r.text_hash, *input_columns(r)))
+                                        r.text_hash, acl_no, r.piece, *input_columns(r)))
             else:
                 with tx.cur.copy(q.COPY_RECORDS) as copy:
-                    for r in rows:
+                    for r, acl_no in zip(rows, acl_nos, strict=True):
                         copy.write_row((version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry),
-                                        r.text_hash, acl_json(r.acl)))
+                                        r.text_hash, acl_no, r.piece))
         except errors.UniqueViolation:
             raise DuplicateKey() from None
 

@@ -34,7 +34,11 @@ Layout and why:
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+
+from batchline.store import rights
+from batchline.store.beats import HEARTBEAT_BOUND, HEARTBEAT_MAX_SECONDS, HEARTBEAT_MIN_SECONDS
 
 # (version, description, SQL). Applied in order under an advisory lock, each in
 # the transaction that records it; an applied entry is never edited.
@@ -533,9 +537,175 @@ CREATE INDEX shards_expiring ON shards (version, lease_expires) WHERE state = 'l
 CREATE INDEX shards_due ON shards (version, poll_at) WHERE state = 'submitted';
 CREATE INDEX shards_open_home ON shards (version, home) WHERE state IN ('ready', 'leased', 'submitted');
 """ + _SHARD_FENCE_25),
+    # A heartbeat's interval is bounded as the worker's environment bounds it (batchline.store.beats):
+    # a worker's role that declares a year is refused by the database itself, not only by
+    # batchline's own worker. The rows already there are brought within the bounds first, so the
+    # constraint holds for every row and the capacity read needs no clamp of its own.
+    (26, "heartbeat intervals within their bounds", f"""
+UPDATE worker_beats SET every_s = LEAST(GREATEST(every_s, {HEARTBEAT_MIN_SECONDS}), {HEARTBEAT_MAX_SECONDS})
+WHERE NOT (every_s >= {HEARTBEAT_MIN_SECONDS} AND every_s <= {HEARTBEAT_MAX_SECONDS});
+ALTER TABLE worker_beats ADD CONSTRAINT "{HEARTBEAT_BOUND}"
+    CHECK (every_s >= {HEARTBEAT_MIN_SECONDS} AND every_s <= {HEARTBEAT_MAX_SECONDS});
+"""),
+    # A worker never chooses who reads a result (I8, batchline.store.rights): every plan keeps each
+    # record's ACL, each distinct ACL once a version (`acls`) and its number per record, and every
+    # reader reads it from there; each record's piece, so the database knows which shard covers
+    # it after a split; a lease's key (its SHA-256), known to its holder alone. Versions planned
+    # before keep the ACL their records, results or dead letters held, in that order. The fences
+    # themselves are installed from batchline.store.rights by `install_fences`, not here.
+    (27, "ACLs kept by the plan, record pieces, lease keys", """
+CREATE TABLE acls (
+    version text NOT NULL,
+    acl_no int NOT NULL,
+    acl text NOT NULL,
+    PRIMARY KEY (version, acl_no)
+);
+ALTER TABLE acls ENABLE ROW LEVEL SECURITY;
+ALTER TABLE records ADD COLUMN acl_no int, ADD COLUMN piece int;
+ALTER TABLE shards ADD COLUMN lease_key text;
+CREATE TEMP TABLE planned_acl ON COMMIT DROP AS
+SELECT p.version, p.record_id, COALESCE(p.acl, r.acl, d.acl) AS acl
+FROM records p
+LEFT JOIN results r ON r.version = p.version AND r.record_id = p.record_id
+LEFT JOIN dead_letters d ON d.version = p.version AND d.record_id = p.record_id;
+INSERT INTO acls (version, acl_no, acl)
+SELECT version, (row_number() OVER (PARTITION BY version ORDER BY acl) - 1)::int, acl
+FROM (SELECT DISTINCT version, acl FROM planned_acl WHERE acl IS NOT NULL) d;
+UPDATE records p SET acl_no = a.acl_no
+FROM planned_acl x JOIN acls a ON a.version = x.version AND a.acl = x.acl
+WHERE p.version = x.version AND p.record_id = x.record_id;
+ALTER TABLE records DROP COLUMN acl;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+# --- the fences (batchline.store.rights) ---------------------------------------------------
+#
+# Triggers, not row-level security: a policy sees only the new row, and these rules compare it
+# with the old one (shards) or with other tables (an outcome with its shard, job and planned
+# record). They hold every role that is not (a member of) the table's owner; the owner
+# (planning, carrying, resuming) is not held. An outcome's rules run once per statement, as
+# one query over the rows it added (a transition table), not once per row. They are rendered
+# from batchline.store.rights and installed by the owner whenever their text changes
+# (`FENCES_DIGEST`, kept as the outcome fence's comment), so a rule is one change there.
+
+# The SHA-256 of the lease key the writing transaction presented (`HELD` sets it).
+_PRESENTED_KEY = ("encode(sha256(convert_to(COALESCE(current_setting('batchline.lease_key', true), ''), "
+                  "'UTF8')), 'hex')")
+_NOT_OWNER = "NOT pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'MEMBER')"
+
+
+def _fences() -> str:
+    shard_rules = "\n".join(
+        f"    {'IF' if i == 0 else 'ELSIF'} {rule.sql.format(key=_PRESENTED_KEY, now='now_s')} THEN\n"
+        f"        why := '{rule.why.replace(chr(39), chr(39) * 2)}';"
+        for i, rule in enumerate(rights.SHARD_RULES))
+    # In the record rules `s` is the lease's row as the lease rules read it (a plpgsql record).
+    lease_refusal = rights.first_refusal(rights.LEASE_RULES, key="presented")
+    record_refusal = rights.first_refusal(rights.RECORD_RULES, key="presented")
+    paid = "\n".join(f"    NEW.{column} := {value.format(now='batchline_now()')};"
+                      for column, value in rights.PAID_TIMES)
+    insert = rights.SHARD_INSERT_RULE
+    return f"""
+CREATE OR REPLACE FUNCTION batchline_shard_fence() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    why text;
+    now_s float8 := batchline_now();
+BEGIN
+    IF NOT ({_NOT_OWNER}) THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        IF {insert.sql} THEN
+            why := '{insert.why.replace(chr(39), chr(39) * 2)}';
+        END IF;
+    ELSE
+{shard_rules}
+    END IF;
+    END IF;
+    IF why IS NOT NULL THEN
+        RAISE EXCEPTION 'shard % of %: %', COALESCE(NEW.shard_no, OLD.shard_no), COALESCE(NEW.version, OLD.version),
+            why USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS shards_fence ON shards;
+CREATE TRIGGER shards_fence BEFORE INSERT OR UPDATE ON shards
+    FOR EACH ROW EXECUTE FUNCTION batchline_shard_fence();
+
+CREATE OR REPLACE FUNCTION batchline_outcome_fence() RETURNS trigger LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    n record;
+    s record;
+    bad record;
+    presented text := {_PRESENTED_KEY};
+    held boolean := {_NOT_OWNER};
+BEGIN
+    -- The lease rules once for each lease the statement wrote under (nearly always one), then the
+    -- record rules in one statement over its rows, each a probe of the version's planned records.
+    FOR n IN SELECT a.version, a.shard_no, a.worker, a.epoch, min(a.record_id) AS record_id FROM added a
+             WHERE held GROUP BY a.version, a.shard_no, a.worker, a.epoch LOOP
+        -- `s` below is the shard's row (a column wins over a variable of the same name), and the
+        -- variable `s` the record rules read is what this finds of it.
+        SELECT {lease_refusal} AS why, s.first_piece, s.end_piece, s.shard_no INTO s
+        FROM (SELECT 1) one LEFT JOIN jobs j ON j.version = n.version
+        LEFT JOIN shards s ON s.version = n.version AND s.shard_no = n.shard_no;
+        IF s.why IS NOT NULL THEN
+            RAISE EXCEPTION '% for record % of %: refused: %', TG_ARGV[0], n.record_id, n.version, s.why
+                USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        SELECT a.record_id, {record_refusal} AS why INTO bad
+        FROM added a LEFT JOIN records p ON p.version = n.version AND p.record_id = a.record_id
+        WHERE a.version = n.version AND a.shard_no = n.shard_no AND a.worker = n.worker AND a.epoch = n.epoch
+          AND {record_refusal} IS NOT NULL
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION '% for record % of %: refused: %', TG_ARGV[0], bad.record_id, n.version, bad.why
+                USING ERRCODE = 'insufficient_privilege';
+        END IF;
+    END LOOP;
+    -- The shard counts the computed outcomes added here, whatever statement added them and by
+    -- whom: a worker's bare INSERT cannot leave an outcome its shard does not count (which no
+    -- completion could then match). What the planner adds (carried results, its own dead
+    -- letters) it counts itself.
+    IF TG_TABLE_NAME = 'results' THEN
+        UPDATE shards s SET results_count = s.results_count + a.n, input_tokens = s.input_tokens + a.tin,
+                            output_tokens = s.output_tokens + a.tout
+        FROM (SELECT version, shard_no, count(*) AS n, COALESCE(sum(input_tokens), 0) AS tin,
+                     COALESCE(sum(output_tokens), 0) AS tout FROM added WHERE origin IS NULL
+              GROUP BY version, shard_no) a
+        WHERE s.version = a.version AND s.shard_no = a.shard_no;
+    ELSE
+        UPDATE shards s SET dead_count = s.dead_count + a.n
+        FROM (SELECT version, shard_no, count(*) AS n FROM added WHERE worker IS NOT NULL
+              GROUP BY version, shard_no) a
+        WHERE s.version = a.version AND s.shard_no = a.shard_no;
+    END IF;
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS results_fence ON results;
+CREATE TRIGGER results_fence AFTER INSERT ON results REFERENCING NEW TABLE AS added
+    FOR EACH STATEMENT EXECUTE FUNCTION batchline_outcome_fence('a result');
+DROP TRIGGER IF EXISTS dead_letters_fence ON dead_letters;
+CREATE TRIGGER dead_letters_fence AFTER INSERT ON dead_letters REFERENCING NEW TABLE AS added
+    FOR EACH STATEMENT EXECUTE FUNCTION batchline_outcome_fence('a dead letter');
+
+CREATE OR REPLACE FUNCTION batchline_paid_times() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+{paid}
+    RETURN NEW;
+END $$;
+"""
+
+
+FENCES = _fences()
+FENCES_DIGEST = hashlib.sha256(FENCES.encode()).hexdigest()[:16]
+FENCES_INSTALLED = "SELECT obj_description(to_regproc('batchline_outcome_fence'), 'pg_proc')"
+FENCES_MARK_TEXT = f"batchline fences {FENCES_DIGEST}"
+FENCES_MARK = f"COMMENT ON FUNCTION batchline_outcome_fence() IS '{FENCES_MARK_TEXT}'"
 
 # One constant for every batchline store, so migrations never run twice at once.
 MIGRATION_LOCK = 0x6261746368  # "batch"
@@ -601,6 +771,12 @@ def worker_statements() -> dict[str, WorkerStatement]:
 OPEN_STATES = "('ready', 'leased', 'submitted')"
 FENCE = ("version = %(v)s AND shard_no = %(s)s AND owner = %(w)s AND epoch = %(e)s "
          "AND state = 'leased'")
+# A write by the lease's holder (batchline.store.rights): its key's hash matches, and the key is
+# set in the transaction for the fences to compare (a trigger sees no statement's parameters).
+HELD = (f"{FENCE} AND lease_key = %(kh)s "
+        f"AND set_config('batchline.lease_key', %(k)s, true) IS NOT NULL")
+# An outcome is written only while its version is open (sealed, halted or cancelled refuse it).
+_OPEN_JOB = "EXISTS (SELECT 1 FROM jobs WHERE version = %(v)s AND state = 'ready')"
 ROUTES = "(%(routes)s::text[] IS NULL OR s.route = ANY(%(routes)s::text[]))"
 
 # --- clock -------------------------------------------------------------------------
@@ -634,14 +810,16 @@ JOB_STATE_FOR_UPDATE = "SELECT state FROM jobs WHERE version = %(v)s FOR UPDATE"
 INSERT_JOB = ("INSERT INTO jobs (version, name, state, spec, plan_token, created_at) "
               "VALUES (%(v)s, %(name)s, 'planning', %(spec)s, %(token)s, batchline_now())")
 DELETE_PLANNING = tuple(f"DELETE FROM {table} WHERE version = %(v)s" for table in (
-    *PARTITIONED, "shards", "attempts", "events", "jobs"))
+    *PARTITIONED, "acls", "shards", "attempts", "events", "jobs"))
 PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = %(v)s AND state = 'planning' FOR SHARE"
 PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = %(v)s FOR UPDATE"
 INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece, "
                 "home) VALUES (%(v)s, %(s)s, %(slice)s, %(n)s, 'ready', %(route)s, %(first)s, %(end)s, %(home)s)")
-COPY_RECORDS = "COPY records (version, record_id, shard_no, content_hash, carry, text_hash, acl) FROM STDIN"
-COPY_RECORDS_WITH_INPUT = ("COPY records (version, record_id, shard_no, content_hash, carry, text_hash, text, acl, "
-                           "position) FROM STDIN")
+COPY_RECORDS = ("COPY records (version, record_id, shard_no, content_hash, carry, text_hash, acl_no, piece) "
+                "FROM STDIN")
+COPY_RECORDS_WITH_INPUT = ("COPY records (version, record_id, shard_no, content_hash, carry, text_hash, acl_no, piece, "
+                           "text, position) FROM STDIN")
+INSERT_ACL = "INSERT INTO acls (version, acl_no, acl) VALUES (%(v)s, %(n)s, %(acl)s)"
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = %(v)s AND record_id = %(r)s"
 PLAN_DEAD_LETTER = """
 INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, created_at)
@@ -672,11 +850,12 @@ CARRY = """
 INSERT INTO results (version, record_id, shard_no, output, origin, label, acl, worker, epoch, attempt,
                      input_tokens, output_tokens, created_at, model)
 SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label,
-       CASE WHEN p.content_hash = n.content_hash THEN b.acl ELSE n.acl END,
+       na.acl,
        'carried', 0, b.attempt, b.input_tokens, b.output_tokens, b.created_at, b.model
 FROM records n
 JOIN records p ON p.version = %(base)s AND p.record_id = n.record_id
 JOIN results b ON b.version = %(base)s AND b.record_id = n.record_id
+LEFT JOIN acls na ON na.version = n.version AND na.acl_no = n.acl_no
 WHERE n.version = %(v)s AND (p.content_hash = n.content_hash
                              OR COALESCE(p.text_hash, p.content_hash) = COALESCE(n.text_hash, n.content_hash))"""
 # One pass over the carried rows, not one per shard.
@@ -735,10 +914,10 @@ ANALYZE_SHARDS = "ANALYZE shards"
 PICK_HOME_SHARD = _pick(home=True)
 GRANT_SHARD = WorkerStatement("""
 UPDATE shards SET state = 'leased', owner = %(w)s, epoch = epoch + 1, lease_expires = %(expires)s,
-                  claims = claims + 1, owner_process = %(process)s, ran_in = %(region)s
+                  claims = claims + 1, owner_process = %(process)s, ran_in = %(region)s, lease_key = %(kh)s
 WHERE version = %(v)s AND shard_no = %(s)s
 RETURNING epoch, lease_expires""",
-    updates("shards", "state", "owner", "epoch", "lease_expires", "claims", "owner_process", "ran_in"),
+    updates("shards", "state", "owner", "epoch", "lease_expires", "claims", "owner_process", "ran_in", "lease_key"),
     *reads("shards"))
 # Whether a region has a shard not done yet (ready, or leased by a worker that may yet give it up).
 HOME_OPEN = WorkerStatement(
@@ -756,7 +935,8 @@ UPDATE shards s SET lease_expires = batchline_now() + j.lease_seconds,
                                              COALESCE(%(started)s::int, s.first_piece))
 FROM jobs j
 WHERE j.version = s.version AND s.version = %(v)s AND s.shard_no = %(s)s AND s.owner = %(w)s
-  AND s.epoch = %(e)s AND s.state = 'leased'
+  AND s.epoch = %(e)s AND s.state = 'leased' AND s.lease_key = %(kh)s
+  AND set_config('batchline.lease_key', %(k)s, true) IS NOT NULL
 RETURNING s.lease_expires, s.end_piece, s.record_count""", updates("shards", "lease_expires", "started_piece"),
     *reads("shards", "jobs", "clock"))
 # A batch already at the provider is not given up with the lease: the shard
@@ -764,8 +944,8 @@ RETURNING s.lease_expires, s.end_piece, s.record_count""", updates("shards", "le
 RELEASE = WorkerStatement(f"""
 UPDATE shards SET state = CASE WHEN batch ->> 'batch_id' IS NOT NULL THEN 'submitted' ELSE 'ready' END,
                   owner = NULL, lease_expires = NULL, poll_at = batchline_now()
-WHERE {FENCE}""", updates("shards", "state", "owner", "lease_expires", "poll_at"), *reads("shards", "clock"))
-SET_BATCH = WorkerStatement(f"UPDATE shards SET batch = %(batch)s WHERE {FENCE}",
+WHERE {HELD}""", updates("shards", "state", "owner", "lease_expires", "poll_at"), *reads("shards", "clock"))
+SET_BATCH = WorkerStatement(f"UPDATE shards SET batch = %(batch)s WHERE {HELD}",
                             updates("shards", "batch"), *reads("shards"))
 SHARD_FOR_AWAIT = WorkerStatement(
     "SELECT state, owner, epoch, batch FROM shards WHERE version = %(v)s AND shard_no = %(s)s FOR NO KEY UPDATE",
@@ -773,13 +953,14 @@ SHARD_FOR_AWAIT = WorkerStatement(
 AWAIT_PROVIDER = WorkerStatement(f"""
 UPDATE shards SET state = 'submitted', batch = %(batch)s, lease_expires = NULL,
                   poll_at = batchline_now() + %(poll_in)s
-WHERE {FENCE}""", updates("shards", "state", "batch", "lease_expires", "poll_at"), *reads("shards", "clock"))
+WHERE {HELD}""", updates("shards", "state", "batch", "lease_expires", "poll_at"), *reads("shards", "clock"))
 SHARD_FOR_COMPLETE = WorkerStatement(
     "SELECT state, owner, epoch, record_count, results_count, dead_count FROM shards "
     "WHERE version = %(v)s AND shard_no = %(s)s FOR NO KEY UPDATE", updates("shards", "state"), *reads("shards"))
 FINISH_SHARD = WorkerStatement(
     f"UPDATE shards SET state = 'done', done_at = batchline_now(), lease_expires = NULL, files = %(files)s "
-    f"WHERE {FENCE}", updates("shards", "state", "done_at", "lease_expires", "files"), *reads("shards", "clock"))
+    f"WHERE {HELD}", updates("shards", "state", "done_at", "lease_expires", "files"),
+    *reads("shards", "clock"))
 _OPEN_OF_READY = (f"SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version WHERE j.state = 'ready' "
                   f"AND s.state IN {OPEN_STATES} AND {ROUTES}")
 HAS_OPEN = WorkerStatement(f"SELECT EXISTS ({_OPEN_OF_READY})", *reads("shards", "jobs"))
@@ -817,14 +998,16 @@ SELECT record_id FROM dead_letters WHERE version = %(v)s AND record_id = ANY(%(i
 # A shard's input where the store holds it (a job over a published job), by position: the
 # one read of the planned records a worker makes, of its own version's rows.
 INPUT_RECORDS = WorkerStatement(
-    "SELECT record_id, text, acl, content_hash, position FROM records WHERE version = %(v)s "
-    "AND position >= %(start)s AND position < %(end)s ORDER BY position", *reads("records"))
+    "SELECT p.record_id, p.text, a.acl, p.content_hash, p.position FROM records p "
+    "LEFT JOIN acls a ON a.version = p.version AND a.acl_no = p.acl_no WHERE p.version = %(v)s "
+    "AND p.position >= %(start)s AND p.position < %(end)s ORDER BY p.position", *reads("records", "acls"))
 ATTEMPTS = WorkerStatement(
     "SELECT record_id, attempts FROM attempts WHERE version = %(v)s AND record_id = ANY(%(ids)s)",
     *reads("attempts"))
 
-FENCE_LOCK = WorkerStatement(f"SELECT first_piece, end_piece FROM shards WHERE {FENCE} FOR NO KEY UPDATE",
-                             updates("shards", "state"), *reads("shards"))
+FENCE_LOCK = WorkerStatement(f"SELECT first_piece, end_piece FROM shards WHERE {HELD} AND {_OPEN_JOB} "
+                             f"FOR NO KEY UPDATE",
+                             updates("shards", "state"), *reads("shards", "jobs"))
 BUMP_STARTED = WorkerStatement(
     "UPDATE shards SET started_piece = GREATEST(COALESCE(started_piece, first_piece), %(high)s) "
     "WHERE version = %(v)s AND shard_no = %(s)s", updates("shards", "started_piece"), *reads("shards"))
@@ -864,16 +1047,17 @@ SPLIT_SHARD = WorkerStatement(
 #
 # One round trip per flush: the fence takes the shard row's lock (so no claim
 # can take the shard over until this commits), the rows come from `source`, and
-# the shard's counters move in the same statement.
+# the database's outcome fence (`FENCES`) checks them and moves the shard's counters
+# in the same statement.
 _PUT_ACCESS = (inserts("results"), updates("shards", "state", "results_count", "input_tokens", "output_tokens"),
-               *reads("shards", "results", "dead_letters", "clock"))
+               *reads("shards", "results", "dead_letters", "clock", "jobs", "records"))
 
 
 def _put_results(source: str) -> WorkerStatement:
     return WorkerStatement(f"""
 WITH fence AS (
     SELECT batchline_now() AS now, set_config('synchronous_commit', 'off', true)
-    FROM shards WHERE {FENCE} FOR NO KEY UPDATE
+    FROM shards WHERE {HELD} AND {_OPEN_JOB} FOR NO KEY UPDATE
 ), ins AS (
     INSERT INTO results (version, record_id, shard_no, output, label, acl, worker, epoch, attempt,
                          input_tokens, output_tokens, created_at, model)
@@ -882,12 +1066,7 @@ WITH fence AS (
     FROM fence, {source}
     WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = %(v)s AND d.record_id = u.record_id)
     ON CONFLICT (version, record_id) DO NOTHING
-    RETURNING input_tokens, output_tokens
-), bump AS (
-    UPDATE shards SET results_count = results_count + (SELECT count(*) FROM ins),
-                      input_tokens = input_tokens + (SELECT COALESCE(sum(input_tokens), 0) FROM ins),
-                      output_tokens = output_tokens + (SELECT COALESCE(sum(output_tokens), 0) FROM ins)
-    WHERE version = %(v)s AND shard_no = %(s)s AND EXISTS (SELECT 1 FROM fence)
+    RETURNING 1
 )
 SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)""", *_PUT_ACCESS)
 
@@ -913,7 +1092,7 @@ PUT_FROM_STAGE = _put_results("put_stage u")
 
 INSERT_DEAD = WorkerStatement(f"""
 WITH fence AS (
-    SELECT batchline_now() AS now FROM shards WHERE {FENCE} FOR NO KEY UPDATE
+    SELECT batchline_now() AS now FROM shards WHERE {HELD} AND {_OPEN_JOB} FOR NO KEY UPDATE
 ), ins AS (
     INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, worker, epoch,
                               created_at)
@@ -925,13 +1104,10 @@ WITH fence AS (
     WHERE NOT EXISTS (SELECT 1 FROM results r WHERE r.version = %(v)s AND r.record_id = u.record_id)
     ON CONFLICT (version, record_id) DO NOTHING
     RETURNING 1
-), bump AS (
-    UPDATE shards SET dead_count = dead_count + (SELECT count(*) FROM ins)
-    WHERE version = %(v)s AND shard_no = %(s)s AND EXISTS (SELECT 1 FROM fence)
 )
 SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)""",
     inserts("dead_letters"), updates("shards", "state", "dead_count"),
-    *reads("shards", "results", "dead_letters", "clock"))
+    *reads("shards", "results", "dead_letters", "clock", "jobs", "records"))
 
 IS_ANSWERED = WorkerStatement("""
 SELECT EXISTS (SELECT 1 FROM results WHERE version = %(v)s AND record_id = %(r)s)
@@ -979,10 +1155,15 @@ FROM events c
 JOIN events k ON k.version = c.version AND k.kind = 'claim' AND k.shard_no = c.shard_no AND k.epoch = c.epoch
 WHERE c.version = %(v)s AND c.kind = 'complete'"""
 # A carried result's payload lives in the row of the version that computed it.
-_RESULT_COLUMNS = ("r.record_id, COALESCE(r.output, o.output), r.acl, r.shard_no, r.worker, r.epoch, r.attempt, "
+_RESULT_COLUMNS = ("r.record_id, COALESCE(r.output, o.output), pacl.acl, r.shard_no, r.worker, r.epoch, r.attempt, "
                    "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin, r.model, o.worker, o.epoch")
+# A result's ACL is its record's as the planner read it, never the one its worker put
+# (batchline.store.rights): every reader joins it from the version's own plan.
+_PLANNED_ACL = ("LEFT JOIN records pr ON pr.version = {t}.version AND pr.record_id = {t}.record_id "
+                "LEFT JOIN acls pacl ON pacl.version = pr.version AND pacl.acl_no = pr.acl_no")
 _RESULTS_FROM = ("FROM results r LEFT JOIN results o "
-                 "ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id")
+                 "ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id "
+                 + _PLANNED_ACL.format(t="r"))
 RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = %(v)s AND r.record_id > %(after)s "
                 f"ORDER BY r.record_id LIMIT %(n)s")
 COMPUTED_RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = %(v)s "
@@ -991,9 +1172,10 @@ COMPUTED_RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.vers
 COMPUTED_OUTPUTS_PAGE = ("SELECT record_id, output FROM results WHERE version = %(v)s AND record_id > %(after)s "
                          "AND origin IS NULL ORDER BY record_id LIMIT %(n)s")
 RESULTS_FOR = f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = %(v)s AND r.record_id = ANY(%(ids)s)"
-_DEAD_COLUMNS = "d.record_id, d.shard_no, d.kind, d.error, d.acl, d.attempts, d.worker, d.created_at"
+_DEAD_COLUMNS = "d.record_id, d.shard_no, d.kind, d.error, pacl.acl, d.attempts, d.worker, d.created_at"
+_DEAD_FROM = "FROM dead_letters d " + _PLANNED_ACL.format(t="d")
 _DEAD_PAGE = "WHERE d.version = %(v)s AND d.record_id > %(after)s ORDER BY d.record_id LIMIT %(n)s"
-DEAD_LETTERS_PAGE = f"SELECT {_DEAD_COLUMNS} FROM dead_letters d {_DEAD_PAGE}"
+DEAD_LETTERS_PAGE = f"SELECT {_DEAD_COLUMNS} {_DEAD_FROM} {_DEAD_PAGE}"
 # A version with output.carry: each row with its planned record's carried fields.
 _CARRY_FROM = "LEFT JOIN records c ON c.version = %(v)s AND c.record_id = r.record_id"
 RESULTS_PAGE_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_CARRY_FROM} WHERE r.version = %(v)s "
@@ -1003,7 +1185,7 @@ COMPUTED_RESULTS_PAGE_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FRO
                                f"ORDER BY r.record_id LIMIT %(n)s")
 RESULTS_FOR_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_CARRY_FROM} WHERE r.version = %(v)s "
                      f"AND r.record_id = ANY(%(ids)s)")
-DEAD_LETTERS_PAGE_CARRY = (f"SELECT {_DEAD_COLUMNS}, c.carry FROM dead_letters d LEFT JOIN records c "
+DEAD_LETTERS_PAGE_CARRY = (f"SELECT {_DEAD_COLUMNS}, c.carry {_DEAD_FROM} LEFT JOIN records c "
                            f"ON c.version = %(v)s AND c.record_id = d.record_id {_DEAD_PAGE}")
 PLANNED_PAGE = ("SELECT record_id FROM records WHERE version = %(v)s AND record_id > %(after)s "
                 "ORDER BY record_id LIMIT %(n)s")
@@ -1072,12 +1254,13 @@ ON CONFLICT (name) DO UPDATE SET version = excluded.version, updated_at = exclud
 # end), in the publish that moves its pointer.
 CREATE_VIEW = """
 CREATE OR REPLACE VIEW {view} AS
-SELECT r.record_id AS id, COALESCE(r.output, o.output) AS output, r.acl AS acl, r.label AS label,
+SELECT r.record_id AS id, COALESCE(r.output, o.output) AS output, a.acl AS acl, r.label AS label,
        r.version AS version, c.carry AS carry
 FROM pointers p
 JOIN results r ON r.version = p.version
 LEFT JOIN results o ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id
 LEFT JOIN records c ON c.version = r.version AND c.record_id = r.record_id
+LEFT JOIN acls a ON a.version = c.version AND a.acl_no = c.acl_no
 WHERE p.name = {name}"""
 VIEW_WITHOUT_CARRY = f"""
 SELECT EXISTS (SELECT 1 FROM pg_views WHERE schemaname = '{PUBLISHED_SCHEMA}' AND viewname = %(name)s)
@@ -1118,19 +1301,26 @@ REMOVE_VERSION = (
     """DELETE FROM results r WHERE r.version = %(v)s
 AND NOT EXISTS (SELECT 1 FROM results c WHERE c.origin = %(v)s AND c.record_id = r.record_id)""",
     *(f"DELETE FROM {table} WHERE version = %(v)s" for table in (
-        "shards", "records", "attempts", "dead_letters", "validations", "engine_runtimes")),
+        "shards", "records", "acls", "attempts", "dead_letters", "validations", "engine_runtimes")),
     "UPDATE jobs SET state = 'removed' WHERE version = %(v)s",
 )
 
 # --- what changed between versions (batchline.store.changes) ------------------------------
 
-RESULT_ACLS = "SELECT record_id, acl FROM results WHERE version = %(v)s AND record_id = ANY(%(ids)s)"
+RESULT_ACLS = ("SELECT r.record_id, pacl.acl FROM results r " + _PLANNED_ACL.format(t="r")
+               + " WHERE r.version = %(v)s AND r.record_id = ANY(%(ids)s)")
+# Two versions' planned ACLs of one record, by text (each version numbers its ACLs its own way).
+_ACL_PAIR = ("LEFT JOIN records pn ON pn.version = n.version AND pn.record_id = n.record_id "
+             "LEFT JOIN acls an ON an.version = pn.version AND an.acl_no = pn.acl_no "
+             "LEFT JOIN records po ON po.version = o.version AND po.record_id = o.record_id "
+             "LEFT JOIN acls ao ON ao.version = po.version AND ao.acl_no = po.acl_no")
 # A result is the same where the same version computed it (a carried one names its origin).
 RESULT_CHANGES = """
 SELECT count(*) FILTER (WHERE o.record_id IS NULL),
-       count(*) FILTER (WHERE o.record_id IS NOT NULL AND (o.acl IS DISTINCT FROM n.acl
+       count(*) FILTER (WHERE o.record_id IS NOT NULL AND (ao.acl IS DISTINCT FROM an.acl
                               OR COALESCE(n.origin, n.version) <> COALESCE(o.origin, o.version)))
 FROM results n LEFT JOIN results o ON o.version = %(old)s AND o.record_id = n.record_id
+""" + _ACL_PAIR + """
 WHERE n.version = %(new)s"""
 RESULTS_REMOVED = """
 SELECT count(*) FROM results o WHERE o.version = %(old)s
@@ -1142,8 +1332,10 @@ SELECT n.record_id FROM results n
 LEFT JOIN results o ON o.version = %(old)s AND o.record_id = n.record_id
 LEFT JOIN records cn ON cn.version = %(new)s AND cn.record_id = n.record_id
 LEFT JOIN records co ON co.version = %(old)s AND co.record_id = n.record_id
+LEFT JOIN acls an ON an.version = cn.version AND an.acl_no = cn.acl_no
+LEFT JOIN acls ao ON ao.version = co.version AND ao.acl_no = co.acl_no
 WHERE n.version = %(new)s AND n.record_id > %(after)s
-  AND (o.record_id IS NULL OR o.acl IS DISTINCT FROM n.acl
+  AND (o.record_id IS NULL OR ao.acl IS DISTINCT FROM an.acl
        OR COALESCE(n.origin, n.version) <> COALESCE(o.origin, o.version) OR cn.carry IS DISTINCT FROM co.carry)
 ORDER BY n.record_id LIMIT %(n)s"""
 RESULT_ROWS_REMOVED_PAGE = """
@@ -1217,6 +1409,41 @@ WORKER_GONE = WorkerStatement(
 WORKERS_SEEN = ("SELECT worker, paid_slot, process, every_s, started_at, seen_at FROM worker_beats "
                 "WHERE version = %(v)s AND stopped_at IS NULL AND seen_at >= batchline_now() - %(grace)s * every_s "
                 "ORDER BY worker")
+# The one rule of what a heartbeat counts for (batchline.store.beats.live_capacity). Each set is
+# one range seek of an index (shards_expiring, shards_done, the beats' and paid starts' keys),
+# hashed and joined once: no per-worker subquery, so a thousand workers cost a few thousand rows.
+LIVE_CAPACITY = """
+WITH n AS (SELECT batchline_now() AS t),
+leased AS (
+    SELECT DISTINCT owner FROM shards
+    WHERE version = %(v)s AND state = 'leased' AND lease_expires > (SELECT t FROM n)
+), completed AS (
+    SELECT owner, max(done_at) AS done_at FROM shards
+    WHERE version = %(v)s AND state = 'done' AND done_at >= (SELECT t FROM n) - %(grace)s * %(max_every)s
+    GROUP BY owner
+), paid AS (
+    SELECT slot || '/' || generation AS ref, worker FROM paid_workers
+    WHERE version = %(v)s AND stopped_at IS NULL AND worker IS NOT NULL
+), counted AS (
+    SELECT b.worker, b.paid_slot, b.process, b.every_s, b.started_at, b.seen_at,
+           CASE WHEN l.owner IS NOT NULL THEN 'leased'
+                WHEN c.done_at >= n.t - %(grace)s * b.every_s THEN 'completed'
+                WHEN b.started_at >= n.t - %(loading)s THEN 'loading' END AS why
+    FROM worker_beats b CROSS JOIN n
+    LEFT JOIN leased l ON l.owner = b.worker
+    LEFT JOIN completed c ON c.owner = b.worker
+    LEFT JOIN paid p ON p.ref = b.paid_slot AND p.worker = b.worker
+    WHERE b.version = %(v)s AND b.stopped_at IS NULL AND b.seen_at >= n.t - %(grace)s * b.every_s
+      AND (b.paid_slot IS NULL OR p.ref IS NOT NULL)
+)
+SELECT worker, paid_slot, process, every_s, started_at, seen_at, why FROM counted
+WHERE why IS NOT NULL ORDER BY worker"""
+# What a worker's loading allowance counts in: the paid starts' launch to first claim, else
+# the spec's own restart overhead (its fallback section's).
+RESTART_SPANS = ("SELECT claimed_at - launched_at FROM paid_workers WHERE version = %(v)s "
+                 "AND claimed_at IS NOT NULL")
+SPEC_RESTART_OVERHEAD = ("SELECT (spec -> 'fallback' ->> 'restart_overhead_seconds')::float8 FROM jobs "
+                         "WHERE version = %(v)s")
 # --- launch records (batchline.store.launches) ----------------------------------------------
 
 _LAUNCH_COLUMNS = "version, key, launcher, state, by, created_at, detail, launched_at, stopped_at, stop_reason"
@@ -1306,21 +1533,25 @@ RESULTS_OF_SHARD_CARRY = f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_C
 # What a worker writes of its shard: the outcomes it may read (its version's rows; a carried
 # result's payload is another version's, which its role does not see).
 # (No carried result, so no row of another version to join.)
+_COMPUTED_FROM = "FROM results r " + _PLANNED_ACL.format(t="r")
 _COMPUTED_COLUMNS = _RESULT_COLUMNS.replace("COALESCE(r.output, o.output)", "r.output").replace(
     "o.worker, o.epoch", "NULL, NULL::bigint")
 COMPUTED_RESULTS_OF_SHARD = WorkerStatement(
-    f"SELECT {_COMPUTED_COLUMNS} FROM results r WHERE {_SHARD} AND r.origin IS NULL ORDER BY r.record_id",
-    *reads("results"))
+    f"SELECT {_COMPUTED_COLUMNS} {_COMPUTED_FROM} WHERE {_SHARD} AND r.origin IS NULL ORDER BY r.record_id",
+    *reads("results", "records", "acls"))
 COMPUTED_RESULTS_OF_SHARD_CARRY = WorkerStatement(
-    f"SELECT {_COMPUTED_COLUMNS}, c.carry FROM results r {_CARRY_FROM} WHERE {_SHARD} AND r.origin IS NULL "
-    f"ORDER BY r.record_id", *reads("results", "records"))
+    f"SELECT {_COMPUTED_COLUMNS}, c.carry {_COMPUTED_FROM} {_CARRY_FROM} WHERE {_SHARD} AND r.origin IS NULL "
+    f"ORDER BY r.record_id", *reads("results", "records", "acls"))
 # What a shard's worker computed, the columns its file holds alone (ShardOutcomes.shard_columns).
-SHARD_COLUMNS = f"SELECT r.record_id, r.output, r.acl, r.label, r.model, r.attempt, r.input_tokens, r.output_tokens, r.created_at FROM results r WHERE {_SHARD} AND r.origin IS NULL ORDER BY r.record_id"
+SHARD_COLUMNS = (f"SELECT r.record_id, r.output, pacl.acl, r.label, r.model, r.attempt, r.input_tokens, "
+                 f"r.output_tokens, r.created_at {_COMPUTED_FROM} WHERE {_SHARD} AND r.origin IS NULL "
+                 f"ORDER BY r.record_id")
 DEAD_LETTERS_OF_SHARD = WorkerStatement(
-    f"SELECT {_DEAD_COLUMNS} FROM dead_letters d WHERE d.version = %(v)s AND d.shard_no = %(s)s ORDER BY d.record_id",
-    *reads("dead_letters"))
+    f"SELECT {_DEAD_COLUMNS} {_DEAD_FROM} WHERE d.version = %(v)s AND d.shard_no = %(s)s ORDER BY d.record_id",
+    *reads("dead_letters", "records", "acls"))
 DEAD_LETTERS_OF_SHARD_CARRY = WorkerStatement(
-    f"SELECT {_DEAD_COLUMNS}, c.carry FROM dead_letters d LEFT JOIN records c "
+    f"SELECT {_DEAD_COLUMNS}, c.carry {_DEAD_FROM} LEFT JOIN records c "
     f"ON c.version = %(v)s AND c.record_id = d.record_id "
-    f"WHERE d.version = %(v)s AND d.shard_no = %(s)s ORDER BY d.record_id", *reads("dead_letters", "records"))
+    f"WHERE d.version = %(v)s AND d.shard_no = %(s)s ORDER BY d.record_id",
+    *reads("dead_letters", "records", "acls"))
 

@@ -170,9 +170,17 @@ class SQLiteStore(StoreCore):
     def _list(self, values: Sequence[Any]) -> Any:
         return json.dumps(list(values))
 
+    def _refuse_outcomes(self, tx: Tx, lease: Lease, what: str, record_ids: Sequence[str]) -> None:
+        """The outcome fence PostgreSQL's trigger holds every worker to (batchline.store.rights),
+        as the store's own statement: the same rules, refused in the same words."""
+        row = tx.one(q.OUTCOME_REFUSAL, {**fence(lease), "ids": self._list(list(record_ids))})
+        if row is not None:
+            raise StoreError(f"{what} for record {row[0]} of {lease.version}: refused: {row[1]}")
+
     def _put(self, tx: Tx, lease: Lease, rows: Sequence[ResultRow]) -> tuple[bool, int]:
         # The fence was checked in this transaction (core), which holds SQLite's write lock.
         assert isinstance(tx, _Tx)
+        self._refuse_outcomes(tx, lease, "a result", [r.record_id for r in rows])
         now = tx.one(q.NOW)
         assert now is not None
         v, s, w, e, at = lease.version, lease.shard_no, lease.owner, lease.epoch, now[0]
@@ -205,22 +213,24 @@ class SQLiteStore(StoreCore):
         return True, len(params)
 
     def _insert_dead(self, tx: Tx, lease: Lease, rows: Sequence[DeadLetterRow]) -> tuple[bool, int]:
+        self._refuse_outcomes(tx, lease, "a dead letter", [r.record_id for r in rows])
         n = tx.many(q.INSERT_DEAD, [{**fence(lease), "r": r.record_id, "kind": r.kind, "error": r.error,
                                      "acl": acl_json(r.acl), "attempts": r.attempts} for r in rows])
         tx.run(q.BUMP_DEAD, {"n": n, "v": lease.version, "s": lease.shard_no})
         return True, n
 
-    def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord]) -> None:
+    def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord],
+                        acl_nos: Sequence[int | None]) -> None:
         assert isinstance(tx, _Tx)
         try:
             if any(r.input is not None for r in rows):
                 tx.cur.executemany(q.INSERT_RECORD_WITH_INPUT, [
-                    (version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry), r.text_hash, *input_columns(r))
-                    for r in rows])
+                    (version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry), r.text_hash, acl_no,
+                     r.piece, *input_columns(r)) for r, acl_no in zip(rows, acl_nos, strict=True)])
             else:
                 tx.cur.executemany(q.INSERT_RECORD, [
-                    (version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry), r.text_hash,
-                     acl_json(r.acl)) for r in rows])
+                    (version, r.record_id, r.shard_no, r.content_hash, carry_json(r.carry), r.text_hash, acl_no,
+                     r.piece) for r, acl_no in zip(rows, acl_nos, strict=True)])
         except sqlite3.IntegrityError:
             raise DuplicateKey() from None
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import re
 
+from batchline.store import rights
+from batchline.store.beats import HEARTBEAT_BOUND, HEARTBEAT_MAX_SECONDS, HEARTBEAT_MIN_SECONDS
+
 # (number, description, SQL). Applied in order, each in the write transaction
 # that records it in `meta`.
 MIGRATIONS: list[tuple[int, str, str]] = [
@@ -381,6 +384,59 @@ ALTER TABLE worker_beats ADD COLUMN region TEXT;
 ALTER TABLE worker_beats ADD COLUMN cross_region_bytes INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS shards_ready_home ON shards (version, home, shard_no) WHERE state = 'ready';
 """),
+    # A heartbeat's interval is bounded as the worker's environment and PostgreSQL's migration 26
+    # bound it (batchline.store.beats). SQLite adds a CHECK only to a new table: the beats are
+    # copied into one, brought within the bounds, so both stores hold the same rows.
+    (21, "heartbeat intervals within their bounds", f"""
+CREATE TABLE worker_beats_bounded (
+    version TEXT NOT NULL,
+    worker TEXT NOT NULL,
+    paid_slot TEXT,
+    process TEXT,
+    every_s REAL NOT NULL CONSTRAINT "{HEARTBEAT_BOUND}"
+        CHECK (every_s >= {HEARTBEAT_MIN_SECONDS} AND every_s <= {HEARTBEAT_MAX_SECONDS}),
+    started_at REAL NOT NULL,
+    seen_at REAL NOT NULL,
+    stopped_at REAL,
+    region TEXT,
+    cross_region_bytes INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (version, worker)
+);
+INSERT INTO worker_beats_bounded (version, worker, paid_slot, process, every_s, started_at, seen_at, stopped_at,
+                                  region, cross_region_bytes)
+SELECT version, worker, paid_slot, process, MIN(MAX(every_s, {HEARTBEAT_MIN_SECONDS}), {HEARTBEAT_MAX_SECONDS}),
+       started_at, seen_at, stopped_at, region, cross_region_bytes FROM worker_beats;
+DROP TABLE worker_beats;
+ALTER TABLE worker_beats_bounded RENAME TO worker_beats;
+CREATE INDEX IF NOT EXISTS worker_beats_live ON worker_beats (version, seen_at) WHERE stopped_at IS NULL;
+"""),
+    # A worker never chooses who reads a result (batchline.store.rights), as PostgreSQL's
+    # migration 27: each record's ACL kept by the plan (each distinct ACL once a version), each
+    # record's piece, a lease's key (its SHA-256). Versions planned before keep the ACL their
+    # records, results or dead letters held, in that order.
+    (22, "ACLs kept by the plan, record pieces, lease keys", """
+CREATE TABLE IF NOT EXISTS acls (
+    version TEXT NOT NULL,
+    acl_no INTEGER NOT NULL,
+    acl TEXT NOT NULL,
+    PRIMARY KEY (version, acl_no)
+);
+ALTER TABLE records ADD COLUMN acl_no INTEGER;
+ALTER TABLE records ADD COLUMN piece INTEGER;
+ALTER TABLE shards ADD COLUMN lease_key TEXT;
+CREATE TEMP TABLE planned_acl AS
+SELECT p.version, p.record_id, COALESCE(p.acl, r.acl, d.acl) AS acl
+FROM records p
+LEFT JOIN results r ON r.version = p.version AND r.record_id = p.record_id
+LEFT JOIN dead_letters d ON d.version = p.version AND d.record_id = p.record_id;
+INSERT INTO acls (version, acl_no, acl)
+SELECT version, row_number() OVER (PARTITION BY version ORDER BY acl) - 1, acl
+FROM (SELECT DISTINCT version, acl FROM planned_acl WHERE acl IS NOT NULL);
+UPDATE records SET acl_no = (SELECT a.acl_no FROM planned_acl x JOIN acls a ON a.version = x.version AND a.acl = x.acl
+                             WHERE x.version = records.version AND x.record_id = records.record_id);
+DROP TABLE planned_acl;
+ALTER TABLE records DROP COLUMN acl;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -396,6 +452,10 @@ NOW_EXPR = "((julianday('now') - 2440587.5) * 86400.0 + (SELECT offset_s FROM cl
 LEASE_SECONDS = "(SELECT json_extract(spec, '$.shards.lease_seconds') FROM jobs WHERE version = :v)"
 OPEN_STATES = "('ready', 'leased', 'submitted')"
 FENCE = "version = :v AND shard_no = :s AND owner = :w AND epoch = :e AND state = 'leased'"
+# A write by the lease's holder (batchline.store.rights): the hash of the key it presents.
+HELD = f"{FENCE} AND lease_key = :kh"
+# An outcome is written only while its version is open (sealed, halted or cancelled refuse it).
+_OPEN_JOB = "EXISTS (SELECT 1 FROM jobs WHERE version = :v AND state = 'ready')"
 ROUTES = "(:routes IS NULL OR route IN (SELECT value FROM json_each(:routes)))"
 S_ROUTES = "(:routes IS NULL OR s.route IN (SELECT value FROM json_each(:routes)))"
 IDS = "(SELECT value FROM json_each(:ids))"
@@ -431,15 +491,16 @@ JOB_STATE_FOR_UPDATE = "SELECT state FROM jobs WHERE version = :v"
 INSERT_JOB = (f"INSERT INTO jobs (version, name, state, spec, plan_token, created_at) "
               f"VALUES (:v, :name, 'planning', :spec, :token, {NOW_EXPR})")
 DELETE_PLANNING = tuple(f"DELETE FROM {table} WHERE version = :v" for table in (
-    "shards", "records", "results", "attempts", "dead_letters", "events", "jobs"))
+    "shards", "records", "acls", "results", "attempts", "dead_letters", "events", "jobs"))
 PLAN_TOKEN = "SELECT plan_token FROM jobs WHERE version = :v AND state = 'planning'"
 PLAN_TOKEN_ANY = "SELECT plan_token FROM jobs WHERE version = :v"
 INSERT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, state, route, first_piece, end_piece, "
                 "home) VALUES (:v, :s, :slice, :n, 'ready', :route, :first, :end, :home)")
-INSERT_RECORD = ("INSERT INTO records (version, record_id, shard_no, content_hash, carry, text_hash, acl) "
-                 "VALUES (?, ?, ?, ?, ?, ?, ?)")
-INSERT_RECORD_WITH_INPUT = ("INSERT INTO records (version, record_id, shard_no, content_hash, carry, text_hash, text, "
-                            "acl, position) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+INSERT_RECORD = ("INSERT INTO records (version, record_id, shard_no, content_hash, carry, text_hash, acl_no, piece) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+INSERT_RECORD_WITH_INPUT = ("INSERT INTO records (version, record_id, shard_no, content_hash, carry, text_hash, acl_no, "
+                            "piece, text, position) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+INSERT_ACL = "INSERT INTO acls (version, acl_no, acl) VALUES (:v, :n, :acl)"
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = :v AND record_id = :r"
 PLAN_DEAD_LETTER = (f"INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
                     f"created_at) VALUES (:v, :r, :s, :kind, :error, :acl, 0, {NOW_EXPR})")
@@ -460,11 +521,11 @@ CARRY = """
 INSERT INTO results (version, record_id, shard_no, output, origin, label, acl, worker, epoch, attempt,
                      input_tokens, output_tokens, created_at, model)
 SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label,
-       CASE WHEN p.content_hash = n.content_hash THEN b.acl ELSE n.acl END,
-       'carried', 0, b.attempt, b.input_tokens, b.output_tokens, b.created_at, b.model
+       na.acl, 'carried', 0, b.attempt, b.input_tokens, b.output_tokens, b.created_at, b.model
 FROM records n
 JOIN records p ON p.version = :base AND p.record_id = n.record_id
 JOIN results b ON b.version = :base AND b.record_id = n.record_id
+LEFT JOIN acls na ON na.version = n.version AND na.acl_no = n.acl_no
 WHERE n.version = :v AND (p.content_hash = n.content_hash
                           OR COALESCE(p.text_hash, p.content_hash) = COALESCE(n.text_hash, n.content_hash))"""
 SET_CARRIED = "UPDATE jobs SET carried_count = :n WHERE version = :v"
@@ -511,8 +572,8 @@ ORDER BY c.shard_no LIMIT 1"""
 PICK_SHARD = _pick(home=False)
 PICK_HOME_SHARD = _pick(home=True)
 GRANT_SHARD = ("UPDATE shards SET state = 'leased', owner = :w, epoch = epoch + 1, lease_expires = :expires, "
-               "claims = claims + 1, owner_process = :process, ran_in = :region WHERE version = :v AND shard_no = :s "
-               "RETURNING epoch, lease_expires")
+               "claims = claims + 1, owner_process = :process, ran_in = :region, lease_key = :kh "
+               "WHERE version = :v AND shard_no = :s RETURNING epoch, lease_expires")
 # Whether a region has a shard not done yet (ready, or leased by a worker that may yet give it up).
 HOME_OPEN = (f"SELECT 1 FROM shards WHERE version = :v AND home = :home AND state IN ('ready', 'leased', 'submitted') "
              f"AND {ROUTES} LIMIT 1")
@@ -523,18 +584,18 @@ LEASE_BY_CLAIM = ("SELECT slice, record_count, lease_expires, route, batch, firs
 # started), which is where a split of its tail may begin.
 RENEW = (f"UPDATE shards SET lease_expires = {NOW_EXPR} + {LEASE_SECONDS}, "
          f"started_piece = MAX(COALESCE(started_piece, first_piece), COALESCE(:started, first_piece)) "
-         f"WHERE {FENCE} RETURNING lease_expires, end_piece, record_count")
+         f"WHERE {HELD} RETURNING lease_expires, end_piece, record_count")
 RELEASE = (f"UPDATE shards SET state = CASE WHEN json_extract(batch, '$.batch_id') IS NOT NULL "
            f"THEN 'submitted' ELSE 'ready' END, owner = NULL, lease_expires = NULL, poll_at = {NOW_EXPR} "
-           f"WHERE {FENCE}")
-SET_BATCH = f"UPDATE shards SET batch = :batch WHERE {FENCE}"
+           f"WHERE {HELD}")
+SET_BATCH = f"UPDATE shards SET batch = :batch WHERE {HELD}"
 SHARD_FOR_AWAIT = "SELECT state, owner, epoch, batch FROM shards WHERE version = :v AND shard_no = :s"
 AWAIT_PROVIDER = (f"UPDATE shards SET state = 'submitted', batch = :batch, lease_expires = NULL, "
-                  f"poll_at = {NOW_EXPR} + :poll_in WHERE {FENCE}")
+                  f"poll_at = {NOW_EXPR} + :poll_in WHERE {HELD}")
 SHARD_FOR_COMPLETE = ("SELECT state, owner, epoch, record_count, results_count, dead_count FROM shards "
                       "WHERE version = :v AND shard_no = :s")
 FINISH_SHARD = (f"UPDATE shards SET state = 'done', done_at = {NOW_EXPR}, lease_expires = NULL, files = :files "
-                f"WHERE {FENCE}")
+                f"WHERE {HELD}")
 _OPEN_OF_READY = (f"SELECT 1 FROM shards s JOIN jobs j ON j.version = s.version WHERE j.state = 'ready' "
                   f"AND s.state IN {OPEN_STATES} AND {S_ROUTES}")
 HAS_OPEN = f"SELECT EXISTS ({_OPEN_OF_READY})"
@@ -562,10 +623,11 @@ RESUME_JOB = ("UPDATE jobs SET state = 'ready', halt = NULL, abort_rate = :abort
 ANSWERED = (f"SELECT record_id FROM results WHERE version = :v AND record_id IN {IDS} UNION ALL "
             f"SELECT record_id FROM dead_letters WHERE version = :v AND record_id IN {IDS}")
 # A shard's input where the store holds it (a job over a published job), by position.
-INPUT_RECORDS = ("SELECT record_id, text, acl, content_hash, position FROM records WHERE version = :v "
+INPUT_RECORDS = ("SELECT p.record_id, p.text, a.acl, p.content_hash, p.position FROM records p "
+                 "LEFT JOIN acls a ON a.version = p.version AND a.acl_no = p.acl_no WHERE p.version = :v "
                  "AND position >= :start AND position < :end ORDER BY position")
 ATTEMPTS = f"SELECT record_id, attempts FROM attempts WHERE version = :v AND record_id IN {IDS}"
-FENCE_LOCK = f"SELECT first_piece, end_piece FROM shards WHERE {FENCE}"
+FENCE_LOCK = f"SELECT first_piece, end_piece FROM shards WHERE {HELD} AND {_OPEN_JOB}"
 BUMP_STARTED = ("UPDATE shards SET started_piece = MAX(COALESCE(started_piece, first_piece), :high) "
                 "WHERE version = :v AND shard_no = :s")
 LEASE_HOLDERS = ("SELECT shard_no, owner, epoch, lease_expires, owner_process FROM shards "
@@ -595,6 +657,17 @@ SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13
 WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = ?1 AND d.record_id = ?2)"""
 BUMP_RESULTS = ("UPDATE shards SET results_count = results_count + :n, input_tokens = input_tokens + :tin, "
                 "output_tokens = output_tokens + :tout WHERE version = :v AND shard_no = :s")
+# The outcomes a writer is about to add, refused by the first of batchline.store.rights'
+# OUTCOME_RULES one of them breaks (SQLite has no roles: PostgreSQL's trigger, as a statement).
+_REFUSAL = rights.first_refusal(rights.OUTCOME_RULES, key=":kh")
+OUTCOME_REFUSAL = f"""
+SELECT n.record_id, {_REFUSAL}
+FROM (SELECT value AS record_id, :v AS version, :s AS shard_no, :w AS worker, :e AS epoch FROM json_each(:ids)) n
+LEFT JOIN jobs j ON j.version = n.version
+LEFT JOIN shards s ON s.version = n.version AND s.shard_no = n.shard_no
+LEFT JOIN records p ON p.version = n.version AND p.record_id = n.record_id
+WHERE {_REFUSAL} IS NOT NULL
+LIMIT 1"""
 INSERT_DEAD = (f"INSERT OR IGNORE INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
                f"worker, epoch, created_at) SELECT :v, :r, :s, :kind, :error, :acl, :attempts, :w, :e, "
                f"{NOW_EXPR} WHERE NOT EXISTS (SELECT 1 FROM results WHERE version = :v AND record_id = :r)")
@@ -639,10 +712,15 @@ SELECT SUM(json_extract(c.detail, '$.records')), SUM(c.ts - k.ts) FROM events c
 JOIN events k ON k.version = c.version AND k.kind = 'claim' AND k.shard_no = c.shard_no AND k.epoch = c.epoch
 WHERE c.version = :v AND c.kind = 'complete'"""
 # A carried result's payload lives in the row of the version that computed it.
-_RESULT_COLUMNS = ("r.record_id, COALESCE(r.output, o.output), r.acl, r.shard_no, r.worker, r.epoch, r.attempt, "
+_RESULT_COLUMNS = ("r.record_id, COALESCE(r.output, o.output), pacl.acl, r.shard_no, r.worker, r.epoch, r.attempt, "
                    "r.created_at, r.input_tokens, r.output_tokens, r.label, r.origin, r.model, o.worker, o.epoch")
+# A result's ACL is its record's as the planner read it, never the one its worker put
+# (batchline.store.rights): every reader joins it from the version's own plan.
+_PLANNED_ACL = ("LEFT JOIN records pr ON pr.version = {t}.version AND pr.record_id = {t}.record_id "
+                "LEFT JOIN acls pacl ON pacl.version = pr.version AND pacl.acl_no = pr.acl_no")
 _RESULTS_FROM = ("FROM results r LEFT JOIN results o "
-                 "ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id")
+                 "ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id "
+                 + _PLANNED_ACL.format(t="r"))
 RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = :v AND r.record_id > :after "
                 f"ORDER BY r.record_id LIMIT :n")
 COMPUTED_RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = :v AND "
@@ -651,9 +729,10 @@ COMPUTED_RESULTS_PAGE = (f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.vers
 COMPUTED_OUTPUTS_PAGE = ("SELECT record_id, output FROM results WHERE version = :v AND record_id > :after "
                          "AND origin IS NULL ORDER BY record_id LIMIT :n")
 RESULTS_FOR = f"SELECT {_RESULT_COLUMNS} {_RESULTS_FROM} WHERE r.version = :v AND r.record_id IN {IDS}"
-_DEAD_COLUMNS = "d.record_id, d.shard_no, d.kind, d.error, d.acl, d.attempts, d.worker, d.created_at"
+_DEAD_COLUMNS = "d.record_id, d.shard_no, d.kind, d.error, pacl.acl, d.attempts, d.worker, d.created_at"
+_DEAD_FROM = "FROM dead_letters d " + _PLANNED_ACL.format(t="d")
 _DEAD_PAGE = "WHERE d.version = :v AND d.record_id > :after ORDER BY d.record_id LIMIT :n"
-DEAD_LETTERS_PAGE = f"SELECT {_DEAD_COLUMNS} FROM dead_letters d {_DEAD_PAGE}"
+DEAD_LETTERS_PAGE = f"SELECT {_DEAD_COLUMNS} {_DEAD_FROM} {_DEAD_PAGE}"
 # A version with output.carry: each row with its planned record's carried fields.
 _CARRY_FROM = "LEFT JOIN records c ON c.version = :v AND c.record_id = r.record_id"
 RESULTS_PAGE_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_CARRY_FROM} WHERE r.version = :v "
@@ -663,7 +742,7 @@ COMPUTED_RESULTS_PAGE_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FRO
                                f"ORDER BY r.record_id LIMIT :n")
 RESULTS_FOR_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_RESULTS_FROM} {_CARRY_FROM} WHERE r.version = :v "
                      f"AND r.record_id IN {IDS}")
-DEAD_LETTERS_PAGE_CARRY = (f"SELECT {_DEAD_COLUMNS}, c.carry FROM dead_letters d LEFT JOIN records c "
+DEAD_LETTERS_PAGE_CARRY = (f"SELECT {_DEAD_COLUMNS}, c.carry {_DEAD_FROM} LEFT JOIN records c "
                            f"ON c.version = :v AND c.record_id = d.record_id {_DEAD_PAGE}")
 PLANNED_PAGE = "SELECT record_id FROM records WHERE version = :v AND record_id > :after ORDER BY record_id LIMIT :n"
 RESOLVE_NAME = "SELECT version FROM pointers WHERE name = :name"
@@ -704,12 +783,13 @@ SET_POINTER = (f"INSERT INTO pointers (name, version, updated_at) VALUES (:name,
 # statement sees the whole old version or the whole new one, never a mix.
 CREATE_VIEW = """
 CREATE VIEW IF NOT EXISTS "{name}" AS
-SELECT r.record_id AS id, COALESCE(r.output, o.output) AS output, r.acl AS acl, r.label AS label,
+SELECT r.record_id AS id, COALESCE(r.output, o.output) AS output, a.acl AS acl, r.label AS label,
        r.version AS version, c.carry AS carry
 FROM pointers p
 JOIN results r ON r.version = p.version
 LEFT JOIN results o ON r.origin IS NOT NULL AND o.version = r.origin AND o.record_id = r.record_id
 LEFT JOIN records c ON c.version = r.version AND c.record_id = r.record_id
+LEFT JOIN acls a ON a.version = c.version AND a.acl_no = c.acl_no
 WHERE p.name = '{name}'"""
 IS_VIEW = "SELECT type = 'view' FROM sqlite_master WHERE name = :name"
 # A view made before it had the carry column is made again, in the publish that moves its pointer.
@@ -742,19 +822,26 @@ REMOVE_VERSION = (
     "DELETE FROM results WHERE version = :v AND NOT EXISTS (SELECT 1 FROM results c "
     "WHERE c.origin = :v AND c.record_id = results.record_id)",
     *(f"DELETE FROM {table} WHERE version = :v" for table in (
-        "shards", "records", "attempts", "dead_letters", "validations", "engine_runtimes")),
+        "shards", "records", "acls", "attempts", "dead_letters", "validations", "engine_runtimes")),
     "UPDATE jobs SET state = 'removed' WHERE version = :v",
 )
 
 # --- what changed between versions (batchline.store.changes) ------------------------------
 
-RESULT_ACLS = f"SELECT record_id, acl FROM results WHERE version = :v AND record_id IN {IDS}"
+RESULT_ACLS = (f"SELECT r.record_id, pacl.acl FROM results r {_PLANNED_ACL.format(t='r')} "
+               f"WHERE r.version = :v AND r.record_id IN {IDS}")
+# Two versions' planned ACLs of one record, by text (each version numbers its ACLs its own way).
+_ACL_PAIR = ("LEFT JOIN records pn ON pn.version = n.version AND pn.record_id = n.record_id "
+             "LEFT JOIN acls an ON an.version = pn.version AND an.acl_no = pn.acl_no "
+             "LEFT JOIN records po ON po.version = o.version AND po.record_id = o.record_id "
+             "LEFT JOIN acls ao ON ao.version = po.version AND ao.acl_no = po.acl_no")
 # A result is the same where the same version computed it (a carried one names its origin).
 RESULT_CHANGES = """
 SELECT SUM(o.record_id IS NULL),
-       SUM(o.record_id IS NOT NULL AND (o.acl IS NOT n.acl
+       SUM(o.record_id IS NOT NULL AND (ao.acl IS NOT an.acl
                                         OR COALESCE(n.origin, n.version) <> COALESCE(o.origin, o.version)))
 FROM results n LEFT JOIN results o ON o.version = :old AND o.record_id = n.record_id
+""" + _ACL_PAIR + """
 WHERE n.version = :new"""
 RESULTS_REMOVED = """
 SELECT COUNT(*) FROM results o WHERE o.version = :old
@@ -766,8 +853,10 @@ SELECT n.record_id FROM results n
 LEFT JOIN results o ON o.version = :old AND o.record_id = n.record_id
 LEFT JOIN records cn ON cn.version = :new AND cn.record_id = n.record_id
 LEFT JOIN records co ON co.version = :old AND co.record_id = n.record_id
+LEFT JOIN acls an ON an.version = cn.version AND an.acl_no = cn.acl_no
+LEFT JOIN acls ao ON ao.version = co.version AND ao.acl_no = co.acl_no
 WHERE n.version = :new AND n.record_id > :after
-  AND (o.record_id IS NULL OR o.acl IS NOT n.acl OR COALESCE(n.origin, n.version) <> COALESCE(o.origin, o.version)
+  AND (o.record_id IS NULL OR ao.acl IS NOT an.acl OR COALESCE(n.origin, n.version) <> COALESCE(o.origin, o.version)
        OR cn.carry IS NOT co.carry)
 ORDER BY n.record_id LIMIT :n"""
 RESULT_ROWS_REMOVED_PAGE = """
@@ -829,6 +918,37 @@ WORKER_GONE = (f"UPDATE worker_beats SET stopped_at = {NOW_EXPR} WHERE version =
 WORKERS_SEEN = (f"SELECT worker, paid_slot, process, every_s, started_at, seen_at FROM worker_beats "
                 f"WHERE version = :v AND stopped_at IS NULL AND seen_at >= {NOW_EXPR} - :grace * every_s "
                 "ORDER BY worker")
+# The one rule of what a heartbeat counts for (batchline.store.beats.live_capacity), as
+# PostgreSQL's statement of the same name states it.
+LIVE_CAPACITY = f"""
+WITH n AS (SELECT {NOW_EXPR} AS t),
+leased AS (
+    SELECT DISTINCT owner FROM shards
+    WHERE version = :v AND state = 'leased' AND lease_expires > (SELECT t FROM n)
+), completed AS (
+    SELECT owner, max(done_at) AS done_at FROM shards
+    WHERE version = :v AND state = 'done' AND done_at >= (SELECT t FROM n) - :grace * :max_every
+    GROUP BY owner
+), paid AS (
+    SELECT slot || '/' || generation AS ref, worker FROM paid_workers
+    WHERE version = :v AND stopped_at IS NULL AND worker IS NOT NULL
+), counted AS (
+    SELECT b.worker, b.paid_slot, b.process, b.every_s, b.started_at, b.seen_at,
+           CASE WHEN l.owner IS NOT NULL THEN 'leased'
+                WHEN c.done_at >= n.t - :grace * b.every_s THEN 'completed'
+                WHEN b.started_at >= n.t - :loading THEN 'loading' END AS why
+    FROM worker_beats b CROSS JOIN n
+    LEFT JOIN leased l ON l.owner = b.worker
+    LEFT JOIN completed c ON c.owner = b.worker
+    LEFT JOIN paid p ON p.ref = b.paid_slot AND p.worker = b.worker
+    WHERE b.version = :v AND b.stopped_at IS NULL AND b.seen_at >= n.t - :grace * b.every_s
+      AND (b.paid_slot IS NULL OR p.ref IS NOT NULL)
+)
+SELECT worker, paid_slot, process, every_s, started_at, seen_at, why FROM counted
+WHERE why IS NOT NULL ORDER BY worker"""
+RESTART_SPANS = "SELECT claimed_at - launched_at FROM paid_workers WHERE version = :v AND claimed_at IS NOT NULL"
+SPEC_RESTART_OVERHEAD = ("SELECT json_extract(spec, '$.fallback.restart_overhead_seconds') FROM jobs "
+                         "WHERE version = :v")
 # --- replicas and regions (batchline.store.replicas) -----------------------------------------
 
 _REPLICA_COLUMNS = "region, location, root, pins, compared, by, added_at"
@@ -901,23 +1021,26 @@ _SHARD = "r.version = :v AND r.shard_no = :s"
 # version's whole primary key in id order instead.
 _BY_SHARD = "FROM results r INDEXED BY results_by_shard"
 _OF_SHARD_FROM = (f"{_BY_SHARD} LEFT JOIN results o ON r.origin IS NOT NULL AND o.version = r.origin "
-                  f"AND o.record_id = r.record_id")
+                  f"AND o.record_id = r.record_id " + _PLANNED_ACL.format(t="r"))
+_COMPUTED_FROM = f"{_BY_SHARD} " + _PLANNED_ACL.format(t="r")
 RESULTS_OF_SHARD = f"SELECT {_RESULT_COLUMNS} {_OF_SHARD_FROM} WHERE {_SHARD} ORDER BY r.record_id"
 RESULTS_OF_SHARD_CARRY = (f"SELECT {_RESULT_COLUMNS}, c.carry {_OF_SHARD_FROM} {_CARRY_FROM} WHERE {_SHARD} "
                           f"ORDER BY r.record_id")
 # What a worker computed: no carried result, so no row of another version to join.
 _COMPUTED_COLUMNS = _RESULT_COLUMNS.replace("COALESCE(r.output, o.output)", "r.output").replace(
     "o.worker, o.epoch", "NULL, NULL")
-COMPUTED_RESULTS_OF_SHARD = (f"SELECT {_COMPUTED_COLUMNS} {_BY_SHARD} WHERE {_SHARD} AND r.origin IS NULL "
+COMPUTED_RESULTS_OF_SHARD = (f"SELECT {_COMPUTED_COLUMNS} {_COMPUTED_FROM} WHERE {_SHARD} AND r.origin IS NULL "
                              f"ORDER BY r.record_id")
-COMPUTED_RESULTS_OF_SHARD_CARRY = (f"SELECT {_COMPUTED_COLUMNS}, c.carry {_BY_SHARD} {_CARRY_FROM} WHERE {_SHARD} "
+COMPUTED_RESULTS_OF_SHARD_CARRY = (f"SELECT {_COMPUTED_COLUMNS}, c.carry {_COMPUTED_FROM} {_CARRY_FROM} WHERE {_SHARD} "
                                    f"AND r.origin IS NULL ORDER BY r.record_id")
 # What a shard's worker computed, the columns its file holds alone (ShardOutcomes.shard_columns).
-SHARD_COLUMNS = (f"SELECT r.record_id, r.output, r.acl, r.label, r.model, r.attempt, r.input_tokens, r.output_tokens, r.created_at {_BY_SHARD} WHERE {_SHARD} AND r.origin IS NULL ORDER BY r.record_id")
+SHARD_COLUMNS = (f"SELECT r.record_id, r.output, pacl.acl, r.label, r.model, r.attempt, r.input_tokens, "
+                 f"r.output_tokens, r.created_at {_COMPUTED_FROM} WHERE {_SHARD} AND r.origin IS NULL "
+                 f"ORDER BY r.record_id")
 DEAD_LETTERS_OF_SHARD = (f"SELECT {_DEAD_COLUMNS} FROM dead_letters d INDEXED BY dead_letters_by_shard "
-                         f"WHERE d.version = :v AND d.shard_no = :s ORDER BY d.record_id")
+                         f"{_PLANNED_ACL.format(t='d')} WHERE d.version = :v AND d.shard_no = :s ORDER BY d.record_id")
 DEAD_LETTERS_OF_SHARD_CARRY = (f"SELECT {_DEAD_COLUMNS}, c.carry FROM dead_letters d INDEXED BY dead_letters_by_shard "
-                               f"LEFT JOIN records c "
+                               f"{_PLANNED_ACL.format(t='d')} LEFT JOIN records c "
                                f"ON c.version = :v AND c.record_id = d.record_id "
                                f"WHERE d.version = :v AND d.shard_no = :s ORDER BY d.record_id")
 

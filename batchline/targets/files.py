@@ -459,6 +459,52 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+# --- the published copy of a checked shard file ----------------------------------------------------
+#
+# A worker's staging prefix stays writable by it after the check (its credentials cover it, and an
+# object store lets whoever may write a key delete and write it again), and Iceberg records only a
+# data file's path: a file published where it was staged would be read as the worker leaves it.
+# So the publisher copies each checked file, at publish, into the table's own location, which
+# only the publisher may write (`batchline grants` gives workers the staging prefix alone), and
+# the table names the copy. The copy is made at publish, not at validate: a version is copied
+# only when it is published (a validation that is never followed by a publish leaves nothing
+# behind), and the copy is made of the bytes read once here and hashed, so a file rewritten
+# between the check and the copy is refused by name instead of copied.
+
+
+def copy_checked_file(checked: CheckedFile, destination: str, storage: Mapping[str, Any]) -> dict[str, Any] | str:
+    """The file `checked` names, read once, its pin as the check recorded it (its digest made of the
+    bytes read), and those same bytes written whole at `destination`: the copy's pin (size, the
+    digest of the bytes written, and where the object store gives them its ETag and version), or
+    why nothing was copied."""
+    from batchline.sources import is_remote, open_source, upload
+
+    try:
+        have, data = current_pin(checked.path, storage, read=True)
+    except BatchlineError as exc:
+        return f"it cannot be read ({one_line(exc)})"
+    problem = pin_problem(checked.pin, have, "the check")
+    if problem is not None:
+        return problem
+    digest = str(have["digest"])
+    if is_remote(destination):
+        with tempfile.TemporaryDirectory(prefix="batchline-copy-") as scratch:
+            local = Path(scratch) / "shard.parquet"
+            local.write_bytes(data)
+            upload(local, destination, storage)
+        pin = open_source(destination, storage).pin()
+        copy = whole_pin(pin.size, digest, pin.etag, pin.version)
+    else:
+        target = Path(destination.removeprefix("file://"))
+        atomic_write(target, lambda tmp: tmp.write_bytes(data))
+        copy = whole_pin(target.stat().st_size, digest)
+    # What lies at the copy's location is the publisher's own write; its size is checked here
+    # so that a short or failed write is never registered.
+    if copy["size"] != len(data):
+        return f"its copy at {destination} holds {copy['size']:,} bytes, not the {len(data):,} that were checked"
+    return copy
+
+
 def under(location: str, prefix: str) -> bool:
     """`location` lies under `prefix` (which ends in `/`), read as written: a `..` segment, or a
     location of another scheme or host, never does."""

@@ -9,9 +9,11 @@
   changed; a map of each version's files by shard identity is kept beside the
   table's metadata for the next version to read. With `files: per-shard` the
   workers wrote each shard's file as they completed it, and the store recorded it:
-  staging checks each against what the store recorded (refusing, by name, one
-  deleted or altered since) and adds it without copying, writing only a file of the
-  results carried into a shard. A table without any snapshot refuses writes to a
+  staging copies each, as validation checked it, into the table's own location
+  (`copy_prefix`: out of every worker's reach; refusing, by name, a file deleted or
+  altered since the check) and adds the copy, never the worker's file, writing only a
+  file of the results carried into a shard. Each copy's pin is recorded in the
+  version's map of files. A table without any snapshot refuses writes to a
   branch, so the first stage gives it an empty first snapshot on main (marked
   `batchline.baseline`). The table is made on first use, with columns from the
   output's JSON Schema (`iceberg_schema`); a later version may add columns, which
@@ -29,8 +31,8 @@
 - `forget` removes a pruned version's branch, expires every snapshot no branch
   reaches any more, and deletes the files only those snapshots used
   (`expire_snapshots` by itself deletes no file): a file a kept version shares
-  stays. Shard files of the version that no kept snapshot uses (a stale owner's)
-  go with it.
+  stays. The version's shard files in staging, and its copies that no kept snapshot
+  uses (a publish that stopped before its commit), go with it.
 
 A row's `version` column names the version that wrote its file: a row shared from
 the base version names the base. What the table shows is the version its main's
@@ -73,8 +75,7 @@ from batchline.targets.files import (
     CheckedFile,
     ShardFileRefused,
     check_shard_files,
-    current_pin,
-    pin_problem,
+    copy_checked_file,
     shard_file_location,
     under,
     validated_files,
@@ -136,6 +137,7 @@ class IcebergTable:
         version, spec = job.version, job.spec
         with open_catalog(self.ref, self.store_url, self.storage) as catalog:
             written: dict[str, list[Any]] = {}  # files of this version written so far, kept across tries
+            pins: dict[str, dict[str, Any]] = {}  # the copies of the workers' files made so far, by location
             for attempt in range(COMMIT_TRIES):
                 table = load_table(catalog, self.ref)
                 if table is not None and version in table.metadata.refs:
@@ -145,8 +147,8 @@ class IcebergTable:
                     if table.metadata.current_snapshot_id is None:
                         table.append(_empty(table), snapshot_properties={BASELINE: "true"})
                         continue
-                    layout = self._layout(table, store, job, written)
-                    layout.commit(table, {VERSION_PROPERTY: version, "batchline.name": job.name})
+                    layout = self._layout(table, store, job, written, pins)
+                    layout.commit(table, {VERSION_PROPERTY: version, "batchline.name": job.name}, pins)
                     self._remove_orphans(version, layout, spec.shards.lease_seconds)
                     return True
                 except _commit_failed() as exc:
@@ -155,7 +157,8 @@ class IcebergTable:
                                              f"other writers ({one_line(exc)}); publish again") from None
         raise BatchlineError(f"{self.describe()}: {version} was not written in {COMMIT_TRIES} tries; publish again")
 
-    def _layout(self, table: Any, store: ReaderStore, job: JobVersion, written: dict[str, list[Any]]) -> Layout:
+    def _layout(self, table: Any, store: ReaderStore, job: JobVersion, written: dict[str, list[Any]],
+                pins: dict[str, dict[str, Any]]) -> Layout:
         """The version's data files, a shard's rows to a file: the base version's file of a shard
         whose every outcome was carried from it (of the same identity and row shape), else a new
         file written from the store. Files written in an earlier try are not written again."""
@@ -177,11 +180,13 @@ class IcebergTable:
 
         for unit in store.shard_units(version):
             shared = base.get(unit.identity) if unit.all_carried else None
+            if shared is not None and not all(self._publishers(table, f.file_path) for f in shared):
+                shared = None  # a worker's file a base published where it was staged: written anew here
             if shared is not None:
                 layout.add(unit.identity, shared, reused=True)
                 continue
             if unit.identity not in written:
-                written[unit.identity] = self._unit_files(table, store, version, unit, write, checked)
+                written[unit.identity] = self._unit_files(table, store, version, unit, write, checked, pins)
             layout.add(unit.identity, written[unit.identity], reused=False)
         return layout
 
@@ -199,6 +204,27 @@ class IcebergTable:
             for location, written_at in listing(prefix, self.storage):
                 if _local(location) not in used and written_at < cutoff and under(location, prefix):
                     delete(location, self.storage)
+
+    def _publishers(self, table: Any, location: str) -> bool:
+        """`location` lies where only the publisher writes: under the table's location and under no
+        staging prefix."""
+        # A folder's own path is tested without its closing `/`, as `under` reads a local path.
+        here = location.rstrip("/")
+        return under(here, f"{table.metadata.location.rstrip('/')}/") and not any(
+            under(here, f"{p.rstrip('/')}/") for p in (self.staging.prefixes if self.staging else []))
+
+    def _copy_prefix(self, table: Any, version: str) -> str:
+        """Where the version's checked shard files are copied (`copy_prefix`), refused by name where
+        a staging prefix covers it: the workers could write the copies there."""
+        prefix = copy_prefix(table.metadata.location, version)
+        if not self._publishers(table, prefix):
+            covering = next((p for p in (self.staging.prefixes if self.staging else [])
+                             if under(prefix.rstrip("/"), f"{p.rstrip('/')}/")), "of a worker")
+            raise ShardFileRefused(f"{self.describe()}: the table's location {table.metadata.location} lies under "
+                                   f"the staging prefix {covering}, which workers may write: the published copies "
+                                   "of their files would be in their reach; give output.table.staging outside the "
+                                   "table's location; nothing was published")
+        return prefix
 
     def _version_prefixes(self, version: str) -> list[str]:
         """The version's own staging prefixes, one per region's staging."""
@@ -223,9 +249,9 @@ class IcebergTable:
 
     def _unit_files(self, table: Any, store: ReaderStore, version: str, unit: ShardUnit,
                     write: Callable[[list[StoredResult], list[StoredDeadLetter]], list[Any]],
-                    checked: Mapping[int, CheckedFile]) -> list[Any]:
-        """A shard's files: the one its completing worker wrote (files: per-shard), as checked
-        against the store's rows, its pin the same now, and a file of the results carried into
+                    checked: Mapping[int, CheckedFile], pins: dict[str, dict[str, Any]]) -> list[Any]:
+        """A shard's files: the publisher's copy of the one its completing worker wrote (files:
+        per-shard), made of the bytes the check pinned, and a file of the results carried into
         it; or, for a shard no worker wrote, one file of its rows written here."""
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
@@ -234,20 +260,21 @@ class IcebergTable:
             return write(*store.shard_outcomes(version, unit.shard_no))
         path = str(recorded.get("path")) if isinstance(recorded, Mapping) else "(no path)"
         known = checked.get(unit.shard_no)
-        problem: str | None
+        problem: str | None = None
         if known is None:
             problem = "it was not checked against the store's rows (it was recorded after the validation)"
         elif known.path != path or recorded.get("pin") != dict(known.pin):
             problem = f"its record changed since it was checked (checked: {known.path})"
         else:
-            try:
-                have, _ = current_pin(path, self.storage)
-            except BatchlineError as exc:
-                problem = f"it cannot be read ({one_line(exc)})"
+            destination = self._copy_prefix(table, version) + path.rstrip("/").rsplit("/", 1)[-1]
+            copied = copy_checked_file(known, destination, self.storage)
+            if isinstance(copied, str):
+                problem = copied
             else:
-                problem = pin_problem(known.pin, have, "the check")
+                pins[destination] = copied
         if problem is None:
-            added = parquet_file_to_data_file(table.io, table.metadata, path if "://" in path else f"file://{path}")
+            added = parquet_file_to_data_file(table.io, table.metadata,
+                                              destination if "://" in destination else f"file://{destination}")
             if added.record_count != int(recorded["rows"]):
                 problem = f"it holds {added.record_count:,} rows, not {int(recorded['rows']):,} as its worker wrote"
         if problem is not None:
@@ -399,6 +426,10 @@ class IcebergTable:
                        for s in ancestors_of(meta.snapshot_by_id(r.snapshot_id), meta)}
             expired = [s for s in meta.snapshots if s.snapshot_id not in reached]
             if not expired:
+                # No snapshot of it: what a publish that stopped before its commit left (copies,
+                # and the workers' files), unless a kept snapshot uses it.
+                self._forget_staging(version, lambda: {_local(p) for p in _files_of(
+                    table, [s for s in meta.snapshots if s.snapshot_id in reached])}, table)
                 return
             gone = _files_of(table, expired)
             kept = _files_of(table, [s for s in meta.snapshots if s.snapshot_id in reached])
@@ -409,7 +440,8 @@ class IcebergTable:
                     continue  # not the table's own, nor the expired versions' staging: never deleted here
                 with contextlib.suppress(FileNotFoundError):
                     table.io.delete(path)
-            self._forget_staging(version, {_local(p) for p in kept})
+            kept_here = {_local(p) for p in kept}
+            self._forget_staging(version, lambda: kept_here, table)
 
     def _own_prefixes(self, table: Any, snapshots: list[Any]) -> list[str]:
         """Where a file that expiring snapshots frees may be deleted: under the table's own location,
@@ -422,13 +454,18 @@ class IcebergTable:
                 own.extend(self._version_prefixes(props[VERSION_PROPERTY]))
         return own
 
-    def _forget_staging(self, version: str, kept: set[str]) -> None:
-        """What is left of the version's shard files that no kept snapshot uses (stale owners')."""
+    def _forget_staging(self, version: str, kept: Callable[[], set[str]], table: Any) -> None:
+        """What is left of the version's shard files in staging (each copied, or a stale owner's),
+        and of its copies, that no kept snapshot uses (`kept()`, read only where a file is found)."""
         from batchline.sources import delete, listing
 
-        for prefix in self._version_prefixes(version):
+        prefixes = [*self._version_prefixes(version), _local(copy_prefix(table.metadata.location, version))]
+        keep: set[str] | None = None
+        for prefix in prefixes:
             for location, _written_at in listing(prefix, self.storage):
-                if _local(location) not in kept and under(location, prefix):
+                if keep is None:
+                    keep = kept()
+                if _local(location) not in keep and under(location, prefix):
                     delete(location, self.storage)
 
 
@@ -462,13 +499,18 @@ class Layout:
         else:
             self.written += len(files)
 
-    def commit(self, table: Any, properties: dict[str, str]) -> None:
+    def commit(self, table: Any, properties: dict[str, str], pins: Mapping[str, Mapping[str, Any]]) -> None:
         """One snapshot of the version's branch holding every file, and beside the table's metadata
-        the map of its files by shard identity that the next incremental version reads."""
+        the map of its files by shard identity that the next incremental version reads, with the
+        pin of each copy of a worker's file (`pins`, by location) as it was written."""
         path = f"{table.metadata.location}/metadata/batchline-{uuid.uuid4().hex}.files.json"
+        paths = {f.file_path for files in self.units.values() for f in files}
+        copies = {where: dict(pin) for where, pin in pins.items()
+                  if where in paths or f"file://{where}" in paths}
         with table.io.new_output(path).create(overwrite=True) as out:
             out.write(json.dumps({"shape": self.shape, "units": {
-                identity: [f.file_path for f in files] for identity, files in self.units.items()}}).encode())
+                identity: [f.file_path for f in files] for identity, files in self.units.items()},
+                **({"copies": copies} if copies else {})}).encode())
         properties = {**properties, SHAPE_PROPERTY: self.shape, FILES_PROPERTY: path,
                       "batchline.files-shared": str(self.reused), "batchline.files-written": str(self.written)}
         version = properties[VERSION_PROPERTY]
@@ -498,6 +540,16 @@ def base_files(table: Any, base: str, shape: str) -> dict[str, list[Any]]:
             by_path[entry.data_file.file_path] = entry.data_file
     return {identity: [by_path[p] for p in paths] for identity, paths in units.items()
             if all(p in by_path for p in paths)}
+
+
+# Under the table's data folder, the publisher's copies of the workers' checked shard files.
+COPIES_FOLDER = "batchline-shards"
+
+
+def copy_prefix(table_location: str, version: str) -> str:
+    """Where the publisher copies a version's checked shard files: the table's own data folder,
+    which only the publisher writes (see `copy_checked_file`), a folder per version."""
+    return f"{table_location.rstrip('/')}/data/{COPIES_FOLDER}/{version}/"
 
 
 def _local(path: str) -> str:
@@ -730,7 +782,8 @@ PER_SHARD = "per-shard"
 # What the output's table section holds besides the table's own fields.
 OUTPUT_TABLE_FIELDS: Fields = {
     "files": {"enum": [PER_SHARD], "description": "per-shard: each worker writes its completed shard's file into "
-                                                  "the staging prefix, and publishing adds them without copying"},
+                                                  "the staging prefix; publishing copies each checked file into the "
+                                                  "table's location, out of the workers' reach, and adds the copies"},
     "staging": {"anyOf": [{"type": "string", "minLength": 1},
                           {"type": "object", "minProperties": 1, "additionalProperties": {"type": "string"}}],
                 "description": "Where workers write shard files (a folder or an s3:// or gs:// prefix; default: "
@@ -843,7 +896,18 @@ class IcebergOutput(TargetFamily):
             given = f"{ref.warehouse.rstrip('/')}/batchline-staging"
         if given is None:
             return TableOutput(ref, files, None)
-        return TableOutput(ref, files, _staging(r, given, ctx))
+        staging = _staging(r, given, ctx)
+        # The warehouse as the table's section was read: a URL (file:// for a folder).
+        warehouse = (ref.warehouse or "").rstrip("/")
+        for prefix in staging.prefixes if warehouse else []:
+            if warehouse == f"file://{prefix.rstrip('/')}" or warehouse == prefix.rstrip("/") or \
+                    under(warehouse, f"{prefix.rstrip('/')}/"):
+                # Workers may write under the staging prefix: the table's files, and the copies of
+                # theirs the publisher makes there, would be in their reach.
+                r.fail("output.table.staging", f"{prefix} holds the warehouse {ref.warehouse}, where the published "
+                                               "copies of the workers' files lie: give a prefix beside it (the "
+                                               "default is the warehouse's batchline-staging)")
+        return TableOutput(ref, files, staging)
 
     def access(self, section: Mapping[str, Any]) -> list[str]:
         output = section.get("table")
@@ -857,12 +921,14 @@ class IcebergOutput(TargetFamily):
         given = output.get("staging") if output.get("files") == PER_SHARD else None
         staging = ", ".join(given.values()) if isinstance(given, dict) else given
         worker = (f"the worker needs no catalog right, only to write objects under {staging}/VERSION/ (each "
-                  "completed shard's file, named by the version, the shard and the lease epoch)"
+                  "completed shard's file, named by the version, the shard and the lease epoch), and nothing under "
+                  "the table's location, where the publisher copies each checked file: give it no right there"
                   if staging else "the worker needs nothing of it")
         return [f"output table {output['name']} (catalog {output['catalog']!r}): {worker}; the "
                 f"publisher (publish, rollback, retention) needs {rights}, and to write and delete files under the "
                 f"table's location{' in ' + output['warehouse'] if output.get('warehouse') else ''} (it writes each "
-                "version's data and metadata files and deletes pruned versions' files)"
+                "version's data and metadata files, the copies of the workers' checked shard files under "
+                f"data/{COPIES_FOLDER}/ included, and deletes pruned versions' files)"
                 + (f", and to read and delete those under {staging}" if staging else "")]
 
     def pod_refusal(self, section: Mapping[str, Any], where: str) -> str | None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchline.errors import BatchlineError
 from batchline.store import WorkerStore
+from batchline.store.beats import HEARTBEAT_MAX_SECONDS, HEARTBEAT_MIN_SECONDS
 
 if TYPE_CHECKING:
     from batchline.worker.paid import PaidSlotKeeper
@@ -37,9 +38,10 @@ def heartbeat_seconds() -> float:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not 0.1 <= value <= 60.0:
+    # The store refuses a heartbeat outside the same bounds: refused here, before anything starts.
+    if not HEARTBEAT_MIN_SECONDS <= value <= HEARTBEAT_MAX_SECONDS:
         raise BatchlineError(f"{HEARTBEAT_ENV}={text!r}: give the seconds between a worker's heartbeats, "
-                             "from 0.1 to 60")
+                             f"from {HEARTBEAT_MIN_SECONDS:g} to {HEARTBEAT_MAX_SECONDS:g}")
     return value
 
 

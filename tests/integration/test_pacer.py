@@ -76,6 +76,14 @@ def behind(job_factory: Any, store: Store, *, workers: int = 3, **fallback: Any)
     return version, lease
 
 
+def spot_at_work(store: Store, version: str) -> None:
+    """The spot worker as a working one is seen: holding a lease (its first went to a paid
+    worker once the shifted clock expired it) and heartbeating. A heartbeat alone is no
+    capacity past a worker's time to load (store.live_capacity)."""
+    assert store.claim("spot-1", version) is not None
+    store.worker_beat(version, "spot-1", every=60.0)
+
+
 def running_slots(store: Store, version: str) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for s in store.paid_slots(version):
@@ -182,6 +190,7 @@ def test_a_pacer_restarted_mid_run_doubles_nothing_and_stops_what_the_one_before
     assert running_slots(store, version) == {"paid-0": [1], "paid-1": [1]}
     # Given a far later deadline, the job is ahead: the successor stops the workers it did not start.
     later = runner_for(store, version, tmp_path, runners, deadline=parse_deadline("30d", "--deadline", None))
+    spot_at_work(store, version)
     report = later.pacer.tick()  # type: ignore[union-attr]
     assert report is not None and report.decision.paid == 0 and report.stopped == ("paid-0", "paid-1")
     for proc in orphans:

@@ -30,7 +30,7 @@ from batchline.targets import targets_for
 from batchline.targets.files import ShardFileRefused, version_prefix, whole_pin
 from batchline.worker.supervisor import Worker
 from tests.helpers import make_records, planned
-from tests.iceberg_support import pyiceberg_table
+from tests.iceberg_support import main_rows, pyiceberg_table
 from tests.stores import SQLITE, WORKER_ROLE
 
 TABLE = "lake.trusted"
@@ -302,8 +302,10 @@ def test_each_regions_workers_stage_their_files_in_their_region_and_one_commit_p
     files = [task.file.file_path for task in table.scan().plan_files()]
     # One snapshot added the files of both regions.
     assert len(files) == 4 and table.current_snapshot().summary["added-data-files"] == "4"
-    assert sorted(Path(f.removeprefix("file://")).parent.parent.name for f in files) == \
-        ["staging-east", "staging-east", "staging-west", "staging-west"]
+    # The publisher's copies of both regions' files, under the table's own location.
+    location = table.metadata.location.removeprefix("file://")
+    assert sorted(f.removeprefix("file://") for f in files) == \
+        [f"{location}/data/batchline-shards/{version}/{name}" for name in sorted(staged["east"] + staged["west"])]
 
 
 def test_a_file_staged_under_another_regions_prefix_than_its_shard_ran_in_is_refused(
@@ -325,3 +327,118 @@ def test_a_file_staged_under_another_regions_prefix_than_its_shard_ran_in_is_ref
     [refused] = check.details["refused"]
     assert re.search(rf"the file of shard {FORGED}, .*staging-west/.*: .*recorded it at .*staging-west/.*, not at "
                      rf".*staging-east/{re.escape(version)}/shard-000002-epoch-1\.parquet", refused), refused
+
+
+# --- what is read after publish: the publisher's copy, out of the worker's reach ------------------
+
+
+def same_size(path: Path, change: Callable[[pa.Table], pa.Table]) -> None:
+    """The file at `path` rewritten as `change` makes its rows, padded (in its footer's key-value
+    metadata) to the size it had: what a worker with its staging credential could put there to
+    pass a check of sizes alone."""
+    size = path.stat().st_size
+    table = change(pq.read_table(path))
+    pad = 0
+    for _try in range(20):
+        # Without statistics the rewrite is smaller than the worker's file; a footer-only key's
+        # padding then counts once.
+        with pq.ParquetWriter(path, table.schema, write_statistics=False, compression="zstd") as writer:
+            writer.write_table(table)
+            writer.add_key_value_metadata({"pad": "x" * pad})
+        now = path.stat().st_size
+        if now == size:
+            return
+        pad = max(0, pad + size - now)
+    raise AssertionError(f"could not rewrite {path} at {size} bytes")
+
+
+def widen(t: pa.Table) -> pa.Table:
+    acl = pa.array([["everyone"]] * t.num_rows, type=t.schema.field("acl").type)
+    return t.set_column(t.schema.get_field_index("acl"), "acl", acl)
+
+
+def records_acls() -> dict[str, list[str]]:
+    return {r["id"]: [f"team-{i % 3}"] for i, r in enumerate(make_records(N))}
+
+
+def staged_file(store: Store, version: str, shard_no: int) -> Path:
+    [unit] = [u for u in store.shard_units(version) if u.shard_no == shard_no]
+    assert unit.files is not None
+    return Path(next(iter(unit.files.values()))["path"])
+
+
+def test_a_shard_file_rewritten_after_publish_at_the_same_size_with_wider_acls_is_never_read(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    """Iceberg records only a data file's path: were it the worker's, the worker's rewrite after
+    publish would be what DuckDB reads. The table names the publisher's copy; the Parquet CURRENT
+    is written from the store."""
+    import duckdb
+
+    path = per_shard(job_factory, tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    spec["output"]["dataset"] = str(tmp_path / "exports")
+    path.write_text(yaml.safe_dump(spec))
+    _spec, version = planned(path, store)
+    assert Worker(store, version=version, poll_seconds=0.1).run() == 0
+    assert validate(store, version).passed
+    publish(store, version)
+    staged = staged_file(store, version, FORGED)
+    before = staged.stat().st_size
+    same_size(staged, widen)  # the worker's credential still covers its staging prefix
+    assert staged.stat().st_size == before and pq.read_table(staged).column("acl").to_pylist()[0] == ["everyone"]
+    want = records_acls()
+    table_acls = dict(main_rows(store_url, TABLE, "id, acl"))
+    assert table_acls == want
+    table = pyiceberg_table(store_url, TABLE)
+    files = [t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()]
+    location = table.metadata.location.removeprefix("file://")
+    assert files and all(f.startswith(f"{location}/data/batchline-shards/{version}/") for f in files)
+    assert str(staged) not in files
+    current = (tmp_path / "exports" / "test-job" / "CURRENT").read_text().strip()
+    con = duckdb.connect()
+    try:
+        rows = con.execute(f"SELECT id, acl FROM read_parquet('{tmp_path / 'exports' / 'test-job' / current}/*.parquet')"
+                           ).fetchall()
+    finally:
+        con.close()
+    assert dict(rows) == want
+
+
+def test_a_shard_file_rewritten_between_validate_and_publish_at_the_same_size_is_refused_by_name(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    _spec, version = planned(per_shard(job_factory, tmp_path), store)
+    assert Worker(store, version=version, poll_seconds=0.1).run() == 0
+    assert validate(store, version).passed
+    staged = staged_file(store, version, FORGED)
+    same_size(staged, widen)
+    with pytest.raises(ShardFileRefused, match=rf"the file of shard {FORGED} of {version}, {staged}, its digest is .* "
+                                               "as the check recorded it; nothing was published"):
+        publish(store, version)
+    nothing_published(store, store_url, version)
+    location = pyiceberg_table(store_url, TABLE).metadata.location.removeprefix("file://")
+    assert not (Path(location) / "data" / "batchline-shards" / version / staged.name).exists()
+
+
+def test_a_staging_prefix_that_holds_the_warehouse_is_refused_when_the_spec_is_read(
+        job_factory: Any, store: Store, tmp_path: Path) -> None:
+    path = per_shard(job_factory, tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    spec["output"]["table"]["staging"] = str(tmp_path)  # the warehouse, tmp_path/wh, lies under it
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(BatchlineError, match=r"output\.table\.staging.*holds the warehouse"):
+        planned(path, store)
+
+
+def test_grants_never_give_a_worker_the_location_of_the_published_copies(
+        job_factory: Any, store: Store, tmp_path: Path) -> None:
+    from batchline.ops.grants import snapshot_access
+
+    _spec, version = planned(per_shard(job_factory, tmp_path), store)
+    info = store.job(version)
+    assert info is not None
+    [line] = [x for x in snapshot_access(dict(info.spec)) if x.startswith(f"output table {TABLE}")]
+    worker, publisher = line.split("; the publisher", 1)
+    staging = str(tmp_path / "wh" / "batchline-staging")
+    assert f"write objects under {staging}/VERSION/" in worker and "nothing under the table's location" in worker
+    assert "data/batchline-shards/" in publisher
+    assert not str(tmp_path / "wh" / "lake").startswith(f"{staging}/")

@@ -1,7 +1,8 @@
 """Shard files written by the workers (`output.table.files: per-shard`): each completing worker
 writes its shard's file, named by the version, the shard and the lease epoch, into the staging
-prefix, and the store records it in the step that completes the shard; publishing adds the
-recorded files in one commit and copies nothing. The faults: a publisher killed after the
+prefix, and the store records it in the step that completes the shard; publishing copies each
+checked file into the table's own location, out of the workers' reach, and adds the copies in
+one commit. The faults: a publisher killed after the
 catalog commit, a worker killed between its file and its completion, a file deleted or altered
 before publishing, a staging prefix that cannot be written. On both stores."""
 
@@ -51,7 +52,7 @@ def main_files(store_url: str) -> list[str]:
             for e in m.fetch_manifest_entry(table.io)]
 
 
-def test_workers_write_each_shards_file_and_publishing_adds_them_without_copying(
+def test_workers_write_each_shards_file_and_publishing_adds_a_copy_of_each_out_of_their_reach(
         job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
     _spec, version = planned(per_shard(job_factory, tmp_path, options={"error_on": ["r000007"]},
                                       validate={"max_dead_letter_rate": 0.5}), store)
@@ -71,7 +72,11 @@ def test_workers_write_each_shards_file_and_publishing_adds_them_without_copying
                for s, p in files.items())
     assert validate(store, version).passed
     publish(store, version)
-    assert sorted(main_files(store_url)) == sorted(files.values())  # the workers' files, no copy of them
+    # The publisher's copies, byte for byte the workers' files, under the table's own location.
+    location = pyiceberg_table(store_url, TABLE).metadata.location.removeprefix("file://")
+    copies = {f"{location}/data/batchline-shards/{version}/{Path(p).name}": p for p in files.values()}
+    assert sorted(main_files(store_url)) == sorted(copies)
+    assert all(Path(c).read_bytes() == Path(p).read_bytes() for c, p in copies.items())
     rows = main_rows(store_url, TABLE, "id, outcome")
     assert len(rows) == N and len({r[0] for r in rows}) == N
     assert dict(rows)["r000007"] == "dead_letter"
@@ -146,6 +151,8 @@ def test_an_orphan_older_than_a_lease_is_removed_when_the_version_is_published(
     os.utime(orphan, (0, 0))
     assert validate(store, version).passed
     publish(store, version)
+    # The orphan is gone; the checked files, copied, stay until the version is forgotten (those
+    # staged less than a lease ago) or go now (older ones, as the orphan).
     assert not orphan.exists() and len(list(staging.iterdir())) == N // SHARD
 
 

@@ -221,3 +221,37 @@ def test_rewrite_deleted_share_one_keeps_the_deletions_as_deletion_files_and_cop
     assert deletion_files(table, table.tags.get_version(version_tag(v2))) == 1
     assert table.count_rows() == N
     assert 0 < folder_size(data) - before < before / 5  # its 30 changed rows, not a copy
+
+
+def test_forget_removes_the_copies_of_shard_files_a_version_owns_and_keeps_those_a_kept_version_shares(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    """With `files: per-shard` the table names the publisher's copies of the workers' files: a
+    nightly version shares its base's copies; forgetting the base deletes its copy no kept
+    version uses, and its staging files, and leaves the shared ones."""
+    per_shard = {"files": "per-shard"}
+
+    def nightly(rows: list[dict[str, Any]], name: str) -> str:
+        path = job_factory(input_path=write_jsonl(tmp_path / f"{name}.jsonl", rows), base="published",
+                           shards={"size": SHARD})
+        with_table(path, tmp_path / "wh", **per_shard)
+        _spec, version = planned(path, store)
+        run_to_seal(store, version)
+        assert validate(store, version).passed
+        publish(store, version)
+        return version
+
+    v1 = nightly(records(), "v1")
+    first = {p.removeprefix("file://") for p in branch_files(store_url, v1)}
+    location = pyiceberg_table(store_url, TABLE).metadata.location.removeprefix("file://")
+    assert len(first) == N // SHARD and all(p.startswith(f"{location}/data/batchline-shards/{v1}/") for p in first)
+    v2 = nightly(records(set(range(N - 20, N)), "changed "), "v2")
+    second = {p.removeprefix("file://") for p in branch_files(store_url, v2)}
+    shared, own = first & second, first - second
+    assert len(shared) == N // SHARD - 1 and len(own) == 1
+    info = store.job(v2)
+    assert info is not None
+    [target] = targets_for(stored_spec(info), store_url)
+    target.forget("test-job", v1)
+    assert all(Path(p).exists() for p in second) and not any(Path(p).exists() for p in own)
+    assert not list((tmp_path / "wh" / "batchline-staging" / v1).glob("*.parquet"))
+    assert read_back(store_url) == stored(store, v2)

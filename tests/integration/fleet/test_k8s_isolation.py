@@ -19,7 +19,7 @@ import yaml
 from batchline.errors import BatchlineError
 from batchline.launch.k8s import Egress, K8sOptions, PaidPool, to_yaml
 from batchline.launch.k8s_isolation import egress_cidr, egress_selector, paid_job_rules
-from batchline.launch.k8s_pacer import PACER_ACCOUNT, paid_job, paid_job_template
+from batchline.launch.k8s_pacer import pacer_account, paid_job, paid_job_template
 from batchline.launch.manifests import render, render_cluster_objects
 from tests.integration.fleet.test_launch_k8s import MODELS, parse
 
@@ -290,11 +290,14 @@ def test_the_admission_policy_binds_to_the_pacers_account_and_is_rendered_apart(
     parse(policy)
     parse(binding)
     condition = policy["spec"]["matchConditions"][0]["expression"]
-    assert condition == f"request.userInfo.username == 'system:serviceaccount:jobs:{PACER_ACCOUNT}'"
+    account = pacer_account(pacer_options)
+    assert account == "batchline-ticket-triage-3f9a0c1d2e-pacer"
+    assert condition == f"request.userInfo.username == 'system:serviceaccount:jobs:{account}'"
     env = celpy.Environment()
     matches = env.program(env.compile(condition))
-    for user, expected in ((f"system:serviceaccount:jobs:{PACER_ACCOUNT}", True),
-                           ("system:serviceaccount:other:batchline-pacer", False), ("alice", False)):
+    for user, expected in ((f"system:serviceaccount:jobs:{account}", True),
+                           (f"system:serviceaccount:other:{account}", False),
+                           ("system:serviceaccount:jobs:batchline-pacer", False), ("alice", False)):
         assert matches.evaluate({"request": celpy.json_to_cel({"userInfo": {"username": user}})}) == expected
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
@@ -313,3 +316,151 @@ def test_the_admission_policy_binds_to_the_pacers_account_and_is_rendered_apart(
                                                                         "ValidatingAdmissionPolicyBinding"]
     with pytest.raises(BatchlineError, match=r"--cluster-objects renders the admission policy .* give --fallback-queue"):
         render_cluster_objects(options())
+
+
+# --- two versions of one job in one namespace ------------------------------------------------------
+
+# A job name of 60 characters: every object name must cut it, and keep each version's hash.
+LONG_NAME = "customer-support-ticket-classification-for-the-emea-region-x"
+TONIGHT, LAST_NIGHT = (f"{LONG_NAME}@{h}" for h in ("3f9a0c1d2e4b5a60", "3f9a0c1d2e4b5a61"))
+DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+
+
+def both_versions(**kw: Any) -> dict[str, K8sOptions]:
+    return {v: options(version=v, fallback=POOL, lake_secret="lake-keys", **kw) for v in (LAST_NIGHT, TONIGHT)}
+
+
+def everything(o: K8sOptions) -> list[dict[str, Any]]:
+    """What `launch k8s` prints for a version, with --cluster-objects, and a paid Job of its pacer."""
+    return [*render(o), *render_cluster_objects(o), paid_job(paid_job_template(o), "paid-12", 345)]
+
+
+def test_two_versions_of_a_60_character_name_in_one_namespace_replace_none_of_each_others_objects() -> None:
+    """Regression: the NetworkPolicy of a long job name was named after the cut name alone
+    (`batchline-customer-support-ticket-classification-f-workers` for both versions), so
+    applying tonight's replaced last night's, whose pods then ran with no policy."""
+    import re
+
+    assert len(LONG_NAME) == 60
+    rendered = {v: everything(o) for v, o in both_versions().items()}
+    named: dict[str, dict[tuple[str, str | None, str], dict[str, Any]]] = {}
+    for version, objects in rendered.items():
+        digest = version.split("@")[1]
+        named[version] = {}
+        for obj in objects:
+            parse(obj)
+            meta = obj["metadata"]
+            key = (obj["kind"], meta.get("namespace"), meta["name"])
+            assert key not in named[version], f"{key} rendered twice for one version"
+            named[version][key] = obj
+            limit = 52 if obj["kind"] == "CronJob" else 63
+            assert len(meta["name"]) <= limit and re.fullmatch(DNS_LABEL, meta["name"]), key
+            if obj["kind"] != "PriorityClass":
+                assert digest in meta["name"], f"{key} does not carry the version"
+    kinds = {k for k, _ns, _n in named[TONIGHT]}
+    assert {"Job", "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment",
+            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
+    # The operator's PriorityClass alone is shared, and the same whichever version applies it.
+    shared = named[TONIGHT].keys() & named[LAST_NIGHT].keys()
+    assert {k for k, _ns, _n in shared} == {"PriorityClass"}
+    for key in shared:
+        assert named[TONIGHT][key] == named[LAST_NIGHT][key], key
+    # Each version's policies select only its own pods, whose label keeps the hash too.
+    for version in (TONIGHT, LAST_NIGHT):
+        selected = {p["spec"]["podSelector"]["matchLabels"]["batchline/job"]
+                    for k, p in named[version].items() if k[0] == "NetworkPolicy"}
+        assert selected == {rendered[version][-1]["spec"]["template"]["metadata"]["labels"]["batchline/job"]}
+        assert version.split("@")[1] in next(iter(selected))
+    # The pacer runs as its own version's account, and the worker pods as theirs.
+    for version, o in both_versions().items():
+        [deployment] = [d for k, d in named[version].items() if k[0] == "Deployment"]
+        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == pacer_account(o)
+        accounts = {k[2] for k in named[version] if k[0] == "ServiceAccount"}
+        pods = [j["spec"]["template"]["spec"]["serviceAccountName"] for k, j in named[version].items()
+                if k[0] == "Job"]
+        assert set(pods) < accounts and pacer_account(o) in accounts
+
+
+def test_a_long_names_regional_workers_and_scheduled_objects_keep_within_kubernetes_limits(tmp_path: Path) -> None:
+    from tests.integration.fleet.test_launch_k8s_schedule import options as scheduled
+    from tests.integration.fleet.test_launch_k8s_schedule import write_spec
+
+    for o in both_versions(region="europe-west4", workers=12).values():
+        for obj in render(o):
+            assert len(obj["metadata"]["name"]) <= 63, obj["metadata"]["name"]
+    spec = write_spec(tmp_path / "job", "s3://lake/tickets/*.jsonl")
+    base = scheduled(spec)
+    names = set()
+    for job_name in (LONG_NAME, LONG_NAME[:-1] + "y"):
+        o = replace(base, version=job_name, schedule=replace(base.schedule, job_name=job_name), egress=EGRESS)
+        objects = render(o)
+        for obj in objects:
+            parse(obj)
+            limit = 52 if obj["kind"] == "CronJob" else 63
+            assert len(obj["metadata"]["name"]) <= limit, obj["metadata"]["name"]
+        names |= {(obj["kind"], obj["metadata"]["name"]) for obj in objects if obj["kind"] != "PriorityClass"}
+    # Two scheduled jobs whose long names differ only past the cut are still named apart.
+    assert len(names) == 2 * len([o for o in objects if o["kind"] != "PriorityClass"])
+
+
+def admission(policies: list[dict[str, Any]], user: str, operation: str, job: dict[str, Any] | None,
+              old: dict[str, Any] | None = None) -> list[str]:
+    """What the API server refuses a request with, given these ValidatingAdmissionPolicies (each
+    bound with Deny in the request's namespace): a policy applies only when every match
+    condition is true, and then refuses when any validation is not true (an error refuses too,
+    failurePolicy Fail). Each applicable policy is evaluated on its own."""
+    env = celpy.Environment()
+    activation = {"object": celpy.json_to_cel(job), "oldObject": celpy.json_to_cel(old),
+                  "request": celpy.json_to_cel({"operation": operation, "userInfo": {"username": user}})}
+
+    def true(expression: str) -> bool:
+        result = env.program(env.compile(expression)).evaluate(activation)
+        return isinstance(result, celpy.celtypes.BoolType) and bool(result)
+
+    out = []
+    for policy in policies:
+        if not all(true(c["expression"]) for c in policy["spec"].get("matchConditions", [])):
+            continue
+        out += [f"{policy['metadata']['name']}: {v['message']}" for v in policy["spec"]["validations"]
+                if not true(v["expression"])]
+    return out
+
+
+def test_last_nights_admission_policy_refused_tonights_paid_jobs() -> None:
+    """Regression: every version's admission policy matched the one shared pacer account and
+    demanded its own version's label, so last night's policy refused tonight's paid Jobs."""
+    versions = both_versions()
+    policies = {v: [p for p in render_cluster_objects(o) if p["kind"] == "ValidatingAdmissionPolicy"]
+                for v, o in versions.items()}
+    both = [*policies[TONIGHT], *policies[LAST_NIGHT]]
+    assert len({p["metadata"]["name"] for p in both}) == 2
+    user = {v: f"system:serviceaccount:jobs:{pacer_account(o)}" for v, o in versions.items()}
+    assert user[TONIGHT] != user[LAST_NIGHT]
+    paid = {v: paid_job(paid_job_template(o), "paid-0", 1) for v, o in versions.items()}
+    other = {TONIGHT: LAST_NIGHT, LAST_NIGHT: TONIGHT}
+    for version in versions:
+        # Its own pacer's paid Jobs: created and deleted, whichever versions' policies are bound.
+        assert admission(both, user[version], "CREATE", paid[version]) == []
+        assert admission(both, user[version], "DELETE", None, old=paid[version]) == []
+        # Another version's paid Job from this version's pacer: refused, by this version's policy.
+        refused = admission(both, user[version], "CREATE", paid[other[version]])
+        assert refused and all(r.startswith(policies[version][0]["metadata"]["name"]) for r in refused)
+        assert admission(both, user[version], "DELETE", None, old=paid[other[version]]) == [
+            f"{policies[version][0]['metadata']['name']}: the pacer deletes only this version's paid worker Jobs"]
+        # What the template does not make, from this version's pacer: refused as before.
+        for edit in (lambda j: j["spec"]["template"]["spec"]["volumes"].append(
+                         {"name": "root", "hostPath": {"path": "/"}}),
+                     lambda j: j["spec"]["template"]["spec"]["containers"][0].update(command=["sh"]),
+                     lambda j: j["metadata"]["labels"].pop("batchline/paid-slot")):
+            job = copy.deepcopy(paid[version])
+            edit(job)
+            assert admission(both, user[version], "CREATE", job)
+    # Neither policy applies to anyone else (RBAC gives them no right on Jobs to begin with).
+    assert admission(both, "alice", "CREATE", paid[TONIGHT]) == []
+    # A policy left from before the pacers had accounts of their own matched the shared one:
+    # no pacer rendered now runs as it, so it refuses none of their Jobs either.
+    left = copy.deepcopy(policies[LAST_NIGHT][0])
+    left["spec"]["matchConditions"] = [{"name": "by-the-pacer", "expression":
+                                        "request.userInfo.username == 'system:serviceaccount:jobs:batchline-pacer'"}]
+    assert admission([left, *both], user[TONIGHT], "CREATE", paid[TONIGHT]) == []
+    assert admission([left], "system:serviceaccount:jobs:batchline-pacer", "CREATE", paid[TONIGHT])

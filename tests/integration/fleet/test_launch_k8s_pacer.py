@@ -70,22 +70,23 @@ def test_one_pacer_at_a_time_with_rights_on_jobs_and_reading_pods() -> None:
     [deployment] = found["Deployment"]
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
     pod = deployment["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == "batchline-pacer"
+    assert pod["serviceAccountName"] == "batchline-ticket-triage-3f9a0c1d2e-pacer"
     [container] = pod["containers"]
     assert container["args"][:3] == ["pace", "--job", VERSION]
     assert container["env"][0]["valueFrom"] == {"secretKeyRef": {"name": "batchline-store", "key": "url"}}
-    roles = [r for r in found["Role"] if r["metadata"]["name"] == "batchline-pacer-jobs"]
+    roles = [r for r in found["Role"] if r["metadata"]["name"] == "batchline-ticket-triage-3f9a0c1d2e-pacer"]
     assert [r["rules"] for r in roles] == [[{"apiGroups": ["batch"], "resources": ["jobs"],
                                              "verbs": ["get", "list", "watch", "create", "delete"]},
                                             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]]
     assert container["args"][-1] == "--take-back" and pod["automountServiceAccountToken"] is True
     # Without take-back, the pacer reads no pod either.
     quiet = kinds(render(options(take_back=False)))
-    [role] = [r for r in quiet["Role"] if r["metadata"]["name"] == "batchline-pacer-jobs"]
+    [role] = [r for r in quiet["Role"] if r["metadata"]["name"] == "batchline-ticket-triage-3f9a0c1d2e-pacer"]
     assert [r["resources"] for r in role["rules"]] == [["jobs"]]
     assert "--take-back" not in quiet["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
-    [binding] = [b for b in found["RoleBinding"] if b["metadata"]["name"] == "batchline-pacer-jobs"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "batchline-pacer", "namespace": "jobs"}]
+    [binding] = [b for b in found["RoleBinding"] if b["metadata"]["name"] == "batchline-ticket-triage-3f9a0c1d2e-pacer"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "batchline-ticket-triage-3f9a0c1d2e-pacer",
+                                    "namespace": "jobs"}]
 
 
 def test_a_paid_job_is_an_ordinary_worker_of_the_version_in_the_paid_queue_and_nodes() -> None:

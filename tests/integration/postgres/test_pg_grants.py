@@ -309,9 +309,15 @@ def test_a_worker_role_changes_shards_only_as_its_fenced_statements_do(store: St
             with pytest.raises(errors.InsufficientPrivilege, match=why):
                 conn.execute(where, {"v": version})
                 pytest.fail(f"the database let the worker {what}")
-        # What its statements do still goes: a renewal of the live lease, its release.
+        # Another worker of the same role cannot act for a live lease: without the lease's key
+        # (its holder's secret, of which the row keeps only a hash) a renewal is refused ...
+        with pytest.raises(errors.InsufficientPrivilege, match="only by the lease's holder \\(its key\\)"):
+            conn.execute(f"UPDATE shards SET lease_expires = lease_expires + 1 WHERE version = %(v)s "
+                         f"AND shard_no = {leased}", {"v": version})
+        # ... and what the holder's statements do, with its key, still goes.
         assert conn.execute("UPDATE shards SET lease_expires = lease_expires + 1 WHERE version = %(v)s "
-                            f"AND shard_no = {leased}", {"v": version}).rowcount == 1
+                            f"AND shard_no = {leased} AND set_config('batchline.lease_key', %(k)s, true) "
+                            "IS NOT NULL", {"v": version, "k": held.key}).rowcount == 1
     assert {u.shard_no: u.files for u in store.shard_units(version)} == files_before
 
 

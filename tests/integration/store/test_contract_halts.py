@@ -12,6 +12,7 @@ from batchline.store import (
     DeadLetterBound,
     DeadLetterRow,
     Halt,
+    LeaseLost,
     PlannedRecord,
     PlannedShard,
     ResultRow,
@@ -71,11 +72,13 @@ def test_a_version_whose_computed_dead_letters_pass_its_bound_is_halted_and_clai
     job = store.job("job@1")
     assert job is not None and job.halt == halt and job.bound == DeadLetterBound(0.5, 4)
     assert store.status("job@1").halt == halt
-    # No worker claims its shards; the holder of a lease still writes what it computed and gives it back.
+    # No worker claims its shards, and the holder of a lease writes no outcome more (a halted
+    # version is not open: the store refuses it as a lost lease) and gives it back.
     assert store.claim("w2", "job@1") is None and store.claim("w2") is None
     assert not store.has_open_shards("job@1") and store.open_versions() == []
     assert store.renew(second) is not None
-    store.put_results(second, [ResultRow(ids[1][3], OUT)])
+    with pytest.raises(LeaseLost, match="put refused"):
+        store.put_results(second, [ResultRow(ids[1][3], OUT)])
     assert store.release(second, "halted")
     assert store.judge_dead_letters("job@1", "w2") == halt  # judged once: the first halt stands
     [event] = store.events("job@1", ["halt"])
