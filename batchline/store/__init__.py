@@ -28,6 +28,7 @@ from batchline.store.model import (
     ShardRow,
     StoredDeadLetter,
     StoredResult,
+    VersionClosed,
 )
 from batchline.store.ports import (
     PlannerStore,
@@ -46,7 +47,7 @@ __all__ = [
     "InputRecord", "JobInfo", "JobStatus", "Lease", "LeaseHolder", "LeaseLost", "PlanWriter", "PlannedRecord",
     "PlannedShard", "PlannerStore", "PublisherStore",
     "ReaderStore", "ResultChanges", "ResultRow", "RouteTotals", "ShardRow", "Store", "StoredDeadLetter", "StoredResult",
-    "WorkerStore", "default_url", "job_or_published", "open_store", "require_job",
+    "VersionClosed", "WorkerStore", "default_url", "job_or_published", "open_store", "require_job",
 ]
 
 

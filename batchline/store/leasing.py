@@ -38,6 +38,7 @@ from batchline.store.model import (
     LeaseHolder,
     LeaseLost,
     ResultRow,
+    VersionClosed,
     within,
 )
 from batchline.store.rights import key_hash, new_lease_key
@@ -342,6 +343,8 @@ class Leasing(LineageOutbox):
             held = tx.one(self.q.FENCE_LOCK, fence(lease))
             if held is None:
                 return self._refused(tx, lease, "charge", op)
+            if not held[2]:
+                raise VersionClosed.of(lease, "charge")
             if not within(piece, held[0], held[1]):
                 # Another shard's record since a split (or one that does not say its piece).
                 return ChargeResult(attempts=0, dead_lettered=False)
@@ -387,6 +390,8 @@ class Leasing(LineageOutbox):
                 held = tx.one(self.q.FENCE_LOCK, fence(lease))
                 if held is None:
                     return self._refused(tx, lease, op_name, op)
+                if not held[2]:
+                    raise VersionClosed.of(lease, op_name)
                 mine = [r for r in chunk if within(r.piece, held[0], held[1])]
                 fenced, n = insert(tx, lease, mine) if mine else (True, 0)
                 if not fenced:

@@ -38,6 +38,16 @@ class LeaseLost(StoreError):
         return cls(lease.version, lease.shard_no, lease.epoch, op)
 
 
+class VersionClosed(LeaseLost):
+    """The lease is current but its version is no longer open (halted while it was held):
+    the store refuses its outcomes, and its worker stops as on a preemption notice."""
+
+    def __init__(self, version: str, shard_no: int, epoch: int, op: str) -> None:
+        StoreError.__init__(self, f"shard {shard_no} of {version}: {op} refused: the version is not open "
+                                  f"(halted)")
+        self.op = op
+
+
 @dataclass(frozen=True)
 class Lease:
     version: str

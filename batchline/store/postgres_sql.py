@@ -552,7 +552,8 @@ ALTER TABLE worker_beats ADD CONSTRAINT "{HEARTBEAT_BOUND}"
     # reader reads it from there; each record's piece, so the database knows which shard covers
     # it after a split; a lease's key (its SHA-256), known to its holder alone. Versions planned
     # before keep the ACL their records, results or dead letters held, in that order. The fences
-    # themselves are installed from batchline.store.rights by `install_fences`, not here.
+    # themselves are rendered from batchline.store.rights (`FENCES`) and installed by the owner
+    # after the migrations (postgres.PostgresStore._migrate), not here.
     (27, "ACLs kept by the plan, record pieces, lease keys", """
 CREATE TABLE acls (
     version text NOT NULL,
@@ -1005,7 +1006,7 @@ ATTEMPTS = WorkerStatement(
     "SELECT record_id, attempts FROM attempts WHERE version = %(v)s AND record_id = ANY(%(ids)s)",
     *reads("attempts"))
 
-FENCE_LOCK = WorkerStatement(f"SELECT first_piece, end_piece FROM shards WHERE {HELD} AND {_OPEN_JOB} "
+FENCE_LOCK = WorkerStatement(f"SELECT first_piece, end_piece, {_OPEN_JOB} FROM shards WHERE {HELD} "
                              f"FOR NO KEY UPDATE",
                              updates("shards", "state"), *reads("shards", "jobs"))
 BUMP_STARTED = WorkerStatement(

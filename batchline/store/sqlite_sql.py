@@ -627,7 +627,7 @@ INPUT_RECORDS = ("SELECT p.record_id, p.text, a.acl, p.content_hash, p.position 
                  "LEFT JOIN acls a ON a.version = p.version AND a.acl_no = p.acl_no WHERE p.version = :v "
                  "AND position >= :start AND position < :end ORDER BY position")
 ATTEMPTS = f"SELECT record_id, attempts FROM attempts WHERE version = :v AND record_id IN {IDS}"
-FENCE_LOCK = f"SELECT first_piece, end_piece FROM shards WHERE {HELD} AND {_OPEN_JOB}"
+FENCE_LOCK = f"SELECT first_piece, end_piece, {_OPEN_JOB} FROM shards WHERE {HELD}"
 BUMP_STARTED = ("UPDATE shards SET started_piece = MAX(COALESCE(started_piece, first_piece), :high) "
                 "WHERE version = :v AND shard_no = :s")
 LEASE_HOLDERS = ("SELECT shard_no, owner, epoch, lease_expires, owner_process FROM shards "

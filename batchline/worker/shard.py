@@ -33,6 +33,7 @@ from batchline.store import (
     Lease,
     LeaseLost,
     ResultRow,
+    VersionClosed,
     WorkerStore,
 )
 from batchline.worker.regions import RegionReader
@@ -237,8 +238,12 @@ class ShardContext:
         """Charges the record an attempt (none if it was answered meanwhile, or split off to
         another shard: attempts 0). At `max_attempts` (the job's unless given) it becomes a
         dead letter."""
-        outcome = self.store.charge_attempt(self.lease, record.id, kind, error, record.acl,
-                                            max_attempts or self.max_attempts, record.piece)
+        try:
+            outcome = self.store.charge_attempt(self.lease, record.id, kind, error, record.acl,
+                                                max_attempts or self.max_attempts, record.piece)
+        except VersionClosed:
+            self._closed()
+            return ChargeResult(attempts=0, dead_lettered=False)
         if outcome.attempts:
             self.worker.telemetry.outcome("dead_letter" if outcome.dead_lettered else "retry")
             if outcome.dead_lettered:
@@ -246,13 +251,30 @@ class ShardContext:
                 self._dead_lettered()
         return outcome
 
+    def _closed(self) -> None:
+        """The store refused an outcome because the version halted while this lease was held:
+        what was in flight is dropped uncharged (I5) and the run stops as on a preemption notice."""
+        halt = self.store.halt_of(self.lease.version)
+        if halt is None:  # not halted but not open either (sealed or cancelled): the lease is over
+            raise LeaseLost.of(self.lease, "put")
+        if self.worker.halted is None:
+            self._halted(halt)
+
     def put(self, rows: Sequence[ResultRow]) -> int:
-        new = self.store.put_results(self.lease, rows)
+        try:
+            new = self.store.put_results(self.lease, rows)
+        except VersionClosed:
+            self._closed()
+            return 0
         self.worker.telemetry.outcome("result", new)
         return new
 
     def dead_letter(self, rows: Sequence[DeadLetterRow], outcome: str = "dead_letter") -> int:
-        n = self.store.dead_letter(self.lease, rows)
+        try:
+            n = self.store.dead_letter(self.lease, rows)
+        except VersionClosed:
+            self._closed()
+            return 0
         self.worker.telemetry.outcome(outcome, n)
         if n:
             self._dead_lettered()

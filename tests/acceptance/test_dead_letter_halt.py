@@ -103,8 +103,9 @@ def test_a_version_whose_dead_letters_pass_its_bound_is_halted_for_every_worker(
     assert all(e.id < halt_event.id for e in store.events(version, ["claim"]))
     released = [e for e in store.events(version, ["release"]) if e.detail.get("reason") == "halted"]
     assert released and store.leases(version) == []
-    # What was in flight was written or given back uncharged (I5): no write refused, and
-    # only the poisoned records were charged an attempt.
+    # What was in flight when the version halted is refused by the store (a halted version takes
+    # no outcome) and given back uncharged (I5): no write refused as a lost lease, and only the
+    # poisoned records were charged an attempt.
     assert store.events(version, ["stale_epoch"]) == []
     charged = {e.detail["record_id"] for e in store.events(version, ["attempt_failed"])}
     invalid = {f"r{i:06d}" for i in range(0, RECORDS, 4)}

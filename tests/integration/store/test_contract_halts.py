@@ -12,11 +12,11 @@ from batchline.store import (
     DeadLetterBound,
     DeadLetterRow,
     Halt,
-    LeaseLost,
     PlannedRecord,
     PlannedShard,
     ResultRow,
     Store,
+    VersionClosed,
 )
 from tests.integration.store.test_contract import LEASE, OUT
 
@@ -77,7 +77,7 @@ def test_a_version_whose_computed_dead_letters_pass_its_bound_is_halted_and_clai
     assert store.claim("w2", "job@1") is None and store.claim("w2") is None
     assert not store.has_open_shards("job@1") and store.open_versions() == []
     assert store.renew(second) is not None
-    with pytest.raises(LeaseLost, match="put refused"):
+    with pytest.raises(VersionClosed, match="put refused: the version is not open"):
         store.put_results(second, [ResultRow(ids[1][3], OUT)])
     assert store.release(second, "halted")
     assert store.judge_dead_letters("job@1", "w2") == halt  # judged once: the first halt stands
