@@ -41,7 +41,7 @@ from batchline.store.model import (
     VersionClosed,
     within,
 )
-from batchline.store.rights import key_hash, new_lease_key
+from batchline.store.rights import NOT_THE_HOLDER, key_hash, new_lease_key
 
 
 class Leasing(LineageOutbox):
@@ -261,8 +261,7 @@ class Leasing(LineageOutbox):
         if tx.run(self.q.FINISH_SHARD, {**fence(lease), "files": self._json(dict(files)) if files else None}) != 1:
             # Its owner and epoch are current (read under the row's lock) but not its key: a
             # worker acting for another's lease.
-            raise StoreError(f"shard {lease.shard_no} of {lease.version}: refused: the writer does not hold "
-                             f"the shard's lease (its key)")
+            raise StoreError(f"shard {lease.shard_no} of {lease.version}: refused: {NOT_THE_HOLDER}")
         self._event(tx, "complete", lease.version, lease.owner, lease.shard_no, lease.epoch,
                     {"records": count, "results": results, "dead_letters": dead}, op)
         self._seal_if_done(tx, lease.version, lease.owner, op)

@@ -132,11 +132,13 @@ SHARD_RULES: tuple[Rule, ...] = (
 # job `j`, once for each lease a statement writes under; the record rules read its planned record
 # `p` and its shard's current slice (`s`), once for each row. (Each is joined on the outcome's
 # version, shard and record, so a missing one is NULL and fails its rule.)
+# Said by the fences and by a completion whose owner and epoch are current but not its key.
+NOT_THE_HOLDER = "the writer does not hold the shard's lease (its key)"
 LEASE_RULES: tuple[Rule, ...] = (
     Rule("j.state = 'ready'", "its version is not open (sealed, halted or cancelled)"),
     Rule("s.state = 'leased' AND s.owner = n.worker AND s.epoch = n.epoch",
          "its shard is not leased to that worker at that epoch"),
-    Rule("s.lease_key = {key}", "the writer does not hold the shard's lease (its key)"),
+    Rule("s.lease_key = {key}", NOT_THE_HOLDER),
 )
 RECORD_RULES: tuple[Rule, ...] = (
     Rule("p.record_id IS NOT NULL", "its record is not one this version planned"),

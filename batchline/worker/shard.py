@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from batchline.check.outputs import OutputChecker
 from batchline.errors import BatchlineError, OutputUnwritable, one_line
@@ -38,6 +38,8 @@ from batchline.store import (
 )
 from batchline.worker.regions import RegionReader
 from batchline.worker.telemetry import WorkerTelemetry
+
+T = TypeVar("T")
 
 # How often, at most, a worker that wrote dead letters asks the store whether they pass the
 # version's bound: a broken job stops within seconds, and a fleet's questions are few
@@ -238,12 +240,10 @@ class ShardContext:
         """Charges the record an attempt (none if it was answered meanwhile, or split off to
         another shard: attempts 0). At `max_attempts` (the job's unless given) it becomes a
         dead letter."""
-        try:
-            outcome = self.store.charge_attempt(self.lease, record.id, kind, error, record.acl,
-                                                max_attempts or self.max_attempts, record.piece)
-        except VersionClosed:
-            self._closed()
-            return ChargeResult(attempts=0, dead_lettered=False)
+        outcome = self._unless_closed(
+            lambda: self.store.charge_attempt(self.lease, record.id, kind, error, record.acl,
+                                              max_attempts or self.max_attempts, record.piece),
+            ChargeResult(attempts=0, dead_lettered=False))
         if outcome.attempts:
             self.worker.telemetry.outcome("dead_letter" if outcome.dead_lettered else "retry")
             if outcome.dead_lettered:
@@ -251,30 +251,27 @@ class ShardContext:
                 self._dead_lettered()
         return outcome
 
-    def _closed(self) -> None:
-        """The store refused an outcome because the version halted while this lease was held:
-        what was in flight is dropped uncharged (I5) and the run stops as on a preemption notice."""
-        halt = self.store.halt_of(self.lease.version)
-        if halt is None:  # not halted but not open either (sealed or cancelled): the lease is over
-            raise LeaseLost.of(self.lease, "put")
-        if self.worker.halted is None:
-            self._halted(halt)
+    def _unless_closed(self, write: Callable[[], T], dropped: T) -> T:
+        """`write()`, or `dropped` where the store refused it because the version halted while
+        this lease was held: what was in flight is dropped uncharged (I5) and the run stops as on
+        a preemption notice. A version closed otherwise (sealed, cancelled) ends the lease."""
+        try:
+            return write()
+        except VersionClosed as exc:
+            halt = self.store.halt_of(self.lease.version)
+            if halt is None:
+                raise LeaseLost.of(self.lease, exc.op) from None
+            if self.worker.halted is None:
+                self._halted(halt)
+            return dropped
 
     def put(self, rows: Sequence[ResultRow]) -> int:
-        try:
-            new = self.store.put_results(self.lease, rows)
-        except VersionClosed:
-            self._closed()
-            return 0
+        new = self._unless_closed(lambda: self.store.put_results(self.lease, rows), 0)
         self.worker.telemetry.outcome("result", new)
         return new
 
     def dead_letter(self, rows: Sequence[DeadLetterRow], outcome: str = "dead_letter") -> int:
-        try:
-            n = self.store.dead_letter(self.lease, rows)
-        except VersionClosed:
-            self._closed()
-            return 0
+        n = self._unless_closed(lambda: self.store.dead_letter(self.lease, rows), 0)
         self.worker.telemetry.outcome(outcome, n)
         if n:
             self._dead_lettered()
