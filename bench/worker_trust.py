@@ -15,12 +15,15 @@ minimum and the median, and the ratio of the medians, after / before, against it
 - `plan`: `batchline plan` of a full version of `--records` records with an ACL each (the input
   of `bench/backfill_50m.py`: Parquet, row groups of 100,000, `acl` a list; its spec), timed from
   the command's start to its exit. Goal: at most 1.15 x.
-- `put`: a worker's put of 500 rows on PostgreSQL under the worker role. The owner plans a job
-  of `--put-records` records (the input and per-shard spec of `bench/shard_files.py`, shards of
-  5,000) and makes the role (`batchline.ops.grants.grant`); a worker connected as that role
-  (trust auth, user name = role; `open_store(..., worker=True)`) claims each shard and puts its
-  records' results in 500-row flushes, each put timed alone (the shard's record ids are read by
-  the owner before the clock starts). Goal: the median put at most 1.1 x.
+- `put`: a worker's put of 500 rows on PostgreSQL under the worker role. For each tree the owner
+  plans a job of `--put-records` records (the input and per-shard spec of `bench/shard_files.py`,
+  shards of 5,000) in a database of its own and makes the role (`batchline.ops.grants.grant`); a
+  worker connected as that role (trust auth, user name = role; `open_store(..., worker=True)`)
+  claims each shard and puts its records' results in 500-row flushes, each put timed alone (the
+  shard's record ids are read by the owner before the clock starts). The two trees' workers take
+  turns put by put (before, after, after, before, ...), so a change in the machine's speed over a
+  round, which on a shared machine moves a round's median by a fifth, falls on both alike. Goal:
+  the median put at most 1.1 x.
 - `publish`: validate plus publish of a version of `--records` records whose Iceberg files the
   workers wrote (`files: per-shard`, as `bench/shard_files.py` makes it: JSONL input, shards of
   5,000, the synthetic engine at no cost, two local workers, the catalog in the store, the
@@ -68,6 +71,8 @@ def _check_tree(tree: str) -> None:
 
 
 def child_put(tree: str, spec: str, url: str, role: str) -> dict[str, Any]:
+    """Plans, makes the role, then (after printing `ready`) makes one put each time a line comes
+    on its standard input, printing the put's seconds: the parent takes turns between trees."""
     import psycopg
 
     from batchline.acl import Acl
@@ -86,6 +91,7 @@ def child_put(tree: str, spec: str, url: str, role: str) -> dict[str, Any]:
     worker_url = url.replace("postgres@", f"{role}@", 1)
     store = open_store(worker_url, create=False, worker=True)
     took: list[float] = []
+    print("ready", flush=True)
     try:
         while (lease := store.claim("bench-worker", version)) is not None:
             # As the worker makes them: each record's ACL as it read it (the input's `team-{i % 5}`)
@@ -96,10 +102,13 @@ def child_put(tree: str, spec: str, url: str, role: str) -> dict[str, Any]:
             rows = [ResultRow(r, OUTPUT, Acl([f"team-{int(r[2:]) % 5}"]), 1, 300, 20, piece=piece)
                     for r, piece in zip(ids[lease.shard_no], piece_of, strict=True)]
             for i in range(0, len(rows), 500):
+                if not sys.stdin.readline():
+                    raise SystemExit("the parent stopped taking turns")
                 start = time.perf_counter()
                 written = store.put_results(lease, rows[i:i + 500])
                 took.append(time.perf_counter() - start)
                 assert written == len(rows[i:i + 500]), written
+                print(f"{took[-1]:.9f}", flush=True)
             store.complete(lease)
     finally:
         store.close()
@@ -198,7 +207,7 @@ def part_plan(args: argparse.Namespace, trees: dict[str, Path], work: Path) -> l
 
 
 def part_put(args: argparse.Namespace, trees: dict[str, Path], work: Path) -> list[Row]:
-    from shard_files import write_input, write_spec
+    from shard_files import write_input
     from stores import new_store
 
     data = work / "put-input.jsonl"
@@ -206,27 +215,61 @@ def part_put(args: argparse.Namespace, trees: dict[str, Path], work: Path) -> li
     puts: dict[str, list[float]] = {"before": [], "after": []}
     totals: dict[str, list[float]] = {"before": [], "after": []}
     medians: dict[str, list[float]] = {"before": [], "after": []}
-    for r, order in enumerate(orders(args.put_rounds)):
-        for side in order:
-            folder = work / f"put-{side}-{r}"
-            folder.mkdir()
-            spec = folder / "job.yaml"
-            write_spec(spec, data, folder, "trust-put", per_shard=True)
-            role = f"bench_worker_{uuid.uuid4().hex[:10]}"
-            try:
-                with new_store("postgres", folder, "bench_trust") as url:
-                    got = child(trees[side], "put", str(spec), url, role)
-            finally:
+    for r in range(args.put_rounds):
+        roles = {side: f"bench_worker_{uuid.uuid4().hex[:10]}" for side in trees}
+        try:
+            with new_store("postgres", work, "bench_trust") as before_url, \
+                    new_store("postgres", work, "bench_trust") as after_url:
+                urls = {"before": before_url, "after": after_url}
+                got = turns(args, trees, work, data, r, urls, roles)
+        finally:
+            for role in roles.values():
                 drop_role(role)
-                shutil.rmtree(folder)
-            puts[side].extend(got["puts"])
-            totals[side].append(sum(got["puts"]))
-            medians[side].append(statistics.median(got["puts"]))
-            print(f"put, round {r + 1}, {side}: {len(got['puts'])} puts of 500 rows, median "
-                  f"{medians[side][-1] * 1000:.2f} ms, all {totals[side][-1]:.2f} s", flush=True)
+        for side, took in got.items():
+            puts[side].extend(took)
+            totals[side].append(sum(took))
+            medians[side].append(statistics.median(took))
+        print(f"put, round {r + 1}: {len(got['after'])} puts of 500 rows each side, medians before "
+              f"{medians['before'][-1] * 1000:.2f} ms, after {medians['after'][-1] * 1000:.2f} ms", flush=True)
     return [("put", "postgres, each put of 500 rows (every round's)", puts, "ms", GOALS["put"]),
             ("put", "postgres, the round's median put", medians, "ms", None),
             ("put", f"postgres, the {args.put_records // 500} puts of a round together", totals, "s", None)]
+
+
+def turns(args: argparse.Namespace, trees: dict[str, Path], work: Path, data: Path, round_no: int,
+          urls: dict[str, str], roles: dict[str, str]) -> dict[str, list[float]]:
+    """Both trees' workers set up at once, then their puts one at a time, taking turns (before,
+    after, after, before, ...): what the machine's speed does over the round, both sides feel."""
+    from shard_files import write_spec
+
+    children: dict[str, subprocess.Popen[str]] = {}
+    for side, tree in trees.items():
+        folder = work / f"put-{side}-{round_no}"
+        folder.mkdir()
+        spec = folder / "job.yaml"
+        write_spec(spec, data, folder, "trust-put", per_shard=True)
+        children[side] = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--child", str(tree), "put", str(spec), urls[side],
+             roles[side]], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+    took: dict[str, list[float]] = {side: [] for side in trees}
+    try:
+        for child in children.values():
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        for i in range(args.put_records // 500):
+            for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
+                child = children[side]
+                assert child.stdin is not None and child.stdout is not None
+                child.stdin.write("go\n")
+                child.stdin.flush()
+                took[side].append(float(child.stdout.readline()))
+    finally:
+        for side, child in children.items():
+            if child.stdin is not None:
+                child.stdin.close()
+            child.wait()
+            shutil.rmtree(work / f"put-{side}-{round_no}", ignore_errors=True)
+    return took
 
 
 def part_publish(args: argparse.Namespace, trees: dict[str, Path], work: Path) -> list[Row]:

@@ -31,6 +31,8 @@ from batchline.store.model import (
     RouteTotals,
     StoredDeadLetter,
     StoredResult,
+    Written,
+    within,
 )
 from batchline.store.rights import key_hash
 
@@ -230,17 +232,30 @@ class StoreBase(ABC):
     def _list(self, values: Sequence[Any]) -> Any:
         """A list of values as one statement parameter."""
 
-    def _planned(self) -> None:  # noqa: B027 - a hook a backend may fill, not one it must
+    def _planned(self, version: str) -> None:  # noqa: B027 - a hook a backend may fill, not one it must
         """After a plan commits: what the backend does to serve its claims well (nothing, by default)."""
 
     @abstractmethod
-    def _put(self, tx: Tx, lease: Lease, rows: Sequence[ResultRow]) -> tuple[bool, int]:
-        """Fenced put-if-absent of results, counting them (and their tokens) on the shard:
-        (whether the fence held, rows inserted)."""
+    def _put(self, tx: Tx, lease: Lease, rows: Sequence[ResultRow]) -> Written:
+        """Fenced put-if-absent of results, counting them (and their tokens) on the shard and
+        moving its pieces started past theirs. Fenced: nothing is written unless the lease is
+        held and its version open, and a row whose piece the shard no longer covers (`within`)
+        is not written."""
 
     @abstractmethod
-    def _insert_dead(self, tx: Tx, lease: Lease, rows: Sequence[DeadLetterRow]) -> tuple[bool, int]:
-        """Fenced insert of dead letters for ids without a result, counted on the shard."""
+    def _insert_dead(self, tx: Tx, lease: Lease, rows: Sequence[DeadLetterRow]) -> Written:
+        """Fenced insert of dead letters for ids without a result, counted on the shard (as
+        `_put` is fenced)."""
+
+    def _held_rows(self, tx: Tx, lease: Lease, rows: Sequence[P]) -> tuple[Written, Sequence[P]]:
+        """For a store that fences in its own statements before it writes: the lease's fence in
+        this transaction (its row locked), and the rows of the pieces the shard still covers."""
+        held = tx.one(self.q.FENCE_LOCK, fence(lease))
+        if held is None:
+            return Written(False, False, 0), []
+        if not held[2]:
+            return Written(True, False, 0), []
+        return Written(True, True, 0), [r for r in rows if within(r.piece, held[0], held[1])]
 
     @abstractmethod
     def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord],

@@ -112,7 +112,10 @@ class ShardOutcomes(StoreBase):
         params = {"v": version, "s": shard_no}
 
         def body(tx: Any) -> tuple[list[Any], list[Any]]:
-            return tx.all(self.q.SHARD_COLUMNS, params), tx.all(self.q.DEAD_LETTERS_OF_SHARD, params)
+            pieces = tx.one(self.q.SHARD_PIECES, params)
+            first, end = pieces if pieces is not None and pieces[0] is not None else (None, None)
+            return (tx.all(self.q.SHARD_COLUMNS, {**params, "first": first, "end": end}),
+                    tx.all(self.q.DEAD_LETTERS_OF_SHARD, params))
 
         results, dead = self._read(body, snapshot=True)
         r = _columns(results, 9)  # SHARD_COLUMNS' columns

@@ -39,6 +39,7 @@ from batchline.store.model import (
     LeaseLost,
     ResultRow,
     VersionClosed,
+    Written,
     within,
 )
 from batchline.store.rights import NOT_THE_HOLDER, key_hash, new_lease_key
@@ -376,7 +377,7 @@ class Leasing(LineageOutbox):
         return self._fenced_inserts(lease, rows, self._insert_dead, "dead_letter")
 
     def _fenced_inserts(self, lease: Lease, rows: Sequence[P],
-                        insert: Callable[[Tx, Lease, Sequence[P]], tuple[bool, int]], op_name: str) -> int:
+                        insert: Callable[[Tx, Lease, Sequence[P]], Written], op_name: str) -> int:
         """Rows written in bounded transactions, each fenced by the lease; how many were new.
         Rows of pieces the shard no longer covers (its tail was split off) are refused
         and not counted, and so, on a shard planned with pieces, are rows that do not
@@ -386,19 +387,12 @@ class Leasing(LineageOutbox):
             op = uuid.uuid4()
 
             def body(tx: Tx, chunk: Sequence[P] = chunk, op: uuid.UUID = op) -> int | _Lost:
-                held = tx.one(self.q.FENCE_LOCK, fence(lease))
-                if held is None:
+                written = insert(tx, lease, chunk)
+                if not written.held:
                     return self._refused(tx, lease, op_name, op)
-                if not held[2]:
+                if not written.open:
                     raise VersionClosed.of(lease, op_name)
-                mine = [r for r in chunk if within(r.piece, held[0], held[1])]
-                fenced, n = insert(tx, lease, mine) if mine else (True, 0)
-                if not fenced:
-                    return self._refused(tx, lease, op_name, op)
-                pieces = [r.piece for r in mine if r.piece is not None]
-                if pieces:
-                    tx.run(self.q.BUMP_STARTED, {"v": lease.version, "s": lease.shard_no, "high": max(pieces) + 1})
-                return n
+                return written.rows
 
             n = self._write(body, recover=self._recover_refusal(op))
             if isinstance(n, _Lost):

@@ -84,6 +84,30 @@ def within(piece: int | None, first: int | None, end: int | None) -> bool:
     return piece is not None and first <= piece < end
 
 
+def within_sql(piece: str, first: str, end: str) -> str:
+    """`within` as a SQL predicate over the three expressions, for a store that filters its
+    rows in the statement that writes them."""
+    return (f"({first} IS NULL OR {end} IS NULL OR ({piece} IS NOT NULL AND {piece} >= {first} "
+            f"AND {piece} < {end}))")
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a fenced write found: whether the writer held the lease, whether the version was
+    open, and how many of its rows were new."""
+
+    held: bool
+    open: bool
+    rows: int
+
+
+def past_highest(rows: Sequence[ResultRow] | Sequence[DeadLetterRow]) -> int | None:
+    """The piece after the highest that outcome rows say they are of (None where none says):
+    where a shard's pieces started run to once they are written."""
+    pieces = [r.piece for r in rows if r.piece is not None]
+    return max(pieces) + 1 if pieces else None
+
+
 @dataclass(frozen=True)
 class LeaseHolder:
     """Who holds a leased shard, with what their process told the store about itself."""

@@ -180,7 +180,7 @@ class CorePlanWriter:
             if tx.one(self.q.SEAL, {"v": self.version}) is not None:
                 self.store._lineage_sealed(tx, self.version)
         self._planning(body)
-        self.store._planned()
+        self.store._planned(self.version)
 
     def abort(self) -> None:
         def body(tx: Tx) -> None:

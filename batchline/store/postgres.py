@@ -56,7 +56,14 @@ from batchline.store.core import (
     fence,
     input_columns,
 )
-from batchline.store.model import DeadLetterRow, Lease, PlannedRecord, ResultRow
+from batchline.store.model import (
+    DeadLetterRow,
+    Lease,
+    PlannedRecord,
+    ResultRow,
+    Written,
+    past_highest,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("batchline.store")
@@ -322,25 +329,36 @@ class PostgresStore(StoreCore):
     def _list(self, values: Sequence[Any]) -> Any:
         return list(values)
 
-    def _planned(self) -> None:
+    def _planned(self, version: str) -> None:
         # The shards a plan adds at once (thousands) are all ready: until autovacuum's analyze
         # runs, the planner's statistics say otherwise, and a claim may walk the live leases in
         # number order instead of seeking the expired ones by time (see postgres_sql._pick).
         self._write(lambda tx: tx.run(q.ANALYZE_SHARDS), retry=False)
+        # The version's records, vacuumed once now that the plan wrote them all (they change no
+        # more): every page visible to all, so the outcome fence's probe of each record a worker
+        # answers, and each reader's of its ACL, read the key's index alone, not the table too.
+        # Only that: a vacuum that fails (a lost connection) leaves autovacuum to do it later.
+        records = sql.Identifier(partition_name("records", version))
+        try:
+            with self._lock, self._connection().cursor() as cur:  # autocommit: VACUUM runs in no transaction
+                cur.execute(sql.SQL(q.VACUUM_PARTITION).format(records))
+        except psycopg.Error as exc:
+            self._drop_connection()
+            log.warning("could not vacuum the records of %s (autovacuum will): %s", version, _first_line(exc))
 
-    def _put(self, tx: Tx, lease: Lease, rows: Sequence[ResultRow]) -> tuple[bool, int]:
+    def _put(self, tx: Tx, lease: Lease, rows: Sequence[ResultRow]) -> Written:
         assert isinstance(tx, _Tx)
         if len(rows) >= COPY_MIN_ROWS:
             self._stage(tx.cur, rows)
-            row = tx.one(q.PUT_FROM_STAGE, fence(lease))
+            row = tx.one(q.PUT_FROM_STAGE, {**fence(lease), "past_piece": past_highest(rows)})
         else:
             row = tx.one(q.PUT_RESULTS, {
-                **fence(lease), "ids": [r.record_id for r in rows], "outputs": [r.output for r in rows],
-                "labels": [r.label for r in rows], "acls": [acl_json(r.acl) for r in rows],
-                "attempts": [r.attempt for r in rows], "tin": [r.input_tokens for r in rows],
-                "tout": [r.output_tokens for r in rows], "models": [r.model for r in rows]})
-        assert row is not None
-        return bool(row[0]), int(row[1])
+                **fence(lease), "past_piece": past_highest(rows), "ids": [r.record_id for r in rows],
+                "outputs": [r.output for r in rows], "labels": [r.label for r in rows],
+                "acls": [acl_json(r.acl) for r in rows], "attempts": [r.attempt for r in rows],
+                "tin": [r.input_tokens for r in rows], "tout": [r.output_tokens for r in rows],
+                "models": [r.model for r in rows], "pieces": [r.piece for r in rows]})
+        return _written(row)
 
     def _stage(self, cur: Cursor, rows: Sequence[ResultRow]) -> None:
         # In the put's own transaction, every time: behind a pooler in transaction mode each
@@ -350,15 +368,14 @@ class PostgresStore(StoreCore):
             copy.set_types(q.STAGE_TYPES)
             for r in rows:
                 copy.write_row((r.record_id, r.output, r.label, acl_json(r.acl), r.attempt, r.input_tokens,
-                                r.output_tokens, r.model))
+                                r.output_tokens, r.model, r.piece))
 
-    def _insert_dead(self, tx: Tx, lease: Lease, rows: Sequence[DeadLetterRow]) -> tuple[bool, int]:
-        row = tx.one(q.INSERT_DEAD, {
-            **fence(lease), "ids": [r.record_id for r in rows], "kinds": [r.kind for r in rows],
-            "errors": [r.error for r in rows], "acls": [acl_json(r.acl) for r in rows],
-            "attempts": [r.attempts for r in rows]})
-        assert row is not None
-        return bool(row[0]), int(row[1])
+    def _insert_dead(self, tx: Tx, lease: Lease, rows: Sequence[DeadLetterRow]) -> Written:
+        return _written(tx.one(q.INSERT_DEAD, {
+            **fence(lease), "past_piece": past_highest(rows), "ids": [r.record_id for r in rows],
+            "kinds": [r.kind for r in rows], "errors": [r.error for r in rows],
+            "acls": [acl_json(r.acl) for r in rows], "attempts": [r.attempts for r in rows],
+            "pieces": [r.piece for r in rows]}))
 
     def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord],
                         acl_nos: Sequence[int | None]) -> None:
@@ -403,6 +420,12 @@ class PostgresStore(StoreCore):
     def _is_view(self, tx: Tx, name: str) -> bool:
         row = tx.one(q.IS_VIEW, {"name": name})
         return bool(row and row[0])
+
+
+def _written(row: Row | None) -> Written:
+    """A fenced write's answer (postgres_sql._FENCED): lease held, version open, rows new."""
+    assert row is not None
+    return Written(bool(row[0]), bool(row[1]), int(row[2]))
 
 
 class _Tx:

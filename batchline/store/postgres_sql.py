@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from batchline.store import rights
 from batchline.store.beats import HEARTBEAT_BOUND, HEARTBEAT_MAX_SECONDS, HEARTBEAT_MIN_SECONDS
+from batchline.store.model import within_sql
 
 # (version, description, SQL). Applied in order under an advisory lock, each in
 # the transaction that records it; an applied entry is never edited.
@@ -577,6 +578,15 @@ FROM planned_acl x JOIN acls a ON a.version = x.version AND a.acl = x.acl
 WHERE p.version = x.version AND p.record_id = x.record_id;
 ALTER TABLE records DROP COLUMN acl;
 """),
+    # What the fences and the readers look up of a record by its id (its piece, planned shard and
+    # ACL) kept in its key's index, so a probe reads the index alone once the planner has vacuumed
+    # the version's records (postgres.PostgresStore._planned); and the records of a shard's slice
+    # found by piece, so a shard's outcomes meet their planned ACLs in one hash join.
+    (28, "record probes read the key's index alone; records by piece", """
+ALTER TABLE records DROP CONSTRAINT records_pkey,
+    ADD PRIMARY KEY (version, record_id) INCLUDE (piece, shard_no, acl_no);
+CREATE INDEX records_by_piece ON records (version, piece) INCLUDE (record_id, acl_no);
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -598,14 +608,85 @@ _PRESENTED_KEY = ("encode(sha256(convert_to(COALESCE(current_setting('batchline.
 _NOT_OWNER = "NOT pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'MEMBER')"
 
 
+# What the outcome fence counts of the rows a statement added, per table (`n.*`, from the rows
+# of one lease): a result computed by a worker (a carried one is the planner's, which counts it),
+# a dead letter a worker wrote (not the planner's own).
+_OUTCOME_COUNTS = {
+    "results": ("a.origin IS NULL", "count(*) AS n, COALESCE(sum(a.input_tokens), 0) AS tin, "
+                                    "COALESCE(sum(a.output_tokens), 0) AS tout",
+                "results_count = results_count + n.n, input_tokens = input_tokens + n.tin, "
+                "output_tokens = output_tokens + n.tout"),
+    "dead_letters": ("a.worker IS NOT NULL", "count(*) AS n", "dead_count = dead_count + n.n"),
+}
+
+
+def _outcome_fence(function: str, table: str) -> str:
+    """The statement trigger's function on `table` (results or dead_letters)."""
+    computed, counts, counters = _OUTCOME_COUNTS[table]
+    # In the record rules `s` is the lease's row as the lease rules read it (a plpgsql record).
+    lease_refusal = rights.first_refusal(rights.LEASE_RULES, key="presented")
+    record_refusal = rights.first_refusal(rights.RECORD_RULES, key="presented")
+    return f"""
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    n record;
+    s record;
+    seen record;
+    bad record;
+    presented text := {_PRESENTED_KEY};
+    held boolean := {_NOT_OWNER};
+    -- The piece after the highest the writer says its rows are of (`_FENCED`): read only for
+    -- records planned without pieces (before they were kept), whose pieces the store cannot know.
+    said int := NULLIF(current_setting('batchline.past_piece', true), '')::int;
+BEGIN
+    -- Once for each lease the statement wrote under (nearly always one), with the lease rules:
+    -- every row a held role added, and what a worker computed under the owner's role. The owner's
+    -- own rows (carried results, the planner's dead letters) are neither held nor counted here.
+    FOR n IN SELECT n.*, {lease_refusal} AS why, s.first_piece, s.end_piece
+             FROM (SELECT a.version, a.shard_no, a.worker, a.epoch, {counts} FROM added a WHERE held OR {computed}
+                   GROUP BY a.version, a.shard_no, a.worker, a.epoch) n
+             LEFT JOIN jobs j ON j.version = n.version
+             LEFT JOIN shards s ON s.version = n.version AND s.shard_no = n.shard_no LOOP
+        IF held AND n.why IS NOT NULL THEN
+            RAISE EXCEPTION '% for record % of %: refused: %', TG_ARGV[0],
+                (SELECT min(a.record_id) FROM added a WHERE a.version = n.version AND a.shard_no = n.shard_no),
+                n.version, n.why USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        -- What the record rules read of the shard (`s`): its slice, as the lease rules found it.
+        s := n;
+        -- The record rules, in one statement over the lease's rows: each a probe of the version's
+        -- planned records, which reads the key's index alone.
+        SELECT min(CASE WHEN held AND {record_refusal} IS NOT NULL THEN a.record_id END) AS record_id,
+               max(p.piece) AS top, bool_or(p.piece IS NULL) AS unpieced INTO seen
+        FROM added a LEFT JOIN records p ON p.version = n.version AND p.record_id = a.record_id
+        WHERE a.version = n.version AND a.shard_no = n.shard_no AND a.worker = n.worker AND a.epoch = n.epoch;
+        IF seen.record_id IS NOT NULL THEN
+            SELECT {record_refusal} AS why INTO bad
+            FROM (SELECT 1) one LEFT JOIN records p ON p.version = n.version AND p.record_id = seen.record_id;
+            RAISE EXCEPTION '% for record % of %: refused: %', TG_ARGV[0], seen.record_id, n.version, bad.why
+                USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        -- The shard counts what was added, whatever statement added it: a bare INSERT cannot leave
+        -- an outcome its shard does not count (which no completion could then match). And a split
+        -- never moves a piece that has an outcome: the pieces started run past the highest answered.
+        UPDATE shards SET {counters},
+               started_piece = GREATEST(COALESCE(started_piece, first_piece), seen.top + 1,
+                                        CASE WHEN seen.unpieced THEN LEAST(said, s.end_piece) END)
+        WHERE version = n.version AND shard_no = n.shard_no;
+    END LOOP;
+    RETURN NULL;
+END $$;
+"""
+
+
 def _fences() -> str:
     shard_rules = "\n".join(
         f"    {'IF' if i == 0 else 'ELSIF'} {rule.sql.format(key=_PRESENTED_KEY, now='now_s')} THEN\n"
         f"        why := '{rule.why.replace(chr(39), chr(39) * 2)}';"
         for i, rule in enumerate(rights.SHARD_RULES))
-    # In the record rules `s` is the lease's row as the lease rules read it (a plpgsql record).
-    lease_refusal = rights.first_refusal(rights.LEASE_RULES, key="presented")
-    record_refusal = rights.first_refusal(rights.RECORD_RULES, key="presented")
+    outcome_fences = _outcome_fence("batchline_outcome_fence", "results") + _outcome_fence(
+        "batchline_dead_letter_fence", "dead_letters")
     paid = "\n".join(f"    NEW.{column} := {value.format(now='batchline_now()')};"
                       for column, value in rights.PAID_TIMES)
     insert = rights.SHARD_INSERT_RULE
@@ -636,63 +717,12 @@ DROP TRIGGER IF EXISTS shards_fence ON shards;
 CREATE TRIGGER shards_fence BEFORE INSERT OR UPDATE ON shards
     FOR EACH ROW EXECUTE FUNCTION batchline_shard_fence();
 
-CREATE OR REPLACE FUNCTION batchline_outcome_fence() RETURNS trigger LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    n record;
-    s record;
-    bad record;
-    presented text := {_PRESENTED_KEY};
-    held boolean := {_NOT_OWNER};
-BEGIN
-    -- The lease rules once for each lease the statement wrote under (nearly always one), then the
-    -- record rules in one statement over its rows, each a probe of the version's planned records.
-    FOR n IN SELECT a.version, a.shard_no, a.worker, a.epoch, min(a.record_id) AS record_id FROM added a
-             WHERE held GROUP BY a.version, a.shard_no, a.worker, a.epoch LOOP
-        -- `s` below is the shard's row (a column wins over a variable of the same name), and the
-        -- variable `s` the record rules read is what this finds of it.
-        SELECT {lease_refusal} AS why, s.first_piece, s.end_piece, s.shard_no INTO s
-        FROM (SELECT 1) one LEFT JOIN jobs j ON j.version = n.version
-        LEFT JOIN shards s ON s.version = n.version AND s.shard_no = n.shard_no;
-        IF s.why IS NOT NULL THEN
-            RAISE EXCEPTION '% for record % of %: refused: %', TG_ARGV[0], n.record_id, n.version, s.why
-                USING ERRCODE = 'insufficient_privilege';
-        END IF;
-        SELECT a.record_id, {record_refusal} AS why INTO bad
-        FROM added a LEFT JOIN records p ON p.version = n.version AND p.record_id = a.record_id
-        WHERE a.version = n.version AND a.shard_no = n.shard_no AND a.worker = n.worker AND a.epoch = n.epoch
-          AND {record_refusal} IS NOT NULL
-        LIMIT 1;
-        IF FOUND THEN
-            RAISE EXCEPTION '% for record % of %: refused: %', TG_ARGV[0], bad.record_id, n.version, bad.why
-                USING ERRCODE = 'insufficient_privilege';
-        END IF;
-    END LOOP;
-    -- The shard counts the computed outcomes added here, whatever statement added them and by
-    -- whom: a worker's bare INSERT cannot leave an outcome its shard does not count (which no
-    -- completion could then match). What the planner adds (carried results, its own dead
-    -- letters) it counts itself.
-    IF TG_TABLE_NAME = 'results' THEN
-        UPDATE shards s SET results_count = s.results_count + a.n, input_tokens = s.input_tokens + a.tin,
-                            output_tokens = s.output_tokens + a.tout
-        FROM (SELECT version, shard_no, count(*) AS n, COALESCE(sum(input_tokens), 0) AS tin,
-                     COALESCE(sum(output_tokens), 0) AS tout FROM added WHERE origin IS NULL
-              GROUP BY version, shard_no) a
-        WHERE s.version = a.version AND s.shard_no = a.shard_no;
-    ELSE
-        UPDATE shards s SET dead_count = s.dead_count + a.n
-        FROM (SELECT version, shard_no, count(*) AS n FROM added WHERE worker IS NOT NULL
-              GROUP BY version, shard_no) a
-        WHERE s.version = a.version AND s.shard_no = a.shard_no;
-    END IF;
-    RETURN NULL;
-END $$;
-DROP TRIGGER IF EXISTS results_fence ON results;
+{outcome_fences}DROP TRIGGER IF EXISTS results_fence ON results;
 CREATE TRIGGER results_fence AFTER INSERT ON results REFERENCING NEW TABLE AS added
     FOR EACH STATEMENT EXECUTE FUNCTION batchline_outcome_fence('a result');
 DROP TRIGGER IF EXISTS dead_letters_fence ON dead_letters;
 CREATE TRIGGER dead_letters_fence AFTER INSERT ON dead_letters REFERENCING NEW TABLE AS added
-    FOR EACH STATEMENT EXECUTE FUNCTION batchline_outcome_fence('a dead letter');
+    FOR EACH STATEMENT EXECUTE FUNCTION batchline_dead_letter_fence('a dead letter');
 
 CREATE OR REPLACE FUNCTION batchline_paid_times() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -1009,9 +1039,6 @@ ATTEMPTS = WorkerStatement(
 FENCE_LOCK = WorkerStatement(f"SELECT first_piece, end_piece, {_OPEN_JOB} FROM shards WHERE {HELD} "
                              f"FOR NO KEY UPDATE",
                              updates("shards", "state"), *reads("shards", "jobs"))
-BUMP_STARTED = WorkerStatement(
-    "UPDATE shards SET started_piece = GREATEST(COALESCE(started_piece, first_piece), %(high)s) "
-    "WHERE version = %(v)s AND shard_no = %(s)s", updates("shards", "started_piece"), *reads("shards"))
 LEASE_HOLDERS = WorkerStatement(
     "SELECT shard_no, owner, epoch, lease_expires, owner_process FROM shards "
     "WHERE version = %(v)s AND state = 'leased' ORDER BY shard_no", *reads("shards"))
@@ -1046,68 +1073,71 @@ SPLIT_SHARD = WorkerStatement(
 # loses at most the last fraction of a second of puts, the shard then cannot
 # complete (its count is short), and after its lease those records are done again.
 #
-# One round trip per flush: the fence takes the shard row's lock (so no claim
-# can take the shard over until this commits), the rows come from `source`, and
-# the database's outcome fence (`FENCES`) checks them and moves the shard's counters
-# in the same statement.
-_PUT_ACCESS = (inserts("results"), updates("shards", "state", "results_count", "input_tokens", "output_tokens"),
+# One statement per flush: the fence proves the lease (its key set for the database's
+# fences) and takes the shard row's lock, so no claim can take the shard over until this
+# commits; it inserts only while the version is open, and only the rows of pieces the shard
+# still covers (`within`: a split may have moved its tail since they were computed). It
+# answers whether the lease was held, whether the version was open, and how many rows were
+# new. The rows come from `source`, and the database's outcome fence (`FENCES`) checks them
+# and moves the shard's counters and its pieces started in the same statement.
+_PUT_ACCESS = (inserts("results"), updates("shards", "state", "results_count", "input_tokens", "output_tokens",
+                                           "started_piece"),
                *reads("shards", "results", "dead_letters", "clock", "jobs", "records"))
-
-
-def _put_results(source: str) -> WorkerStatement:
-    return WorkerStatement(f"""
+# What a flush says of its rows' pieces, for the outcome fence (`said`).
+_SAID_PIECE = "set_config('batchline.past_piece', COALESCE(%(past_piece)s::text, ''), true)"
+_FENCED = f"""
 WITH fence AS (
-    SELECT batchline_now() AS now, set_config('synchronous_commit', 'off', true)
-    FROM shards WHERE {HELD} AND {_OPEN_JOB} FOR NO KEY UPDATE
+    SELECT batchline_now() AS now, {_OPEN_JOB} AS open, first_piece, end_piece, {_SAID_PIECE}{{settings}}
+    FROM shards WHERE {HELD} FOR NO KEY UPDATE
 ), ins AS (
-    INSERT INTO results (version, record_id, shard_no, output, label, acl, worker, epoch, attempt,
-                         input_tokens, output_tokens, created_at, model)
-    SELECT %(v)s, u.record_id, %(s)s, u.output, u.label, u.acl, %(w)s, %(e)s, u.attempt,
-           u.input_tokens, u.output_tokens, fence.now, u.model
-    FROM fence, {source}
-    WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = %(v)s AND d.record_id = u.record_id)
+    {{insert}}
+    FROM fence, {{source}}
+    WHERE fence.open AND {within_sql("u.piece", "fence.first_piece", "fence.end_piece")}
+      AND NOT EXISTS (SELECT 1 FROM {{other}} o WHERE o.version = %(v)s AND o.record_id = u.record_id)
     ON CONFLICT (version, record_id) DO NOTHING
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)""", *_PUT_ACCESS)
+SELECT (SELECT count(*) FROM fence), COALESCE((SELECT open FROM fence), false), (SELECT count(*) FROM ins)"""
+
+
+def _put_results(source: str) -> WorkerStatement:
+    return WorkerStatement(_FENCED.format(settings=", set_config('synchronous_commit', 'off', true)", insert="""\
+INSERT INTO results (version, record_id, shard_no, output, label, acl, worker, epoch, attempt,
+                         input_tokens, output_tokens, created_at, model)
+    SELECT %(v)s, u.record_id, %(s)s, u.output, u.label, u.acl, %(w)s, %(e)s, u.attempt,
+           u.input_tokens, u.output_tokens, fence.now, u.model""", source=source, other="dead_letters"),
+        *_PUT_ACCESS)
 
 
 # The rows as arrays in parameters, for the smallest flushes.
 PUT_RESULTS = _put_results("""
          unnest(%(ids)s::text[], %(outputs)s::text[], %(labels)s::text[], %(acls)s::text[],
-                %(attempts)s::int[], %(tin)s::int[], %(tout)s::int[], %(models)s::text[])
-         AS u(record_id, output, label, acl, attempt, input_tokens, output_tokens, model)""")
+                %(attempts)s::int[], %(tin)s::int[], %(tout)s::int[], %(models)s::text[], %(pieces)s::int[])
+         AS u(record_id, output, label, acl, attempt, input_tokens, output_tokens, model, piece)""")
 
 # The COPY path of the same put, for all but the smallest flushes (it parses
 # rows faster than arrays in parameters): rows go to a per-session staging
-# table, then the same insert-select under the same fence.
+# table, then the same insert-select under the same fence. (Named apart from
+# the staging table of batchline before pieces were staged, which a pooler's
+# server session may still hold.)
 CREATE_STAGE = """
-CREATE TEMP TABLE IF NOT EXISTS put_stage (
+CREATE TEMP TABLE IF NOT EXISTS put_rows (
     record_id text, output text, label text, acl text, attempt int, input_tokens int, output_tokens int,
-    model text
+    model text, piece int
 ) ON COMMIT DELETE ROWS"""
-COPY_STAGE = ("COPY put_stage (record_id, output, label, acl, attempt, input_tokens, output_tokens, model) "
+COPY_STAGE = ("COPY put_rows (record_id, output, label, acl, attempt, input_tokens, output_tokens, model, piece) "
               "FROM STDIN (FORMAT BINARY)")
-STAGE_TYPES = ["text", "text", "text", "text", "int4", "int4", "int4", "text"]
-PUT_FROM_STAGE = _put_results("put_stage u")
+STAGE_TYPES = ["text", "text", "text", "text", "int4", "int4", "int4", "text", "int4"]
+PUT_FROM_STAGE = _put_results("put_rows u")
 
-INSERT_DEAD = WorkerStatement(f"""
-WITH fence AS (
-    SELECT batchline_now() AS now FROM shards WHERE {HELD} AND {_OPEN_JOB} FOR NO KEY UPDATE
-), ins AS (
-    INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, worker, epoch,
+INSERT_DEAD = WorkerStatement(_FENCED.format(settings="", insert="""\
+INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, worker, epoch,
                               created_at)
-    SELECT %(v)s, u.record_id, %(s)s, u.kind, u.error, u.acl, u.attempts, %(w)s, %(e)s, fence.now
-    FROM fence,
-         unnest(%(ids)s::text[], %(kinds)s::text[], %(errors)s::text[], %(acls)s::text[],
-                %(attempts)s::int[])
-         AS u(record_id, kind, error, acl, attempts)
-    WHERE NOT EXISTS (SELECT 1 FROM results r WHERE r.version = %(v)s AND r.record_id = u.record_id)
-    ON CONFLICT (version, record_id) DO NOTHING
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)""",
-    inserts("dead_letters"), updates("shards", "state", "dead_count"),
+    SELECT %(v)s, u.record_id, %(s)s, u.kind, u.error, u.acl, u.attempts, %(w)s, %(e)s, fence.now""",
+    source="""unnest(%(ids)s::text[], %(kinds)s::text[], %(errors)s::text[], %(acls)s::text[],
+                %(attempts)s::int[], %(pieces)s::int[])
+         AS u(record_id, kind, error, acl, attempts, piece)""", other="results"),
+    inserts("dead_letters"), updates("shards", "state", "dead_count", "started_piece"),
     *reads("shards", "results", "dead_letters", "clock", "jobs", "records"))
 
 IS_ANSWERED = WorkerStatement("""
@@ -1198,6 +1228,7 @@ LABEL_COUNTS = "SELECT label, count(*) FROM results WHERE version = %(v)s GROUP 
 
 # Only the join key: the statistics the coverage plans need, without sampling the outputs.
 ANALYZE_PARTITION = "ANALYZE {}"
+VACUUM_PARTITION = "VACUUM {}"
 COUNT_RECORDS = "SELECT count(*) FROM records WHERE version = %(v)s"
 COUNT_RESULTS = "SELECT count(*) FROM results WHERE version = %(v)s"
 COUNT_DEAD = "SELECT count(*) FROM dead_letters WHERE version = %(v)s"
@@ -1543,10 +1574,18 @@ COMPUTED_RESULTS_OF_SHARD = WorkerStatement(
 COMPUTED_RESULTS_OF_SHARD_CARRY = WorkerStatement(
     f"SELECT {_COMPUTED_COLUMNS}, c.carry {_COMPUTED_FROM} {_CARRY_FROM} WHERE {_SHARD} AND r.origin IS NULL "
     f"ORDER BY r.record_id", *reads("results", "records", "acls"))
-# What a shard's worker computed, the columns its file holds alone (ShardOutcomes.shard_columns).
+# What a shard's worker computed, the columns its file holds alone (ShardOutcomes.shard_columns),
+# each with its record's planned ACL read from the records of the shard's current slice (found by
+# piece: one hash join, where a probe of the records' key per row took twice as long). The outcome
+# fence refuses an outcome of a record outside the slice; one there anyway reads no ACL, which the
+# shard-file check refuses. A shard planned without pieces reads each record by its id.
+SHARD_PIECES = "SELECT first_piece, end_piece FROM shards WHERE version = %(v)s AND shard_no = %(s)s"
 SHARD_COLUMNS = (f"SELECT r.record_id, r.output, pacl.acl, r.label, r.model, r.attempt, r.input_tokens, "
-                 f"r.output_tokens, r.created_at {_COMPUTED_FROM} WHERE {_SHARD} AND r.origin IS NULL "
-                 f"ORDER BY r.record_id")
+                 f"r.output_tokens, r.created_at FROM results r "
+                 f"LEFT JOIN records pr ON pr.version = r.version AND pr.record_id = r.record_id "
+                 f"AND (%(first)s::int IS NULL OR (pr.piece >= %(first)s AND pr.piece < %(end)s)) "
+                 f"LEFT JOIN acls pacl ON pacl.version = pr.version AND pacl.acl_no = pr.acl_no "
+                 f"WHERE {_SHARD} AND r.origin IS NULL ORDER BY r.record_id")
 DEAD_LETTERS_OF_SHARD = WorkerStatement(
     f"SELECT {_DEAD_COLUMNS} {_DEAD_FROM} WHERE d.version = %(v)s AND d.shard_no = %(s)s ORDER BY d.record_id",
     *reads("dead_letters", "records", "acls"))

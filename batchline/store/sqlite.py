@@ -31,12 +31,20 @@ from batchline.store.core import (
     fence,
     input_columns,
 )
-from batchline.store.model import DeadLetterRow, Lease, PlannedRecord, ResultRow
+from batchline.store.model import (
+    DeadLetterRow,
+    Lease,
+    PlannedRecord,
+    ResultRow,
+    Written,
+    past_highest,
+)
 
 T = TypeVar("T")
 SCHEMA_VERSION = q.SCHEMA_VERSION
 
 sqlite3.register_adapter(uuid.UUID, str)
+
 
 
 class _Tx:
@@ -177,9 +185,12 @@ class SQLiteStore(StoreCore):
         if row is not None:
             raise StoreError(f"{what} for record {row[0]} of {lease.version}: refused: {row[1]}")
 
-    def _put(self, tx: Tx, lease: Lease, rows: Sequence[ResultRow]) -> tuple[bool, int]:
-        # The fence was checked in this transaction (core), which holds SQLite's write lock.
+    def _put(self, tx: Tx, lease: Lease, rows: Sequence[ResultRow]) -> Written:
+        # The fence, checked in this transaction, which holds SQLite's write lock.
         assert isinstance(tx, _Tx)
+        written, rows = self._held_rows(tx, lease, rows)
+        if not (written.open and rows):
+            return written
         self._refuse_outcomes(tx, lease, "a result", [r.record_id for r in rows])
         now = tx.one(q.NOW)
         assert now is not None
@@ -209,15 +220,18 @@ class SQLiteStore(StoreCore):
             tx.cur.executemany(q.PUT_RESULT, params)
         tx.cur.execute("RELEASE put")
         tx.run(q.BUMP_RESULTS, {"v": v, "s": s, "n": len(params), "tin": sum(p[8] or 0 for p in params),
-                                "tout": sum(p[9] or 0 for p in params)})
-        return True, len(params)
+                                "tout": sum(p[9] or 0 for p in params), "high": past_highest(rows)})
+        return Written(True, True, len(params))
 
-    def _insert_dead(self, tx: Tx, lease: Lease, rows: Sequence[DeadLetterRow]) -> tuple[bool, int]:
+    def _insert_dead(self, tx: Tx, lease: Lease, rows: Sequence[DeadLetterRow]) -> Written:
+        written, rows = self._held_rows(tx, lease, rows)
+        if not (written.open and rows):
+            return written
         self._refuse_outcomes(tx, lease, "a dead letter", [r.record_id for r in rows])
         n = tx.many(q.INSERT_DEAD, [{**fence(lease), "r": r.record_id, "kind": r.kind, "error": r.error,
                                      "acl": acl_json(r.acl), "attempts": r.attempts} for r in rows])
-        tx.run(q.BUMP_DEAD, {"n": n, "v": lease.version, "s": lease.shard_no})
-        return True, n
+        tx.run(q.BUMP_WORKER_DEAD, {"n": n, "v": lease.version, "s": lease.shard_no, "high": past_highest(rows)})
+        return Written(True, True, n)
 
     def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord],
                         acl_nos: Sequence[int | None]) -> None:

@@ -504,7 +504,13 @@ INSERT_ACL = "INSERT INTO acls (version, acl_no, acl) VALUES (:v, :n, :acl)"
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = :v AND record_id = :r"
 PLAN_DEAD_LETTER = (f"INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
                     f"created_at) VALUES (:v, :r, :s, :kind, :error, :acl, 0, {NOW_EXPR})")
+# A shard's counters move with the outcomes a worker adds, and so do its pieces started, past the
+# highest piece answered (`:high`, NULL where no row says its piece): a split never moves a piece
+# that has an outcome (PostgreSQL's outcome fence does the same).
+_STARTED = ("started_piece = CASE WHEN :high IS NULL THEN started_piece "
+            "ELSE MAX(COALESCE(started_piece, first_piece), :high) END")
 BUMP_DEAD = "UPDATE shards SET dead_count = dead_count + :n WHERE version = :v AND shard_no = :s"
+BUMP_WORKER_DEAD = f"UPDATE shards SET dead_count = dead_count + :n, {_STARTED} WHERE version = :v AND shard_no = :s"
 # Every dead letter there is at planning is the planner's own.
 COMMIT_PLAN = ("UPDATE jobs SET state = 'ready', record_count = :records, shard_count = :shards, "
                "plan_token = NULL, abort_rate = :abort_rate, abort_min = :abort_min, "
@@ -628,8 +634,6 @@ INPUT_RECORDS = ("SELECT p.record_id, p.text, a.acl, p.content_hash, p.position 
                  "AND position >= :start AND position < :end ORDER BY position")
 ATTEMPTS = f"SELECT record_id, attempts FROM attempts WHERE version = :v AND record_id IN {IDS}"
 FENCE_LOCK = f"SELECT first_piece, end_piece, {_OPEN_JOB} FROM shards WHERE {HELD}"
-BUMP_STARTED = ("UPDATE shards SET started_piece = MAX(COALESCE(started_piece, first_piece), :high) "
-                "WHERE version = :v AND shard_no = :s")
 LEASE_HOLDERS = ("SELECT shard_no, owner, epoch, lease_expires, owner_process FROM shards "
                  "WHERE version = :v AND state = 'leased' ORDER BY shard_no")
 TAKE_BACK = (f"UPDATE shards SET state = CASE WHEN json_extract(batch, '$.batch_id') IS NOT NULL "
@@ -656,7 +660,7 @@ INSERT INTO results (version, record_id, shard_no, output, acl, worker, epoch, a
 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13
 WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = ?1 AND d.record_id = ?2)"""
 BUMP_RESULTS = ("UPDATE shards SET results_count = results_count + :n, input_tokens = input_tokens + :tin, "
-                "output_tokens = output_tokens + :tout WHERE version = :v AND shard_no = :s")
+                f"output_tokens = output_tokens + :tout, {_STARTED} WHERE version = :v AND shard_no = :s")
 # The outcomes a writer is about to add, refused by the first of batchline.store.rights'
 # OUTCOME_RULES one of them breaks (SQLite has no roles: PostgreSQL's trigger, as a statement).
 _REFUSAL = rights.first_refusal(rights.OUTCOME_RULES, key=":kh")
@@ -1034,9 +1038,15 @@ COMPUTED_RESULTS_OF_SHARD = (f"SELECT {_COMPUTED_COLUMNS} {_COMPUTED_FROM} WHERE
 COMPUTED_RESULTS_OF_SHARD_CARRY = (f"SELECT {_COMPUTED_COLUMNS}, c.carry {_COMPUTED_FROM} {_CARRY_FROM} WHERE {_SHARD} "
                                    f"AND r.origin IS NULL ORDER BY r.record_id")
 # What a shard's worker computed, the columns its file holds alone (ShardOutcomes.shard_columns).
+# (Each with its record's planned ACL as postgres_sql.SHARD_COLUMNS reads it: of the shard's current
+# slice, by the record's id.)
+SHARD_PIECES = "SELECT first_piece, end_piece FROM shards WHERE version = :v AND shard_no = :s"
 SHARD_COLUMNS = (f"SELECT r.record_id, r.output, pacl.acl, r.label, r.model, r.attempt, r.input_tokens, "
-                 f"r.output_tokens, r.created_at {_COMPUTED_FROM} WHERE {_SHARD} AND r.origin IS NULL "
-                 f"ORDER BY r.record_id")
+                 f"r.output_tokens, r.created_at {_BY_SHARD} "
+                 f"LEFT JOIN records pr ON pr.version = r.version AND pr.record_id = r.record_id "
+                 f"AND (:first IS NULL OR (pr.piece >= :first AND pr.piece < :end)) "
+                 f"LEFT JOIN acls pacl ON pacl.version = pr.version AND pacl.acl_no = pr.acl_no "
+                 f"WHERE {_SHARD} AND r.origin IS NULL ORDER BY r.record_id")
 DEAD_LETTERS_OF_SHARD = (f"SELECT {_DEAD_COLUMNS} FROM dead_letters d INDEXED BY dead_letters_by_shard "
                          f"{_PLANNED_ACL.format(t='d')} WHERE d.version = :v AND d.shard_no = :s ORDER BY d.record_id")
 DEAD_LETTERS_OF_SHARD_CARRY = (f"SELECT {_DEAD_COLUMNS}, c.carry FROM dead_letters d INDEXED BY dead_letters_by_shard "

@@ -69,13 +69,17 @@ class OneLineChanged:
     def __init__(self, store: Store) -> None:
         self._store = store
         self.widened = 0
+        self.has_put = threading.Event()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
     def put_results(self, lease: Lease, rows: list[ResultRow]) -> int:
         self.widened += len(rows)
-        return self._store.put_results(lease, [replace(r, acl=EVERYONE) for r in rows])
+        try:
+            return self._store.put_results(lease, [replace(r, acl=EVERYONE) for r in rows])
+        finally:
+            self.has_put.set()
 
     def dead_letter(self, lease: Lease, rows: list[DeadLetterRow]) -> int:
         return self._store.dead_letter(lease, [replace(r, acl=EVERYONE) for r in rows])
@@ -107,7 +111,9 @@ def test_a_worker_that_widens_every_acl_it_puts_is_read_with_each_records_planne
     path, planned_acls = trust_job(job_factory, tmp_path)
     spec, version = planned(path, store)
     attacker = OneLineChanged(store)
-    honest = threading.Thread(target=lambda: Worker(store, version=version, poll_seconds=0.1).run())
+    # The honest worker starts once the attacker has put: else it may take every shard first.
+    honest = threading.Thread(target=lambda: attacker.has_put.wait(60) and Worker(
+        store, version=version, poll_seconds=0.1).run())
     honest.start()
     assert Worker(attacker, version=version, poll_seconds=0.1).run() == 0  # type: ignore[arg-type]
     honest.join(timeout=120)
@@ -250,6 +256,10 @@ def test_a_worker_writes_nothing_after_the_version_sealed_and_was_published(
 
 # --- the database's own fence: a bare INSERT under the worker's role (PostgreSQL) ---------
 
+BARE_INSERT = ("INSERT INTO results (version, record_id, shard_no, output, acl, worker, epoch, attempt, created_at) "
+               "SELECT %(v)s, %(r)s, %(s)s, '{\"category\": \"a\", \"summary\": \"s\"}', '[\"everyone\"]', %(w)s, "
+               "%(e)s, 1, 0 WHERE set_config('batchline.lease_key', %(k)s, true) IS NOT NULL")
+
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("store_kind", [WORKER_ROLE])
@@ -262,9 +272,7 @@ def test_a_bare_insert_under_the_worker_role_is_refused_by_the_database_naming_t
     [ready] = [r for r in store.shard_rows(version) if r.state == "ready"]
     theirs_ids = ids_of(store, version, theirs)
     mine_ids = ids_of(store, version, mine)
-    insert = ("INSERT INTO results (version, record_id, shard_no, output, acl, worker, epoch, attempt, created_at) "
-              "SELECT %(v)s, %(r)s, %(s)s, '{\"category\": \"a\", \"summary\": \"s\"}', '[\"everyone\"]', %(w)s, %(e)s, 1, 0 "
-              "WHERE set_config('batchline.lease_key', %(k)s, true) IS NOT NULL")
+    insert = BARE_INSERT
 
     def attempt(record_id: str, shard_no: int, worker: str, epoch: int, key: str, why: str) -> None:
         with psycopg.connect(worker_url(version), autocommit=True) as conn, \
@@ -294,6 +302,28 @@ def test_a_bare_insert_under_the_worker_role_is_refused_by_the_database_naming_t
     # the published view never serves a row the database refused, nor a widened ACL.
     attempt("r999999", mine.shard_no, "attacker", mine.epoch, mine.key, "its version is not open")
     assert view_acls(store_url) == planned_acls
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("store_kind", [WORKER_ROLE])
+def test_a_split_never_moves_a_piece_that_a_bare_insert_answered(
+        job_factory: Any, store: Store, worker_url: Callable[[str], str], tmp_path: Path) -> None:
+    path, _acls = trust_job(job_factory, tmp_path, n=40, shard=40)
+    spec, version = planned(path, store)
+    mine = store.claim("attacker", version)
+    assert mine is not None and mine.end_piece is not None
+    # It answers the record of its last piece by a bare INSERT, which moves no piece started of
+    # its own accord: the database's fence moves them past it, so no split hands it to another
+    # shard, whose worker could then never complete it (one outcome a record).
+    rid, piece = ids_of(store, version, mine)[-1]
+    assert piece == mine.end_piece - 1
+    with psycopg.connect(worker_url(version), autocommit=True) as conn:
+        conn.execute(BARE_INSERT, {"v": version, "r": rid, "s": mine.shard_no, "w": "attacker", "e": mine.epoch,
+                                   "k": mine.key})
+    assert store.split(version, "honest") is None
+    store.release(mine, "stop")
+    run_to_seal(store, version)
+    check_invariants(store, version, spec)
 
 
 def test_a_widening_worker_never_reaches_an_index_search_outside_each_records_acl(
