@@ -585,7 +585,7 @@ ALTER TABLE records DROP COLUMN acl;
     (28, "record probes read the key's index alone; records by piece", """
 ALTER TABLE records DROP CONSTRAINT records_pkey,
     ADD PRIMARY KEY (version, record_id) INCLUDE (piece, shard_no, acl_no);
-CREATE INDEX records_by_piece ON records (version, piece) INCLUDE (record_id, acl_no);
+CREATE INDEX records_by_piece ON records (version, piece);
 """),
 ]
 
