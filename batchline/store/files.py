@@ -113,7 +113,7 @@ class ShardOutcomes(StoreBase):
 
         def body(tx: Any) -> tuple[list[Any], list[Any]]:
             pieces = tx.one(self.q.SHARD_PIECES, params)
-            first, end = pieces if pieces is not None and pieces[0] is not None else (None, None)
+            first, end = (pieces[0], pieces[1]) if pieces is not None and pieces[0] is not None else (None, None)
             return (tx.all(self.q.SHARD_COLUMNS, {**params, "first": first, "end": end}),
                     tx.all(self.q.DEAD_LETTERS_OF_SHARD, params))
 

@@ -1579,7 +1579,10 @@ COMPUTED_RESULTS_OF_SHARD_CARRY = WorkerStatement(
 # piece: one hash join, where a probe of the records' key per row took twice as long). The outcome
 # fence refuses an outcome of a record outside the slice; one there anyway reads no ACL, which the
 # shard-file check refuses. A shard planned without pieces reads each record by its id.
-SHARD_PIECES = "SELECT first_piece, end_piece FROM shards WHERE version = %(v)s AND shard_no = %(s)s"
+# No JIT for the rest of the read: compiling a shard's few thousand rows' plan (which a planner
+# estimate can price past jit_above_cost) took longer than reading them.
+SHARD_PIECES = ("SELECT first_piece, end_piece, set_config('jit', 'off', true) FROM shards "
+                "WHERE version = %(v)s AND shard_no = %(s)s")
 SHARD_COLUMNS = (f"SELECT r.record_id, r.output, pacl.acl, r.label, r.model, r.attempt, r.input_tokens, "
                  f"r.output_tokens, r.created_at FROM results r "
                  f"LEFT JOIN records pr ON pr.version = r.version AND pr.record_id = r.record_id "
