@@ -46,7 +46,6 @@ SCHEMA_VERSION = q.SCHEMA_VERSION
 sqlite3.register_adapter(uuid.UUID, str)
 
 
-
 class _Tx:
     def __init__(self, cur: sqlite3.Cursor) -> None:
         self.cur = cur
