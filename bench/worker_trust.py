@@ -144,16 +144,25 @@ def child_publish(tree: str, spec: str, url: str, workers: int) -> dict[str, Any
 # --- the parent: inputs, stores, rounds, figures ------------------------------------------------
 
 
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment a subprocess of `tree` runs in (with its working directory the tree)."""
+    return {**os.environ, "PYTHONPATH": str(tree)}
+
+
+def child_command(tree: Path, *args: str) -> list[str]:
+    """This script as a child measuring in `tree`."""
+    return [sys.executable, str(Path(__file__).resolve()), "--child", str(tree), *args]
+
+
 def in_tree(tree: Path, command: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=tree, env=tree_env(tree), capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} in {tree} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return done
 
 
 def child(tree: Path, *args: str) -> dict[str, Any]:
-    done = in_tree(tree, [sys.executable, str(Path(__file__).resolve()), "--child", str(tree), *args])
+    done = in_tree(tree, child_command(tree, *args))
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -249,9 +258,8 @@ def turns(args: argparse.Namespace, trees: dict[str, Path], work: Path, data: Pa
         spec = folder / "job.yaml"
         write_spec(spec, data, folder, "trust-put", per_shard=True)
         children[side] = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--child", str(tree), "put", str(spec), urls[side],
-             roles[side]], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True)
+            child_command(tree, "put", str(spec), urls[side], roles[side]), cwd=tree, env=tree_env(tree),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     took: dict[str, list[float]] = {side: [] for side in trees}
     try:
         for child in children.values():
