@@ -147,8 +147,8 @@ class CorePlanWriter:
         return StoreError(f"planning of {self.version}: a record id was refused as a duplicate")
 
     def add_dead_letters(self, shard_no: int, rows: Sequence[DeadLetterRow]) -> None:
-        params = [{"v": self.version, "s": shard_no, "r": r.record_id, "kind": r.kind, "error": r.error,
-                   "acl": acl_json(r.acl)} for r in rows]
+        params = [{"v": self.version, "s": shard_no, "r": r.record_id, "kind": r.kind, "error": r.error}
+                  for r in rows]
 
         def body(tx: Tx) -> None:
             tx.many(self.q.PLAN_DEAD_LETTER, params)

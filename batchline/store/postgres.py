@@ -51,7 +51,6 @@ from batchline.store.core import (
     Row,
     StoreCore,
     Tx,
-    acl_json,
     carry_json,
     fence,
     input_columns,
@@ -355,7 +354,7 @@ class PostgresStore(StoreCore):
             row = tx.one(q.PUT_RESULTS, {
                 **fence(lease), "past_piece": past_highest(rows), "ids": [r.record_id for r in rows],
                 "outputs": [r.output for r in rows], "labels": [r.label for r in rows],
-                "acls": [acl_json(r.acl) for r in rows], "attempts": [r.attempt for r in rows],
+                "attempts": [r.attempt for r in rows],
                 "tin": [r.input_tokens for r in rows], "tout": [r.output_tokens for r in rows],
                 "models": [r.model for r in rows], "pieces": [r.piece for r in rows]})
         return _written(row)
@@ -367,14 +366,14 @@ class PostgresStore(StoreCore):
         with cur.copy(q.COPY_STAGE) as copy:
             copy.set_types(q.STAGE_TYPES)
             for r in rows:
-                copy.write_row((r.record_id, r.output, r.label, acl_json(r.acl), r.attempt, r.input_tokens,
-                                r.output_tokens, r.model, r.piece))
+                copy.write_row((r.record_id, r.output, r.label, r.attempt, r.input_tokens, r.output_tokens,
+                                r.model, r.piece))
 
     def _insert_dead(self, tx: Tx, lease: Lease, rows: Sequence[DeadLetterRow]) -> Written:
         return _written(tx.one(q.INSERT_DEAD, {
             **fence(lease), "past_piece": past_highest(rows), "ids": [r.record_id for r in rows],
             "kinds": [r.kind for r in rows], "errors": [r.error for r in rows],
-            "acls": [acl_json(r.acl) for r in rows], "attempts": [r.attempts for r in rows],
+            "attempts": [r.attempts for r in rows],
             "pieces": [r.piece for r in rows]}))
 
     def _insert_records(self, tx: Tx, version: str, rows: Sequence[PlannedRecord],

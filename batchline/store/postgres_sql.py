@@ -853,8 +853,8 @@ COPY_RECORDS_WITH_INPUT = ("COPY records (version, record_id, shard_no, content_
 INSERT_ACL = "INSERT INTO acls (version, acl_no, acl) VALUES (%(v)s, %(n)s, %(acl)s)"
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = %(v)s AND record_id = %(r)s"
 PLAN_DEAD_LETTER = """
-INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, created_at)
-VALUES (%(v)s, %(r)s, %(s)s, %(kind)s, %(error)s, %(acl)s, 0, batchline_now())"""
+INSERT INTO dead_letters (version, record_id, shard_no, kind, error, attempts, created_at)
+VALUES (%(v)s, %(r)s, %(s)s, %(kind)s, %(error)s, 0, batchline_now())"""
 BUMP_DEAD = "UPDATE shards SET dead_count = dead_count + %(n)s WHERE version = %(v)s AND shard_no = %(s)s"
 # Every dead letter there is at planning is the planner's own.
 COMMIT_PLAN = ("UPDATE jobs SET state = 'ready', record_count = %(records)s, shard_count = %(shards)s, "
@@ -878,15 +878,13 @@ LOCK_JOB = WorkerStatement("SELECT 1 FROM jobs WHERE version = %(v)s FOR NO KEY 
 # content hash where it has no ACL. A carried row keeps the time its computing attempt wrote
 # it, so a downstream merge keyed on time sees only what was computed anew as new.
 CARRY = """
-INSERT INTO results (version, record_id, shard_no, output, origin, label, acl, worker, epoch, attempt,
+INSERT INTO results (version, record_id, shard_no, output, origin, label, worker, epoch, attempt,
                      input_tokens, output_tokens, created_at, model)
 SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label,
-       na.acl,
        'carried', 0, b.attempt, b.input_tokens, b.output_tokens, b.created_at, b.model
 FROM records n
 JOIN records p ON p.version = %(base)s AND p.record_id = n.record_id
 JOIN results b ON b.version = %(base)s AND b.record_id = n.record_id
-LEFT JOIN acls na ON na.version = n.version AND na.acl_no = n.acl_no
 WHERE n.version = %(v)s AND (p.content_hash = n.content_hash
                              OR COALESCE(p.text_hash, p.content_hash) = COALESCE(n.text_hash, n.content_hash))"""
 # One pass over the carried rows, not one per shard.
@@ -1080,6 +1078,10 @@ SPLIT_SHARD = WorkerStatement(
 # answers whether the lease was held, whether the version was open, and how many rows were
 # new. The rows come from `source`, and the database's outcome fence (`FENCES`) checks them
 # and moves the shard's counters and its pieces started in the same statement.
+#
+# An outcome carries no ACL: every reader takes a record's from its plan (`acls`), so what a
+# worker says of one is not even sent (the `acl` columns of results and dead letters hold only
+# what versions answered before plans kept ACLs).
 _PUT_ACCESS = (inserts("results"), updates("shards", "state", "results_count", "input_tokens", "output_tokens",
                                            "started_piece"),
                *reads("shards", "results", "dead_letters", "clock", "jobs", "records"))
@@ -1102,18 +1104,18 @@ SELECT (SELECT count(*) FROM fence), COALESCE((SELECT open FROM fence), false), 
 
 def _put_results(source: str) -> WorkerStatement:
     return WorkerStatement(_FENCED.format(settings=", set_config('synchronous_commit', 'off', true)", insert="""\
-INSERT INTO results (version, record_id, shard_no, output, label, acl, worker, epoch, attempt,
+INSERT INTO results (version, record_id, shard_no, output, label, worker, epoch, attempt,
                          input_tokens, output_tokens, created_at, model)
-    SELECT %(v)s, u.record_id, %(s)s, u.output, u.label, u.acl, %(w)s, %(e)s, u.attempt,
+    SELECT %(v)s, u.record_id, %(s)s, u.output, u.label, %(w)s, %(e)s, u.attempt,
            u.input_tokens, u.output_tokens, fence.now, u.model""", source=source, other="dead_letters"),
         *_PUT_ACCESS)
 
 
 # The rows as arrays in parameters, for the smallest flushes.
 PUT_RESULTS = _put_results("""
-         unnest(%(ids)s::text[], %(outputs)s::text[], %(labels)s::text[], %(acls)s::text[],
+         unnest(%(ids)s::text[], %(outputs)s::text[], %(labels)s::text[],
                 %(attempts)s::int[], %(tin)s::int[], %(tout)s::int[], %(models)s::text[], %(pieces)s::int[])
-         AS u(record_id, output, label, acl, attempt, input_tokens, output_tokens, model, piece)""")
+         AS u(record_id, output, label, attempt, input_tokens, output_tokens, model, piece)""")
 
 # The COPY path of the same put, for all but the smallest flushes (it parses
 # rows faster than arrays in parameters): rows go to a per-session staging
@@ -1122,21 +1124,20 @@ PUT_RESULTS = _put_results("""
 # server session may still hold.)
 CREATE_STAGE = """
 CREATE TEMP TABLE IF NOT EXISTS put_rows (
-    record_id text, output text, label text, acl text, attempt int, input_tokens int, output_tokens int,
-    model text, piece int
+    record_id text, output text, label text, attempt int, input_tokens int, output_tokens int, model text,
+    piece int
 ) ON COMMIT DELETE ROWS"""
-COPY_STAGE = ("COPY put_rows (record_id, output, label, acl, attempt, input_tokens, output_tokens, model, piece) "
+COPY_STAGE = ("COPY put_rows (record_id, output, label, attempt, input_tokens, output_tokens, model, piece) "
               "FROM STDIN (FORMAT BINARY)")
-STAGE_TYPES = ["text", "text", "text", "text", "int4", "int4", "int4", "text", "int4"]
+STAGE_TYPES = ["text", "text", "text", "int4", "int4", "int4", "text", "int4"]
 PUT_FROM_STAGE = _put_results("put_rows u")
 
 INSERT_DEAD = WorkerStatement(_FENCED.format(settings="", insert="""\
-INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, worker, epoch,
-                              created_at)
-    SELECT %(v)s, u.record_id, %(s)s, u.kind, u.error, u.acl, u.attempts, %(w)s, %(e)s, fence.now""",
-    source="""unnest(%(ids)s::text[], %(kinds)s::text[], %(errors)s::text[], %(acls)s::text[],
-                %(attempts)s::int[], %(pieces)s::int[])
-         AS u(record_id, kind, error, acl, attempts, piece)""", other="results"),
+INSERT INTO dead_letters (version, record_id, shard_no, kind, error, attempts, worker, epoch, created_at)
+    SELECT %(v)s, u.record_id, %(s)s, u.kind, u.error, u.attempts, %(w)s, %(e)s, fence.now""",
+    source="""unnest(%(ids)s::text[], %(kinds)s::text[], %(errors)s::text[], %(attempts)s::int[],
+                %(pieces)s::int[])
+         AS u(record_id, kind, error, attempts, piece)""", other="results"),
     inserts("dead_letters"), updates("shards", "state", "dead_count", "started_piece"),
     *reads("shards", "results", "dead_letters", "clock", "jobs", "records"))
 

@@ -26,7 +26,6 @@ from batchline.store.core import (
     Row,
     StoreCore,
     Tx,
-    acl_json,
     carry_json,
     fence,
     input_columns,
@@ -195,8 +194,8 @@ class SQLiteStore(StoreCore):
         assert now is not None
         v, s, w, e, at = lease.version, lease.shard_no, lease.owner, lease.epoch, now[0]
         # Positional rows: a flush binds thousands of them, and dicts cost a third of the time.
-        params = [(v, r.record_id, s, r.output, acl_json(r.acl), w, e, r.attempt, r.input_tokens, r.output_tokens,
-                   at, r.label, r.model) for r in rows]
+        params = [(v, r.record_id, s, r.output, w, e, r.attempt, r.input_tokens, r.output_tokens, at, r.label,
+                   r.model) for r in rows]
         # Nearly every flush is all new rows: insert them as they are, and only when an id
         # is already answered (a retried flush, a record redone after a lost lease) find
         # which ones are new, so the shard counts the tokens of exactly those.
@@ -218,8 +217,8 @@ class SQLiteStore(StoreCore):
             params = kept
             tx.cur.executemany(q.PUT_RESULT, params)
         tx.cur.execute("RELEASE put")
-        tx.run(q.BUMP_RESULTS, {"v": v, "s": s, "n": len(params), "tin": sum(p[8] or 0 for p in params),
-                                "tout": sum(p[9] or 0 for p in params), "high": past_highest(rows)})
+        tx.run(q.BUMP_RESULTS, {"v": v, "s": s, "n": len(params), "tin": sum(p[7] or 0 for p in params),
+                                "tout": sum(p[8] or 0 for p in params), "high": past_highest(rows)})
         return Written(True, True, len(params))
 
     def _insert_dead(self, tx: Tx, lease: Lease, rows: Sequence[DeadLetterRow]) -> Written:
@@ -228,7 +227,7 @@ class SQLiteStore(StoreCore):
             return written
         self._refuse_outcomes(tx, lease, "a dead letter", [r.record_id for r in rows])
         n = tx.many(q.INSERT_DEAD, [{**fence(lease), "r": r.record_id, "kind": r.kind, "error": r.error,
-                                     "acl": acl_json(r.acl), "attempts": r.attempts} for r in rows])
+                                     "attempts": r.attempts} for r in rows])
         tx.run(q.BUMP_WORKER_DEAD, {"n": n, "v": lease.version, "s": lease.shard_no, "high": past_highest(rows)})
         return Written(True, True, n)
 

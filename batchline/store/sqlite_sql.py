@@ -502,8 +502,8 @@ INSERT_RECORD_WITH_INPUT = ("INSERT INTO records (version, record_id, shard_no, 
                             "piece, text, position) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 INSERT_ACL = "INSERT INTO acls (version, acl_no, acl) VALUES (:v, :n, :acl)"
 RECORD_SHARD = "SELECT shard_no FROM records WHERE version = :v AND record_id = :r"
-PLAN_DEAD_LETTER = (f"INSERT INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
-                    f"created_at) VALUES (:v, :r, :s, :kind, :error, :acl, 0, {NOW_EXPR})")
+PLAN_DEAD_LETTER = (f"INSERT INTO dead_letters (version, record_id, shard_no, kind, error, attempts, created_at) "
+                    f"VALUES (:v, :r, :s, :kind, :error, 0, {NOW_EXPR})")
 # A shard's counters move with the outcomes a worker adds, and so do its pieces started, past the
 # highest piece answered (`:high`, NULL where no row says its piece): a split never moves a piece
 # that has an outcome (PostgreSQL's outcome fence does the same).
@@ -524,14 +524,13 @@ SEAL = (f"UPDATE jobs SET state = 'sealed', sealed_at = {NOW_EXPR} WHERE version
 # content hash where it has no ACL. A carried row keeps the time its computing attempt wrote
 # it, so a downstream merge keyed on time sees only what was computed anew as new.
 CARRY = """
-INSERT INTO results (version, record_id, shard_no, output, origin, label, acl, worker, epoch, attempt,
+INSERT INTO results (version, record_id, shard_no, output, origin, label, worker, epoch, attempt,
                      input_tokens, output_tokens, created_at, model)
 SELECT n.version, n.record_id, n.shard_no, NULL, COALESCE(b.origin, b.version), b.label,
-       na.acl, 'carried', 0, b.attempt, b.input_tokens, b.output_tokens, b.created_at, b.model
+       'carried', 0, b.attempt, b.input_tokens, b.output_tokens, b.created_at, b.model
 FROM records n
 JOIN records p ON p.version = :base AND p.record_id = n.record_id
 JOIN results b ON b.version = :base AND b.record_id = n.record_id
-LEFT JOIN acls na ON na.version = n.version AND na.acl_no = n.acl_no
 WHERE n.version = :v AND (p.content_hash = n.content_hash
                           OR COALESCE(p.text_hash, p.content_hash) = COALESCE(n.text_hash, n.content_hash))"""
 SET_CARRIED = "UPDATE jobs SET carried_count = :n WHERE version = :v"
@@ -655,9 +654,9 @@ SPLIT_SHARD = ("INSERT INTO shards (version, shard_no, slice, record_count, stat
 # One row of a flush; an id already answered (a result, or a dead letter) makes the
 # flush find the new rows first (see SQLiteStore._put).
 PUT_RESULT = """
-INSERT INTO results (version, record_id, shard_no, output, acl, worker, epoch, attempt, input_tokens,
+INSERT INTO results (version, record_id, shard_no, output, worker, epoch, attempt, input_tokens,
                      output_tokens, created_at, label, model)
-SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12
 WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.version = ?1 AND d.record_id = ?2)"""
 BUMP_RESULTS = ("UPDATE shards SET results_count = results_count + :n, input_tokens = input_tokens + :tin, "
                 f"output_tokens = output_tokens + :tout, {_STARTED} WHERE version = :v AND shard_no = :s")
@@ -672,8 +671,8 @@ LEFT JOIN shards s ON s.version = n.version AND s.shard_no = n.shard_no
 LEFT JOIN records p ON p.version = n.version AND p.record_id = n.record_id
 WHERE {_REFUSAL} IS NOT NULL
 LIMIT 1"""
-INSERT_DEAD = (f"INSERT OR IGNORE INTO dead_letters (version, record_id, shard_no, kind, error, acl, attempts, "
-               f"worker, epoch, created_at) SELECT :v, :r, :s, :kind, :error, :acl, :attempts, :w, :e, "
+INSERT_DEAD = (f"INSERT OR IGNORE INTO dead_letters (version, record_id, shard_no, kind, error, attempts, "
+               f"worker, epoch, created_at) SELECT :v, :r, :s, :kind, :error, :attempts, :w, :e, "
                f"{NOW_EXPR} WHERE NOT EXISTS (SELECT 1 FROM results WHERE version = :v AND record_id = :r)")
 IS_ANSWERED = ("SELECT EXISTS (SELECT 1 FROM results WHERE version = :v AND record_id = :r) "
                "OR EXISTS (SELECT 1 FROM dead_letters WHERE version = :v AND record_id = :r)")
