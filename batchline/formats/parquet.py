@@ -123,14 +123,16 @@ def _columns(pf: Any, path: str, spec: InputSpec, shared: Mapping[str, Any]) -> 
             raise InputError(f"{path}: Parquet file has no column {name!r}, which output.carry names")
     if spec.ids == "content":
         # The id is a digest of the whole row.
-        if spec.text_field not in names:
-            raise InputError(f"{path}: Parquet file has no column {spec.text_field!r}")
+        for name in spec.text_columns:
+            if name not in names:
+                raise InputError(f"{path}: Parquet file has no column {name!r}")
         return names
-    columns = ([spec.id_field, spec.text_field] + ([spec.acl_field] if spec.acl_field else [])
-               + ([spec.class_field] if spec.class_field else []))
-    for name in columns[:2]:
+    required = [spec.id_field, *spec.text_columns]
+    for name in required:
         if name not in names:
             raise InputError(f"{path}: Parquet file has no column {name!r}")
+    columns = (required + ([spec.acl_field] if spec.acl_field else [])
+               + ([spec.class_field] if spec.class_field else []))
     return list(dict.fromkeys([c for c in columns if c in names] + list(spec.carry)))
 
 

@@ -276,12 +276,14 @@ def column_lineage(spec: JobSpec, inputs: Sequence[DatasetName]) -> column_linea
     model = f"{spec.model.engine} model {spec.model.digest or spec.model.path or ''}".strip()
     answered = (f"answered by the {model} to prompt version {spec.prompt.version}, "
                 f"validated against the output schema")
-    text = spec.input.text_field
+    texts = spec.input.text_columns
     fields: dict[str, C.Fields] = {
         "id": C.Fields(from_inputs("id", spec.input.id_field, "DIRECT", "IDENTITY", "the record's id")),
     }
     for name in (dict(spec.output_schema).get("properties") or {}):
-        fields[f"output.{name}"] = C.Fields(from_inputs("text", text, "DIRECT", "TRANSFORMATION", answered))
+        # From every field the record's text is composed of.
+        fields[f"output.{name}"] = C.Fields([f for text in texts for f in
+                                             from_inputs("text", text, "DIRECT", "TRANSFORMATION", answered)])
     if spec.input.acl_field is not None:
         fields["acl"] = C.Fields(from_inputs("acl", spec.input.acl_field, "DIRECT", "IDENTITY",
                                              "the record's ACL, carried onto its result"))

@@ -18,6 +18,7 @@ from batchline.snapshot.reading import (
     pinned_snapshot,
     pinned_sources,
     read_slice,
+    record_text,
     records_of,
     scan,
     scan_with_header,
@@ -27,5 +28,5 @@ from batchline.snapshot.reading import (
 )
 
 __all__ = ["PIECES_PER_SHARD", "Piece", "Record", "ScannedRecord", "Slice", "StoredReader", "content_hash", "file_digest", "input_pins", "input_sources",
-           "parquet_slice_digest", "pinned_snapshot", "pinned_sources", "read_slice", "records_of", "scan",
+           "parquet_slice_digest", "pinned_snapshot", "pinned_sources", "read_slice", "record_text", "records_of", "scan",
            "scan_with_header", "shared_columns", "stored_input", "text_hash"]

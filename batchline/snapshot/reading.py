@@ -321,6 +321,29 @@ def _id_if_readable(line: bytes) -> str:
 
 
 
+TEXT_FIELD_SEPARATOR = "\n\n"
+
+
+def record_text(row: Mapping[str, Any], spec: InputSpec) -> str:
+    """A record's text, the one rule every reader composes it by: what the prompt shows, the
+    content hash covers and graders read. With input.text_field, that field's value as it is;
+    with input.text_fields, each named field as `name: value`, in the listed order, a blank
+    line between. Every field must hold a string (an empty one is shown empty, as a lone
+    text_field's may be); one missing, null or of another type is refused naming it (the
+    caller adds where)."""
+    if not spec.text_fields:
+        return _text_value(row, spec.text_field)
+    return TEXT_FIELD_SEPARATOR.join(f"{name}: {_text_value(row, name)}" for name in spec.text_fields)
+
+
+def _text_value(row: Mapping[str, Any], name: str) -> str:
+    value = row.get(name)
+    if not isinstance(value, str):
+        what = "missing" if value is None else f"not a string ({type(value).__name__})"
+        raise InputError(f"text field {name!r} is {what}")
+    return value
+
+
 def record_from_row(obj: dict[str, Any], path: Path | str, line_no: int, spec: InputSpec,
                     fmt: InputFormat) -> Record:
     """A record from one row of a file (a JSON object, a CSV row, a Parquet row), by the input
@@ -338,10 +361,10 @@ def record_from_row(obj: dict[str, Any], path: Path | str, line_no: int, spec: I
         record_id = raw_id if isinstance(raw_id, str) else str(raw_id)
         if not record_id.strip():
             raise InputError(f"{path}:{line_no}: empty id (field {spec.id_field!r})")
-    text = obj.get(spec.text_field)
-    if not isinstance(text, str):
-        what = "missing" if text is None else f"not a string ({type(text).__name__})"
-        raise InputError(f"{path}:{line_no}: id {record_id!r}: text field {spec.text_field!r} is {what}")
+    try:
+        text = record_text(obj, spec)
+    except InputError as exc:
+        raise InputError(f"{path}:{line_no}: id {record_id!r}: {exc}") from None
     acl = _acl(obj, spec, path, line_no, record_id, fmt) if spec.acl_field else None
     data_class = obj.get(spec.class_field) if spec.class_field else None
     carried = _carried(obj, spec, path, line_no, record_id) if spec.carry else None

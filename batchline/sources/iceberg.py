@@ -322,9 +322,10 @@ def _data_files(table: Any, snapshot: Any, ref: TableRef) -> tuple[DataFile, ...
 def _check_columns(meta: Any, spec: InputSpec, ref: TableRef) -> None:
     """Data files are read by column name: a column renamed, or dropped and added again,
     would make an older data file answer with another column's values."""
-    wanted = [f for f in (spec.id_field, spec.text_field, spec.acl_field, spec.class_field) if f]
+    required = [spec.id_field, *spec.text_columns]
+    wanted = [f for f in (*required, spec.acl_field, spec.class_field) if f]
     current = {f.name: f.field_id for f in meta.schema().fields}
-    for name in wanted[:2]:
+    for name in required:
         if name not in current:
             raise InputError(f"{ref.describe()}: the table has no column {name!r} "
                              f"(columns: {', '.join(current)})")

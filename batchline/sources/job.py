@@ -83,6 +83,7 @@ OPTIONS: Fields = {
 _NOT_WITH_JOB = {
     "id_field": "each record keeps its id from the upstream job",
     "text_field": "input.field names the output field read",
+    "text_fields": "input.field names the output field read",
     "ids": "each record keeps its id from the upstream job",
     "format": "the records are read from the store",
     "acl_missing": "every record keeps the ACL the upstream's record has",

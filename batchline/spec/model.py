@@ -129,6 +129,9 @@ class InputSpec:
     source: InputSource
     id_field: str = "id"
     text_field: str = "text"
+    # input.text_fields: the fields a record's text is composed from, each labelled, in this
+    # order (batchline.snapshot.reading.record_text); empty: text_field's value alone.
+    text_fields: tuple[str, ...] = ()
     acl_field: str | None = None
     # What a missing or null ACL means; None: a record without one is refused at planning,
     # since a reader downstream would take a missing ACL for "open to all".
@@ -158,6 +161,11 @@ class InputSpec:
 
     def describe(self) -> str:
         return self.source.describe()
+
+    @property
+    def text_columns(self) -> tuple[str, ...]:
+        """The fields a record's text is read from: every one of them must be in the input."""
+        return self.text_fields or (self.text_field,)
 
     def storage_of(self, location: str) -> Mapping[str, Any]:
         """The storage settings `location` is read with: its home region's over `storage`."""
@@ -458,6 +466,8 @@ class JobSpec:
                 "id_field": self.input.id_field,
                 "text_field": self.input.text_field,
                 "acl_field": self.input.acl_field,
+                # Only when set, so no existing version's hash moves.
+                **({"text_fields": list(self.input.text_fields)} if self.input.text_fields else {}),
                 "max_input_tokens": self.input.max_input_tokens,
                 "max_bytes_per_token": self.input.max_bytes_per_token,
                 # New keys enter only when set, so no existing version's hash moves.
@@ -502,7 +512,8 @@ class JobSpec:
                 **{k: v for k, v in self.input.source.to_dict().items()
                    if not (k == "path" and self.input.regions.homes)},
                 "id_field": self.input.id_field,
-                "text_field": self.input.text_field,
+                **({"text_fields": list(self.input.text_fields)} if self.input.text_fields
+                   else {"text_field": self.input.text_field}),
                 "max_bytes_per_token": self.input.max_bytes_per_token,
                 "format": self.input.format,
                 **({"storage": dict(self.input.storage)} if self.input.storage else {}),

@@ -114,6 +114,9 @@ INPUT_FIELDS: Fields = {
     "path": _doc({"anyOf": [_STR, _STRS]}, "A file, an object URL, a list or a glob"),
     "id_field": _doc(_STR, "The field holding each record's id (custom_id for openai-batch)", "id"),
     "text_field": _doc(_STR, "The field holding the text the prompt shows (messages for openai-batch)", "text"),
+    "text_fields": _doc({"type": "array", "items": _STR, "minItems": 1, "uniqueItems": True},
+                        "Instead of text_field: fields the prompt shows together, each as `name: value` in this "
+                        "order, a blank line between (not with openai-batch)"),
     "acl_field": _doc(_STR, "A list of groups (or one) on every record, copied onto its result or dead letter"),
     "acl_missing": _doc(_STRS, "What a missing ACL means; without it a record without one stops planning"),
     "ids": _doc({"enum": ["field", "content"]}, "field: the id_field; content: a digest of each whole row", "field"),
@@ -514,6 +517,7 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
                   if ids == "field" else "id"),
         text_field=r.string(inp.get("text_field", "messages" if chat else INPUT_FIELDS["text_field"]["default"]),
                             "input.text_field"),
+        text_fields=_text_fields(r, inp),
         acl_field=acl_field,
         format_options=format_options,
         max_input_tokens=r.optional_int(inp.get("max_input_tokens"), "input.max_input_tokens", 1),
@@ -524,6 +528,25 @@ def _parse_input(r: SpecReader, top: Mapping[str, Any], base_dir: Path, resolved
         storage=storage,
         regions=regions,
     )
+
+
+def _text_fields(r: SpecReader, inp: Mapping[str, Any]) -> tuple[str, ...]:
+    """`input.text_fields`: distinct field names, in the order the prompt shows them."""
+    raw = inp.get("text_fields")
+    if raw is None:
+        return ()
+    if inp.get("text_field") is not None:
+        r.fail("input.text_fields", "and input.text_field cannot both be given: text_field names one field, "
+                                    "text_fields several; keep one")
+    if not isinstance(raw, list) or not raw:
+        r.fail("input.text_fields", f"must be a non-empty list of field names, not {raw!r}")
+    for i, name in enumerate(raw):
+        if not isinstance(name, str) or not name:
+            r.fail(f"input.text_fields[{i}]", f"must be a non-empty string, not {name!r}")
+    twice = sorted({name for name in raw if raw.count(name) > 1})
+    if twice:
+        r.fail("input.text_fields", f"names a field twice: {', '.join(twice)}")
+    return tuple(raw)
 
 
 def _region_name(r: SpecReader, value: Any, where: str) -> str:
@@ -919,6 +942,9 @@ def _check_chat_input(r: SpecReader, inp: Mapping[str, Any], top: Mapping[str, A
     for key, fixed in (("id_field", "custom_id"), ("text_field", "messages")):
         if inp.get(key, fixed) != fixed:
             r.fail(f"input.{key}", f"is always {fixed!r} with input.format {OPENAI_BATCH}; leave it out")
+    if inp.get("text_fields") is not None:
+        r.fail("input.text_fields", f"is not used with input.format {OPENAI_BATCH}: each line's messages are its "
+                                    "whole prompt; leave it out")
     if inp.get("acl_field") is not None:
         r.fail("input.acl_field", f"an {OPENAI_BATCH} line has no field for an ACL; convert the file to "
                                   "jsonl to carry one")
