@@ -75,6 +75,8 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
             failed = ", ".join(c["name"] for c in latest.report.get("checks", []) if not c["passed"])
             raise BatchlineError(f"{version} failed its latest validation ({failed}); "
                                  "fix it, or publish with --force --reason")
+    for target in targets:
+        target.claim(info.name, store)
     history = store.publications(info.name)
     if history and history[-1].version == version:
         # Published already: nothing is moved and history records nothing, once the store has
@@ -129,6 +131,8 @@ def rollback(store: PublisherStore, name: str, reason: str | None = None,
     if current is None or back_to is None or not targets:
         return store.rollback(name, who(), reason, expected=expected)  # refused there, in the store's words
     returning = JobVersion.of(store, back_to)
+    for target in targets:
+        target.claim(name, store)
     for target in targets:
         target.stage(store, returning)  # staged when it was published, unless the target is new
     recorded = _recorded(history)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from batchline.spec.model import InputSpec, JobSpec
     from batchline.spec.parse import JobVersion
     from batchline.spec.reader import ParseContext, SpecReader
-    from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
+    from batchline.store import ReaderStore, StoredDeadLetter, StoredResult, StoreHandle
 
 
 @dataclass(frozen=True)
@@ -278,6 +278,12 @@ class PublicationTarget(Protocol):
         ...
 
     def describe(self) -> str: ...
+
+    def claim(self, name: str, store: StoreHandle) -> None:
+        """Records `store` as the one store that publishes `name` into this target, or refuses
+        a target that another store publishes into (`batchline.targets.owner`), before anything
+        is written there."""
+        ...
 
     def stage(self, store: ReaderStore, job: JobVersion) -> bool:
         """Writes the version where readers do not see it yet (its results read from `store`);

@@ -46,7 +46,8 @@ __all__ = [
     "DEFAULT_URL", "ChargeResult", "DeadLetterBound", "DeadLetterRow", "DuplicateRecord", "Event", "Halt",
     "InputRecord", "JobInfo", "JobStatus", "Lease", "LeaseHolder", "LeaseLost", "PlanWriter", "PlannedRecord",
     "PlannedShard", "PlannerStore", "PublisherStore",
-    "ReaderStore", "ResultChanges", "ResultRow", "RouteTotals", "ShardRow", "Store", "StoredDeadLetter", "StoredResult",
+    "ReaderStore", "ResultChanges", "ResultRow", "RouteTotals", "ShardRow", "Store", "StoreHandle", "StoredDeadLetter",
+    "StoredResult",
     "VersionClosed", "WorkerStore", "default_url", "job_or_published", "open_store", "require_job",
 ]
 

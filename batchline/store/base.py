@@ -292,6 +292,13 @@ class StoreBase(ABC):
         """The store, as messages name it: each backend's own (a file's path, a URL without
         its password), so no message can show a password."""
 
+    def identity(self) -> str:
+        """Who the store is: made once with it and kept whatever its URL or path, so a target
+        it publishes into knows its owner however the store is reached (`targets.owner`)."""
+        row = self._read(lambda tx: tx.one(self.q.STORE_IDENTITY))
+        assert row is not None
+        return str(row[0])
+
     # --- events ----------------------------------------------------------------------
 
     def _event(self, tx: Tx, kind: str, version: str | None, worker: str | None, shard_no: int | None,

@@ -62,6 +62,10 @@ class StoreHandle(Protocol):
         """The store, as messages name it: a SQLite file's path, a URL without its password."""
         ...
 
+    def identity(self) -> str:
+        """Who the store is, whatever its URL: what the targets it publishes into record."""
+        ...
+
     def now(self) -> float:
         """The database's clock."""
         ...

@@ -587,6 +587,15 @@ ALTER TABLE records DROP CONSTRAINT records_pkey,
     ADD PRIMARY KEY (version, record_id) INCLUDE (piece, shard_no, acl_no);
 CREATE INDEX records_by_piece ON records (version, piece);
 """),
+    # Who the store is, whatever its URL (a host renamed, a password changed): the targets it
+    # publishes into record it, and refuse a publish from any other store (targets/owner.py).
+    (29, "the store's identity", """
+CREATE TABLE store_identity (
+    one int PRIMARY KEY CHECK (one = 1),
+    id text NOT NULL
+);
+INSERT INTO store_identity (one, id) VALUES (1, gen_random_uuid()::text);
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -813,6 +822,7 @@ ROUTES = "(%(routes)s::text[] IS NULL OR s.route = ANY(%(routes)s::text[]))"
 # --- clock -------------------------------------------------------------------------
 
 NOW = WorkerStatement("SELECT batchline_now()", *reads("clock"))
+STORE_IDENTITY = "SELECT id FROM store_identity"
 SHIFT_CLOCK = "UPDATE clock SET offset_s = offset_s + %(seconds)s WHERE id = 1"
 
 # --- events ------------------------------------------------------------------------

@@ -437,6 +437,16 @@ UPDATE records SET acl_no = (SELECT a.acl_no FROM planned_acl x JOIN acls a ON a
 DROP TABLE planned_acl;
 ALTER TABLE records DROP COLUMN acl;
 """),
+    # Who the store is, whatever its path (a file moved or copied keeps it): as PostgreSQL's
+    # migration 29.
+    (23, "the store's identity", """
+CREATE TABLE IF NOT EXISTS store_identity (
+    one INTEGER PRIMARY KEY CHECK (one = 1),
+    id TEXT NOT NULL
+);
+INSERT INTO store_identity (one, id) SELECT 1, lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-'
+    || hex(randomblob(2)) || '-' || hex(randomblob(2)) || '-' || hex(randomblob(6)));
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -463,6 +473,7 @@ IDS = "(SELECT value FROM json_each(:ids))"
 # --- clock ------------------------------------------------------------------------------
 
 NOW = f"SELECT {NOW_EXPR}"
+STORE_IDENTITY = "SELECT id FROM store_identity"
 SHIFT_CLOCK = "UPDATE clock SET offset_s = offset_s + :seconds WHERE id = 1"
 
 # --- events -----------------------------------------------------------------------------

@@ -67,7 +67,7 @@ from batchline.spec import JobSpec, JobVersion, canonical_json
 from batchline.spec.model import region_refusal
 from batchline.spec.ports import Staging
 from batchline.spec.reader import Fields, ParseContext, SpecReader
-from batchline.store import ReaderStore, StoredDeadLetter, StoredResult
+from batchline.store import ReaderStore, StoredDeadLetter, StoredResult, StoreHandle
 from batchline.store.files import ShardColumns, ShardUnit
 from batchline.targets.base import TargetFamily
 from batchline.targets.columns import acl_value, converted_outputs
@@ -130,6 +130,29 @@ class IcebergTable:
 
     def describe(self) -> str:
         return self.ref.describe()
+
+    def claim(self, name: str, store: StoreHandle) -> None:
+        """At the table's location (where a catalog would put it, for one not made yet): a
+        second store's own catalog (`catalog: store`) would otherwise register a table of its
+        own over the same files."""
+        from batchline.lake import lake_settings
+        from batchline.targets.owner import OWNER_FILE, Owner, claim
+
+        with open_catalog(self.ref, self.store_url, self.storage) as catalog:
+            table = load_table(catalog, self.ref)
+            if table is not None:
+                location = table.location()
+            else:
+                namespace, table_name = self.ref.name.rsplit(".", 1)
+                try:
+                    catalog.create_namespace_if_not_exists(namespace)  # as staging makes it: its location says
+                    location = catalog._resolve_table_location(None, namespace, table_name)
+                except Exception as exc:  # a catalog that places tables itself (REST) cannot say before
+                    raise BatchlineError(f"{self.describe()}: cannot tell where the catalog would make the table, "
+                                         f"so cannot record this store as its owner ({one_line(exc)}); make the "
+                                         f"table first, or name its warehouse") from None
+        claim(f"{_local(location).rstrip('/')}/{OWNER_FILE}", Owner.of(store), self.describe(),
+              lake_settings(self.storage))
 
     # --- stage ---------------------------------------------------------------------
 

@@ -67,7 +67,7 @@ import orjson
 from batchline.acl import MAX_K, Groups, check_k, group_filter
 from batchline.errors import BatchlineError, SpecError, missing_extra, one_line
 from batchline.sources.base import location_dataset
-from batchline.store import ReaderStore, StoredResult
+from batchline.store import ReaderStore, StoredResult, StoreHandle
 from batchline.targets.base import Admit, Answer, Hit, PublisherWritten, Searchable, TargetFamily
 from batchline.targets.columns import (
     ACL as ACL_COLUMN,
@@ -282,6 +282,14 @@ class LanceIndex:
 
     def connect(self) -> Any:
         return _connect(self.output.uri, self.storage)
+
+    def claim(self, name: str, store: StoreHandle) -> None:
+        from batchline.lake import lake_settings
+        from batchline.targets.owner import OWNER_FILE, Owner, claim
+
+        table = self.output.table_for(name)
+        claim(f"{self.output.uri.rstrip('/')}/{table}.{OWNER_FILE}", Owner.of(store),
+              f"{self.describe()} (table {table!r})", lake_settings(self.storage))
 
     # --- stage ---------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from batchline.errors import BatchlineError
 from batchline.sources.base import location_dataset
-from batchline.store import ReaderStore
+from batchline.store import ReaderStore, StoreHandle
 from batchline.targets.base import ExportResult, FileExport, PublisherWritten, TargetFamily
 
 if TYPE_CHECKING:
@@ -71,7 +71,19 @@ class _Dataset(ABC):
             self._write_current(name, str(recorded["current"]), token)
 
     @abstractmethod
+    def describe(self) -> str: ...
+
+    @abstractmethod
     def _current_path(self, name: str) -> str: ...
+
+    def claim(self, name: str, store: StoreHandle) -> None:
+        from batchline.targets.owner import OWNER_FILE, Owner, claim
+
+        claim(f"{self._current_path(name).rsplit('/', 1)[0]}/{OWNER_FILE}", Owner.of(store),
+              f"{self.describe()} ({name})", self._settings())
+
+    def _settings(self) -> LakeSettings | None:
+        return None
 
     @abstractmethod
     def _remove_current(self, name: str) -> None: ...
@@ -159,6 +171,9 @@ class ObjectDataset(_Dataset):
 
     def _current_path(self, name: str) -> str:
         return f"{self.root}/{name}/CURRENT"
+
+    def _settings(self) -> LakeSettings | None:
+        return self.settings
 
     def _read_current(self, name: str) -> tuple[str | None, Any]:
         from batchline.sources.objects import read_versioned

@@ -46,6 +46,9 @@ class MemoryIndex:
     def describe(self) -> str:
         return "in-memory index"
 
+    def claim(self, name: str, store: Any) -> None:
+        return None  # one process's memory: no other store can reach it
+
     def stage(self, store: ReaderStore, job: JobVersion) -> bool:
         if (job.name, job.version) in ROWS:
             return False

@@ -585,7 +585,9 @@ def test_an_index_in_the_s3_stand_in_is_staged_published_searched_and_pruned(
     publish(store, versions[1])
     assert search(store_url, "tickets-index", "x", ["group-1"], k=20)[0] == versions[1]
     assert tables() == {version_tag(v) for v in versions[:2]}
-    assert {key.split("/")[1] for key in bucket.keys("index/")} == {"tickets-index.lance"}  # one table
+    # One table, and the record of the store that publishes into it.
+    assert {key.split("/")[1] for key in bucket.keys("index/")} == {"tickets-index.lance",
+                                                                    "tickets-index.batchline-owner.json"}
     # The third publish prunes the first: neither published nor what a rollback returns to.
     assert publish(store, versions[2]).removed == (versions[0],)
     assert tables() == {version_tag(v) for v in versions[1:]}

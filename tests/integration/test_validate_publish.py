@@ -489,6 +489,9 @@ class Unchecked:
     def describe(self) -> str:
         return "a target that checks nothing"
 
+    def claim(self, name: str, store: Any) -> None:
+        pass
+
     def stage(self, store: Any, version: str) -> None:
         pass
 
