@@ -75,8 +75,7 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
             failed = ", ".join(c["name"] for c in latest.report.get("checks", []) if not c["passed"])
             raise BatchlineError(f"{version} failed its latest validation ({failed}); "
                                  "fix it, or publish with --force --reason")
-    for target in targets:
-        target.claim(info.name, store)
+    _claim(info.name, targets, store)
     history = store.publications(info.name)
     if history and history[-1].version == version:
         # Published already: nothing is moved and history records nothing, once the store has
@@ -131,8 +130,7 @@ def rollback(store: PublisherStore, name: str, reason: str | None = None,
     if current is None or back_to is None or not targets:
         return store.rollback(name, who(), reason, expected=expected)  # refused there, in the store's words
     returning = JobVersion.of(store, back_to)
-    for target in targets:
-        target.claim(name, store)
+    _claim(name, targets, store)
     for target in targets:
         target.stage(store, returning)  # staged when it was published, unless the target is new
     recorded = _recorded(history)
@@ -143,6 +141,17 @@ def rollback(store: PublisherStore, name: str, reason: str | None = None,
     except BaseException as exc:
         _put_back(name, targets, shown, recorded, exc)
         raise
+
+
+def _claim(name: str, targets: Sequence[PublicationTarget], store: PublisherStore) -> None:
+    """Each target records `store` as the one that publishes into it, or refuses another's,
+    before anything is written anywhere."""
+    for target in targets:
+        if not callable(getattr(target, "claim", None)):
+            # A plug-in written before targets had owners: refused, not published unowned.
+            raise BatchlineError(f"{target.describe()}: its target does not say which store publishes into it "
+                                 f"(`claim`, see the extending page); nothing was published")
+        target.claim(name, store)
 
 
 def _recorded(history: Sequence[Publication]) -> dict[str, Any]:

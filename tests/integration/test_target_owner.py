@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from batchline.check.validate import validate
+from batchline.errors import BatchlineError
 from batchline.publish.pointer import publish, rollback
 from batchline.store import Store, open_store
 from batchline.targets.owner import OWNER_FILE, TargetOwned
@@ -111,3 +112,24 @@ def test_an_owner_record_that_cannot_be_read_exactly_refuses_every_store(
     with pytest.raises(TargetOwned, match="not an owner record batchline wrote"):
         publish(store, version, targets=[dataset])
     assert store.resolve_name(name) is None
+
+
+class WrittenBeforeOwners:
+    """A plug-in target written before targets had owners: everything but `claim`."""
+
+    key = "before-owners"
+
+    def describe(self) -> str:
+        return "an older plug-in's target"
+
+    def stage(self, store: Any, job: Any) -> bool:
+        raise AssertionError("staged a target that cannot say its owner")
+
+
+def test_a_plugin_target_without_claim_is_refused_in_one_line_and_nothing_is_published(
+        job_factory: Any, store: Store) -> None:
+    version = sealed_in(store, job_factory(make_records(5)))
+    with pytest.raises(BatchlineError, match=r"^an older plug-in's target: its target does not say which store "
+                                             r"publishes into it \(`claim`.*nothing was published$"):
+        publish(store, version, targets=[WrittenBeforeOwners()])  # type: ignore[list-item]
+    assert store.resolve_name(store.job(version).name) is None  # type: ignore[union-attr]
