@@ -104,6 +104,14 @@ class K8sLauncher:
         from kubernetes.client.exceptions import ApiException
 
         o = k8s_options(request)
+        if request.deadline is not None:
+            # A deadline is held by a pacer that buys paid workers; its paid queue and the admission
+            # policy that lets only it start them are the cluster administrator's objects, which a
+            # task never creates: refused, not a fleet that silently ignores the deadline.
+            raise SpecError(f"launcher kubernetes: deadline {request.deadline!r} needs the version's pacer, which "
+                            f"this launcher does not apply (its paid queue and admission policy are cluster objects): "
+                            f"render it with `batchline launch k8s {request.version} --fallback-queue QUEUE`, have "
+                            f"it applied, and launch without deadline; or launch with local or ray, which pace here")
         for obj in self._objects(request):
             if obj["metadata"].get("namespace") is None and obj["kind"] != "PriorityClass":
                 raise SpecError(f"launcher kubernetes: the fleet needs cluster object {obj['kind']} "

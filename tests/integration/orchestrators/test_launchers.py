@@ -106,6 +106,16 @@ def test_a_kubernetes_option_missing_or_misspelt_is_refused_before_the_cluster_i
         assert api.requests == [] and store.launches(version) == []
 
 
+def test_a_deadline_with_the_kubernetes_launcher_is_refused_naming_the_pacer_before_the_cluster_is_reached(
+        cluster: tuple[StandInApi, LaunchRequest], store: Store) -> None:
+    api, request = cluster
+    paced = LaunchRequest(**{**request.__dict__, "deadline": "06:00"})
+    with pytest.raises(SpecError, match=r"^launcher kubernetes: deadline '06:00' needs the version's pacer, which this "
+                                        r"launcher does not apply .*--fallback-queue QUEUE"):
+        launch_once(store, paced, "kubernetes", by="test")
+    assert api.requests == [] and store.launches(request.version) == []
+
+
 def test_stopping_a_kubernetes_launch_deletes_its_worker_jobs_and_records_the_stop(
         cluster: tuple[StandInApi, LaunchRequest], store: Store) -> None:
     api, request = cluster
