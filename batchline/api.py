@@ -168,18 +168,20 @@ class Jobs:
 
     # --- planning and running ---------------------------------------------------------------
 
-    def plan(self, spec: str | Path, *, plan_key: str | None = None,
+    def plan(self, spec: str | Path, *, plan_key: str | None = None, create_store: bool = True,
              log: Callable[[str], None] = _stderr) -> PlanResult:
         """Plans the job if its version is new (`created`). `log` gets what planning says,
         among it where records go and what each hosted provider keeps: said before anything
         is sent, so it goes to stderr unless told otherwise. `plan_key` (a scheduled run's
         key, as `run` takes it): the first plan with it keys the version planned, and every
         later one with it returns that version, whatever the input has become (a retried
-        task after a glob or a table's snapshot moved)."""
+        task after a glob or a table's snapshot moved). `create_store`: False for a caller that
+        must never make a store (a scheduled task: a mistyped path is refused with
+        `StoreMissing`, not a new, empty store that computes everything again)."""
         from batchline.spec import load_spec
 
         job = load_spec(spec)
-        with self._opened(create=True) as s:
+        with self._opened(create=create_store) as s:
             _say_created(s, log)
             return _plan_once(s, job, plan_key, log)
 

@@ -49,6 +49,11 @@ class StoreError(BatchlineError):
     exit_code = 4
 
 
+class StoreMissing(StoreError):
+    """A store that does not exist where a caller that never makes one looked (a SQLite file's
+    path with a typo, a scheduled task's connection): nothing was made there."""
+
+
 class PublicationMoved(StoreError):
     """A publish or rollback was refused because the name's publication is no longer the
     one its publisher read before it moved the targets: another publish or rollback of

@@ -87,6 +87,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="afbench-"))
     spec = write_job(work / "job", args.records, args.seconds_per_record)
     store = f"sqlite:///{work / 'store.db'}"
+    from batchline.store import open_store
+
+    open_store(store).close()  # a connection never makes a store: the user's first `batchline plan` does
     dags = work / "dags"
     dags.mkdir()
     (dags / "bench_batchline.py").write_text(BATCH_DAG.format(spec=str(spec)))

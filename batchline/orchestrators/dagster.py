@@ -82,7 +82,7 @@ def batchline_asset(spec: str | Path, *, key: str | Sequence[str] | None = None,
 
         url = batchline.store_url
         run_key = f"dagster:{context.run.run_id}/{asset_key.to_user_string()}"
-        planned = Jobs(url).plan(path, plan_key=run_key, log=context.log.info)
+        planned = Jobs(url).plan(path, plan_key=run_key, create_store=False, log=context.log.info)
         request = LaunchRequest(version=planned.version, spec=path, key=run_key, plan_key=run_key, store_url=url,
                                 workers=workers, deadline=deadline,
                                 options=dict(batchline.launcher_options.get(launcher, {})))

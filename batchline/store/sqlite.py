@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from batchline.errors import StoreError
+from batchline.errors import StoreError, StoreMissing
 from batchline.store import sqlite_sql as q
 from batchline.store.core import (
     DuplicateKey,
@@ -75,7 +75,7 @@ class SQLiteStore(StoreCore):
         self.reconnect_seconds = 0.0
         if not create and not self.path.exists():
             # A typo in a path must not look like "every job is gone": nothing is made here.
-            raise StoreError(f"store {self.path} does not exist (batchline plan or run makes it)")
+            raise StoreMissing(f"store {self.path} does not exist (batchline plan or run makes it)")
         # One connection: a store shared by threads (a worker and its metrics, a test and
         # a worker thread) runs one transaction at a time.
         self._lock = threading.RLock()

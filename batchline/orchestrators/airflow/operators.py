@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from batchline.orchestrators.airflow.hooks import BatchlineHook
 from batchline.orchestrators.airflow.triggers import ERROR, BatchlineVersionTrigger
@@ -40,7 +40,8 @@ def gate_and_publish(store_url: str, version: str, publish: bool, log: Callable[
     report = jobs.validate(version, log=log)
     log(report.table())
     if not report.passed:
-        raise AirflowException(f"{version} failed its gate; nothing published\n{report.table()}")
+        # The sealed version validates the same on every try: a retry cannot pass it.
+        raise AirflowFailException(f"{version} failed its gate; nothing published\n{report.table()}")
     if publish:
         result = jobs.publish(version, log=log)
         published_as, shown = result.name, result.shown
@@ -110,6 +111,16 @@ class BatchlineRunOperator(BaseOperator):
                              workers=self.workers, deadline=self.deadline, options=options)
 
     def execute(self, context: Any) -> Any:
+        from batchline.errors import ArgumentError, SpecError, StoreMissing
+
+        try:
+            return self._execute(context)
+        except (SpecError, ArgumentError, StoreMissing) as exc:
+            # What no retry can fix (a malformed spec, a refused option, a store that does not
+            # exist): the task fails now, its retries unspent, nothing planned or launched.
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
+
+    def _execute(self, context: Any) -> Any:
         from batchline.api import Jobs
         from batchline.launch.fleet import checked, launch_once, model_checks
         from batchline.spec import load_spec
@@ -118,19 +129,21 @@ class BatchlineRunOperator(BaseOperator):
         try:
             self.poll_seconds = float(self.poll_seconds)
         except ValueError:
-            raise AirflowException(f"poll_seconds must be a number of seconds, not {self.poll_seconds!r}") from None
+            raise AirflowFailException(f"poll_seconds must be a number of seconds, not {self.poll_seconds!r}") from None
         if self.poll_seconds <= 0:
-            raise AirflowException(f"poll_seconds must be more than 0, not {self.poll_seconds}")
+            raise AirflowFailException(f"poll_seconds must be more than 0, not {self.poll_seconds}")
         spec = load_spec(self.spec)
         needs_model = model_checks(spec)
         if needs_model:
-            raise AirflowException(f"{self.spec}: {', '.join(needs_model)} run a model, which an Airflow worker does "
+            raise AirflowFailException(f"{self.spec}: {', '.join(needs_model)} run a model, which an Airflow worker does "
                                    f"not have: run `batchline validate` where the model is, or leave them out here")
         store_url = self._hook().store_url()
         key = task_key(context)
         # Refused before anything is planned: an unknown launcher, or an option it does not take.
         checked(self.launcher, self._launch_request(context, "", store_url))
-        planned = Jobs(store_url).plan(self.spec, plan_key=key, log=self.log.info)
+        # Never a new store: a mistyped path in the connection is refused naming it, not a
+        # new, empty store that computes every record again and publishes over the real one.
+        planned = Jobs(store_url).plan(self.spec, plan_key=key, create_store=False, log=self.log.info)
         request = self._launch_request(context, planned.version, store_url)
         self._request = request
         with contextlib.closing(open_store(store_url, create=False)) as store:

@@ -185,7 +185,19 @@ def test_checks_that_run_a_model_and_an_unknown_launcher_option_are_refused_befo
     assert "option 'runner_dri' is not one it takes (runner_dir)" in refused
     refused = airflow("refused_at_start", spec=str(plain), kwargs={"launcher": "slurm"})["refused"]
     assert "launcher 'slurm' is not one of kubernetes, local, ray" in refused
+    # None of these is retried: a retry would be refused the same way.
+    assert refused.startswith("AirflowFailException: SpecError: ")
     assert store.jobs() == []
+
+
+def test_a_connection_naming_a_store_that_does_not_exist_fails_the_task_naming_it_and_makes_nothing(
+        airflow: Any, job_factory: Any, tmp_path: Path) -> None:
+    refused = airflow("refused_at_start", spec=str(triage_spec(job_factory, tmp_path / "calls.log")),
+                      kwargs={"batchline_conn_id": "batchline_gone"})["refused"]
+    missing = tmp_path / "no-such-folder" / "store.db"
+    assert refused == (f"AirflowFailException: StoreMissing: store {missing} does not exist "
+                       f"(batchline plan or run makes it)")
+    assert not missing.parent.exists()
 
 
 @pytest.mark.parametrize("store_kind", ["sqlite"], indirect=True)
