@@ -162,6 +162,20 @@ def watch(store: Store, version: str) -> Watch:
                  at_risk=_at_risk(store, version))
 
 
+def news(before: Mapping[str, Any] | None, now: Mapping[str, Any]) -> list[tuple[bool, str]]:
+    """What a watcher says of a poll (`Watch.to_json`) that it had not said of the one before:
+    the records answered, when they moved, and the deadline's `at risk` line, when it came or
+    changed (a warning). At most one line of each a poll, none while nothing changed."""
+    said: list[tuple[bool, str]] = []
+    counts = ("results", "dead_letters")
+    if now["state"] == RUNNING and (before is None or any(before[k] != now[k] for k in counts)):
+        dead = f" ({now['dead_letters']:,} dead letters)" if now["dead_letters"] else ""
+        said.append((False, f"{now['message']}{dead}"))
+    if now["at_risk"] is not None and (before is None or before["at_risk"] != now["at_risk"]):
+        said.append((True, f"{now['version']}: deadline at risk: {now['at_risk']}"))
+    return said
+
+
 def poll(store_url: str, version: str) -> Watch:
     """`watch` over a store opened for this one poll."""
     from batchline.store import open_store
@@ -173,9 +187,10 @@ def poll(store_url: str, version: str) -> Watch:
 def wait(store_url: str, version: str, poll_seconds: float, log: Callable[[str], None],
          max_failures: int = 10) -> Watch:
     """Polls the version until it ends, in this process (an orchestrator that cannot defer):
-    says `at risk` in `log` once per change; a store unreadable `max_failures` polls in a row
-    is refused naming it, the version and its workers untouched."""
-    failures, risk = 0, None
+    says in `log` what `news` says of each poll; a store unreadable `max_failures` polls in a
+    row is refused naming it, the version and its workers untouched."""
+    failures = 0
+    before: dict[str, Any] | None = None
     while True:
         try:
             state = poll(store_url, version)
@@ -187,10 +202,10 @@ def wait(store_url: str, version: str, poll_seconds: float, log: Callable[[str],
             time.sleep(poll_seconds)
             continue
         failures = 0
-        if state.at_risk != risk:
-            risk = state.at_risk
-            if risk is not None:
-                log(f"{version}: deadline at risk: {risk}")
+        now = state.to_json()
+        for _warning, line in news(before, now):
+            log(line)
+        before = now
         if state.done:
             return state
         time.sleep(poll_seconds)
@@ -218,19 +233,36 @@ def model_checks(spec: Any) -> list[str]:
     return (["validate.reproduce"] if spec.validate.reproduce is not None else []) + named
 
 
-def manifest(store: Store, version: str, published_as: str | None,
-             targets: tuple[str, ...] = ()) -> dict[str, Any]:
+def manifest(store: Store, version: str, published_as: str | None) -> dict[str, Any]:
     """What an orchestrator passes on about a version (an XCom, an asset's metadata): a few
-    figures and where it was published, never results."""
+    figures and where it was published, never results. `results` is `computed` plus
+    `carried` (from the version's base, unchanged); `targets`, where it was published, one
+    entry each: the store's view, then each target as its publication recorded it (`kind`,
+    where it is, and what it showed readers: a version folder, a snapshot id, a tag)."""
     from batchline.store import require_job
 
     info = require_job(store, version)
     st = store.status(version)
     tokens = store.token_totals(version)
+    computed = sum(t.results for t in store.route_totals(version).values())
     # What paid workers a pacer bought cost (the fallback's price); spot capacity is not priced.
     paid_cost, _rate = store.paid_budget(version)
     return {"version": version, "name": info.name, "state": info.state, "records": st.records,
-            "results": st.results, "dead_letters": st.dead_letters,
-            "input_tokens": tokens[0], "output_tokens": tokens[1],
+            "results": st.results, "computed": computed, "carried": st.results - computed,
+            "dead_letters": st.dead_letters, "input_tokens": tokens[0], "output_tokens": tokens[1],
             "paid_worker_seconds": round(store.paid_spend_seconds(version), 1), "paid_cost": round(paid_cost, 4),
-            "published_as": published_as, "targets": list(targets)}
+            "published_as": published_as, "targets": published_targets(store, published_as, version)}
+
+
+def published_targets(store: Store, name: str | None, version: str) -> list[dict[str, Any]]:
+    """Where `version` is published as `name`, structured: the store's view, and what each
+    target showed after the publication that made it current (by the target's key, `KIND:WHERE`)."""
+    if name is None:
+        return []
+    entries: list[dict[str, Any]] = [{"kind": "view", "name": name, "version": version}]
+    history = store.publications(name)
+    if history and history[-1].version == version:
+        for key, state in sorted((history[-1].targets or {}).items()):
+            kind, _, where = key.partition(":")
+            entries.append({"kind": kind, "location": where, **(state if isinstance(state, dict) else {})})
+    return entries

@@ -42,9 +42,9 @@ class BatchlineResource(ConfigurableResource):  # type: ignore[type-arg]
 
 
 def _metadata(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {k: manifest[k] for k in ("version", "records", "results", "dead_letters",
-                                                     "input_tokens", "output_tokens", "paid_worker_seconds",
-                                                     "paid_cost")}
+    out: dict[str, Any] = {k: manifest[k] for k in ("version", "records", "results", "computed", "carried",
+                                                     "dead_letters", "input_tokens", "output_tokens",
+                                                     "paid_worker_seconds", "paid_cost")}
     out["published_as"] = manifest["published_as"] or ""
     if manifest["targets"]:
         out["targets"] = MetadataValue.json(list(manifest["targets"]))
@@ -102,7 +102,7 @@ def batchline_asset(spec: str | Path, *, key: str | Sequence[str] | None = None,
             raise Failure(description=f"{planned.version} failed its gate; nothing published\n{report.table()}")
         publication = jobs.publish(planned.version, log=context.log.info)
         with contextlib.closing(open_store(url, create=False)) as store:
-            shown = manifest(store, planned.version, publication.name, tuple(publication.shown))
+            shown = manifest(store, planned.version, publication.name)
         yield MaterializeResult(asset_key=asset_key, metadata=_metadata(shown), check_results=results)
 
     return _run

@@ -577,3 +577,25 @@ def test_a_store_that_fails_to_publish_leaves_the_parquet_current_as_it_recorded
     with pytest.raises(StoreError, match="store unreachable"):
         publish(store, v2, targets=[dataset])
     assert dataset.current(spec.name) == version_folder(v1)
+
+
+def test_the_manifest_says_computed_and_carried_apart_and_each_target_as_a_structured_entry(
+        job_factory: Any, store: Store, tmp_path: Path) -> None:
+    from batchline.launch.fleet import manifest
+    from batchline.targets.parquet import ParquetDataset, version_folder
+
+    dataset = ParquetDataset(tmp_path / "warehouse")
+    records = make_records(20)
+    spec, v1 = sealed_version(job_factory, store, records, base="published")
+    validate(store, v1)
+    publish(store, v1, targets=[dataset])
+    records[3]["text"] = "changed"
+    _, v2 = sealed_version(job_factory, store, records, base="published")
+    validate(store, v2)
+    publish(store, v2, targets=[dataset])
+    shown = manifest(store, v2, spec.name)
+    assert (shown["results"], shown["computed"], shown["carried"], shown["dead_letters"]) == (20, 1, 19, 0)
+    assert shown["targets"] == [{"kind": "view", "name": spec.name, "version": v2},
+                                {"kind": "parquet", "location": str(tmp_path / "warehouse"),
+                                 "current": version_folder(v2)}]
+    assert manifest(store, v1, None)["targets"] == []  # not published by the task that made it

@@ -36,17 +36,15 @@ def gate_and_publish(store_url: str, version: str, publish: bool, log: Callable[
 
     jobs = Jobs(store_url)
     published_as: str | None = None
-    shown: tuple[str, ...] = ()
     report = jobs.validate(version, log=log)
     log(report.table())
     if not report.passed:
         # The sealed version validates the same on every try: a retry cannot pass it.
         raise AirflowFailException(f"{version} failed its gate; nothing published\n{report.table()}")
     if publish:
-        result = jobs.publish(version, log=log)
-        published_as, shown = result.name, result.shown
+        published_as = jobs.publish(version, log=log).name
     with contextlib.closing(open_store(store_url, create=False)) as store:
-        return manifest(store, version, published_as, tuple(shown))
+        return manifest(store, version, published_as)
 
 
 def _name_lineage_parent(store: Any, version: str, context: Mapping[str, Any]) -> None:

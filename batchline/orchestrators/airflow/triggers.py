@@ -2,8 +2,9 @@
 
 Each poll reads the store in a thread (`asyncio.to_thread`), never on the triggerer's event
 loop, which other tasks' triggers share. It fires once, when the version is sealed, halted or
-cancelled; while a version with a deadline is `at risk` it says so in the log (once per
-change). A store it cannot read is polled again, and after `max_failures` polls in a row it
+cancelled. While it waits, the task's log shows the records answered as they move and, for a
+version with a deadline, when it is `at risk` (`fleet.news`: once per change, at most once a
+poll). A store it cannot read is polled again, and after `max_failures` polls in a row it
 fires an error naming the store, so the task fails and its retry re-attaches: nothing of the
 version is lost, its workers go on.
 """
@@ -25,6 +26,12 @@ def _poll(store_url: str, version: str) -> dict[str, Any]:
     from batchline.launch.fleet import poll
 
     return poll(store_url, version).to_json()
+
+
+def _news(before: dict[str, Any] | None, now: dict[str, Any]) -> list[tuple[bool, str]]:
+    from batchline.launch.fleet import news
+
+    return news(before, now)
 
 
 def _store_url(conn_id: str) -> str:
@@ -50,8 +57,9 @@ class BatchlineVersionTrigger(BaseTrigger):
                  "poll_seconds": self.poll_seconds, "max_failures": self.max_failures})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        failures, risk = 0, None
+        failures = 0
         last = ""
+        before: dict[str, Any] | None = None
         while True:
             try:
                 url = await asyncio.to_thread(_store_url, self.batchline_conn_id)
@@ -69,10 +77,9 @@ class BatchlineVersionTrigger(BaseTrigger):
                 await asyncio.sleep(self.poll_seconds)
                 continue
             failures = 0
-            if state["at_risk"] != risk:
-                risk = state["at_risk"]
-                if risk is not None:
-                    self.log.warning("%s: deadline at risk: %s", self.version, risk)
+            for warning, line in _news(before, state):
+                (self.log.warning if warning else self.log.info)("%s", line)
+            before = state
             if state["state"] != "running":
                 yield TriggerEvent(state)  # type: ignore[no-untyped-call]
                 return

@@ -92,10 +92,13 @@ def test_the_example_dag_defers_fires_on_the_seal_and_publishes_with_only_a_mani
     assert {t: v["state"] for t, v in result["tasks"].items()} == {
         "triage": "success", "summaries": "success", "publish_index": "success"}
     triaged = result["xcoms"]["triage"]["return_value"]
-    assert set(triaged) == {"version", "name", "state", "records", "results", "dead_letters", "input_tokens",
-                            "output_tokens", "paid_worker_seconds", "paid_cost", "published_as", "targets"}
+    assert set(triaged) == {"version", "name", "state", "records", "results", "computed", "carried", "dead_letters",
+                            "input_tokens", "output_tokens", "paid_worker_seconds", "paid_cost", "published_as",
+                            "targets"}
     assert (triaged["paid_worker_seconds"], triaged["paid_cost"]) == (0.0, 0.0)  # no pacer bought any
     assert (triaged["records"], triaged["results"], triaged["published_as"]) == (120, 120, "triage-nightly")
+    assert (triaged["computed"], triaged["carried"]) == (120, 0)
+    assert triaged["targets"] == [{"kind": "view", "name": "triage-nightly", "version": triaged["version"]}]
     assert store.resolve_name("triage-nightly") == triaged["version"]
     summarised = result["xcoms"]["summaries"]["return_value"]
     assert summarised["published_as"] is None  # validated by its own task, published by the next
