@@ -152,7 +152,8 @@ class BatchlineRunOperator(BaseOperator):
         if not self.deferrable:
             return self._finish(store_url, self._wait(planned.version))
         self.defer(trigger=BatchlineVersionTrigger(planned.version, self.batchline_conn_id, float(self.poll_seconds),
-                                                   self.max_store_failures),
+                                                   self.max_store_failures, launch_key=key, launcher=self.launcher,
+                                                   launcher_options=dict(self.launcher_options)),
                    method_name="execute_complete")
 
     def _wait(self, version: str) -> dict[str, Any]:

@@ -91,6 +91,34 @@ def killed_then_retried(args: dict[str, Any]) -> dict[str, Any]:
     return {"version": deferred.trigger.version, "manifest": manifest}
 
 
+def killed_while_deferred_then_retried(args: dict[str, Any]) -> dict[str, Any]:
+    """A user marks the deferred task failed: Airflow calls the trigger's `on_kill` (from a
+    trigger rebuilt from its serialised form, as the triggerer holds it); the next try runs."""
+    import importlib
+
+    from batchline.orchestrators.airflow.operators import BatchlineRunOperator
+
+    op = BatchlineRunOperator(task_id="triage", spec=args["spec"], workers=1, poll_seconds=0.2)
+    deferred = _defer(op, _context("triage", 1))
+    classpath, kwargs = deferred.trigger.serialize()
+    module, name = classpath.rsplit(".", 1)
+    held = getattr(importlib.import_module(module), name)(**kwargs)
+    asyncio.run(held.on_kill())
+    import contextlib
+
+    from batchline.orchestrators.airflow.hooks import BatchlineHook
+    from batchline.store import open_store
+
+    with contextlib.closing(open_store(BatchlineHook().store_url(), create=False)) as store:
+        [record] = store.launches(deferred.trigger.version)
+    retried = BatchlineRunOperator(task_id="triage", spec=args["spec"], workers=1, poll_seconds=0.2)
+    again = _defer(retried, _context("triage", 2))
+    event = asyncio.run(_fire(again.trigger))
+    manifest = retried.execute_complete(_context("triage", 2), event)
+    return {"version": deferred.trigger.version, "kwargs": kwargs, "manifest": manifest,
+            "after_kill": [record.state, record.stop_reason]}
+
+
 def failing_gate(args: dict[str, Any]) -> dict[str, Any]:
     from airflow.sdk.exceptions import AirflowException
 
@@ -150,8 +178,9 @@ def provider(args: dict[str, Any]) -> dict[str, Any]:
             "triggers": [t.trigger_class_name for t in manager.trigger if "batchline" in t.trigger_class_name]}
 
 
-SCENARIOS = {f.__name__: f for f in (example_dag, defer_retry_and_finish, killed_then_retried, failing_gate,
-                                      store_unreachable, refused_at_start, provider)}
+SCENARIOS = {f.__name__: f for f in (example_dag, defer_retry_and_finish, killed_then_retried,
+                                      killed_while_deferred_then_retried, failing_gate, store_unreachable,
+                                      refused_at_start, provider)}
 
 if __name__ == "__main__":
     result = SCENARIOS[sys.argv[1]](json.loads(sys.argv[2]))

@@ -154,6 +154,22 @@ def test_on_kill_stops_the_fleet_and_the_next_try_launches_it_again_without_a_re
     assert len(counts) == 200 and set(counts.values()) == {1}
 
 
+def test_a_deferred_task_marked_failed_stops_its_fleet_through_the_trigger_and_the_next_try_launches_again(
+        airflow: Any, job_factory: Any, store: Store, tmp_path: Path) -> None:
+    calls = tmp_path / "calls.log"
+    spec = triage_spec(job_factory, calls, n=200, shards={"size": 20})
+    result = airflow("killed_while_deferred_then_retried", spec=str(spec))
+    version = result["version"]
+    assert (result["kwargs"]["launch_key"], result["kwargs"]["launcher"]) == (
+        "airflow:nightly/triage/scheduled__2026-12-06T01:00:00+00:00/-1", "local")
+    assert "://" not in json.dumps(result["kwargs"])  # never the store's URL
+    assert result["after_kill"] == ["stopped", "the Airflow task was killed while deferred"]
+    assert [e.detail["key"] for e in store.events(version, ["launch"])] == [result["kwargs"]["launch_key"]] * 2
+    assert result["manifest"]["results"] == 200
+    counts = call_counts(calls)
+    assert len(counts) == 200 and set(counts.values()) == {1}
+
+
 def test_a_failed_gate_fails_the_task_with_its_table_and_publishes_nothing(
         airflow: Any, job_factory: Any, store: Store, tmp_path: Path) -> None:
     spec = triage_spec(job_factory, tmp_path / "calls.log",
