@@ -333,14 +333,22 @@ class Jobs:
                             run_job=functools.partial(_run_to_seal, s, log))
 
     def publish(self, version: str, *, force: bool = False, reason: str | None = None,
+                plan_key: str | None = None, over_newer: str | None = None,
                 log: Callable[[str], None] = _stderr) -> PublishResult:
         """Points the job's name (and its view) at a sealed version whose latest validation
         passed; `force` with a `reason` publishes without one. The version published
-        already is left as it is and history records nothing (`changed` is False)."""
+        already is left as it is and history records nothing (`changed` is False).
+        `plan_key` (a scheduled run's, as `plan` took it): published only if the name's
+        pointer is where it was when that run first planned (`PointerMovedOn` otherwise: a
+        cleared old run never moves it past a newer one's), unless `over_newer` says why."""
         from batchline.publish.pointer import publish
 
         with self._opened(lineage=True) as s:
-            return publish(s, version, force=force, reason=reason, log=log)
+            since = None
+            if plan_key is not None:
+                info = s.job(version)
+                since = s.keyed_pointer(info.name, plan_key) if info is not None else None
+            return publish(s, version, force=force, reason=reason, log=log, since=since, over_newer=over_newer)
 
     def validate_and_publish(self, version: str, *, log: Callable[[str], None] = _stderr
                              ) -> tuple[ValidationReport | None, PublishResult | None]:

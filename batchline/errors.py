@@ -54,6 +54,11 @@ class StoreMissing(StoreError):
     path with a typo, a scheduled task's connection): nothing was made there."""
 
 
+class PointerMovedOn(BatchlineError):
+    """A scheduled run's publish refused because its name's pointer moved since the run first
+    planned (a newer night published; a cleared old run's task would move it back)."""
+
+
 class PublicationMoved(StoreError):
     """A publish or rollback was refused because the name's publication is no longer the
     one its publisher read before it moved the targets: another publish or rollback of

@@ -100,7 +100,7 @@ def batchline_asset(spec: str | Path, *, key: str | Sequence[str] | None = None,
         if not report.passed:
             yield from results
             raise Failure(description=f"{planned.version} failed its gate; nothing published\n{report.table()}")
-        publication = jobs.publish(planned.version, log=context.log.info)
+        publication = jobs.publish(planned.version, plan_key=run_key, log=context.log.info)
         with contextlib.closing(open_store(url, create=False)) as store:
             shown = manifest(store, planned.version, publication.name)
         yield MaterializeResult(asset_key=asset_key, metadata=_metadata(shown), check_results=results)

@@ -6,12 +6,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from batchline.errors import BatchlineError, StoreError
+from batchline.errors import BatchlineError, PointerMovedOn, StoreError
 from batchline.publish.upstream import UpstreamLag, readers_behind
 from batchline.sources import versions_read
 from batchline.spec import JobVersion, stored_spec
 from batchline.store import PublisherStore
-from batchline.store.model import JobInfo, Publication, rollback_target, who
+from batchline.store.model import JobInfo, PointerAt, Publication, rollback_target, who
 from batchline.targets import PublicationTarget, targets_for
 
 
@@ -49,14 +49,18 @@ class PublishResult:
 
 def publish(store: PublisherStore, version: str, *, force: bool = False, reason: str | None = None,
             log: Callable[[str], None] = lambda _m: None,
-            targets: Sequence[PublicationTarget] | None = None) -> PublishResult:
+            targets: Sequence[PublicationTarget] | None = None, since: PointerAt | None = None,
+            over_newer: str | None = None) -> PublishResult:
     """Moves the name's pointer to `version` once it is sealed and validated; each target
     (by default those the version's spec names) first gets the version staged, then
     shown, and the store records what each shows as it moves the pointer. A store
     that refuses puts the targets back. The version published already is left as it
     is, and nothing is recorded (the result's `changed` is False): each target is staged
     again, which writes back what was removed from under it (`restaged`). The version's
-    record and spec are read once, here, and each target is handed them."""
+    record and spec are read once, here, and each target is handed them. `since`: where the
+    name's pointer was when a scheduled run first planned the version; the publish is refused
+    (`PointerMovedOn`) if it moved since, unless `over_newer` says why it goes on anyway (kept
+    in the history as the publication's reason)."""
     job = JobVersion.of(store, version)
     info = job.info
     if info.state == "cancelled":
@@ -85,6 +89,7 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
         store.publish(info.name, version, who(), None, None, expected=history[-1].id)
         restaged = tuple(t.describe() for t in targets if t.stage(store, job))
         return PublishResult(info.name, version, version, (), restaged=restaged)
+    _refuse_moved(info.name, version, history, since, over_newer)
     for target in targets:
         target.stage(store, job)
     # What the name's history is before any target moves: the store records this publish
@@ -93,11 +98,13 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
     # another. The store's lock is not held meanwhile: a catalog in the store's own
     # database (SQLite's one writer) could not commit under it.
     history = store.publications(info.name)
+    moved_over = _refuse_moved(info.name, version, history, since, over_newer)  # on the read the store checks
     expected = history[-1].id if history else None
     recorded = _recorded(history)
     shown = _show(info.name, version, targets, recorded)
+    why = reason if force else (f"published over {moved_over.version}: {over_newer}" if moved_over else None)
     try:
-        previous = store.publish(info.name, version, who(), reason if force else None,
+        previous = store.publish(info.name, version, who(), why,
                                  latest.report if latest else None, expected=expected, targets=shown or None)
     except BaseException as exc:
         _put_back(info.name, targets, shown, recorded, exc)
@@ -108,6 +115,18 @@ def publish(store: PublisherStore, version: str, *, force: bool = False, reason:
     return PublishResult(info.name, version, previous, removed,
                          tuple(f"{t.describe()}: {_state_line(shown.get(t.key))}" for t in targets),
                          readers_behind=tuple(readers_behind(store, info.name, version)))
+
+
+def _refuse_moved(name: str, version: str, history: Sequence[Publication], since: PointerAt | None,
+                  over_newer: str | None) -> Publication | None:
+    """Refuses a scheduled run's publish whose name's pointer moved since the run planned;
+    with `over_newer`, the publication it goes over instead."""
+    moved = since.moved(history) if since is not None else None
+    if moved is None or over_newer:
+        return moved
+    raise PointerMovedOn(f"{name} moved on since the run that planned {version} began: it now shows {moved.version} "
+                         f"({moved.action} by {moved.who}), so {version} is validated but not published over it; "
+                         f"publish it explicitly (with a reason) to do so")
 
 
 def _state_line(state: dict[str, Any] | None) -> str:

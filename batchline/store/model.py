@@ -433,6 +433,19 @@ class Coverage:
 
 
 @dataclass(frozen=True)
+class PointerAt:
+    """Where a name's pointer was: its latest publication's id then (None: never published).
+    A scheduled run publishes only from where it was when the run first planned."""
+
+    publication: int | None
+
+    def moved(self, history: Sequence[Publication]) -> Publication | None:
+        """The publication that moved the pointer since, or None where it is still there."""
+        latest = history[-1] if history else None
+        return None if (latest.id if latest is not None else None) == self.publication else latest
+
+
+@dataclass(frozen=True)
 class Publication:
     id: int
     name: str

@@ -24,6 +24,7 @@ from batchline.store.model import (
     DuplicateRecord,
     PlannedRecord,
     PlannedShard,
+    PointerAt,
 )
 
 
@@ -65,6 +66,12 @@ class Planning(LineageOutbox):
     def keyed_version(self, name: str, key: str) -> str | None:
         row = self._read(lambda tx: tx.one(self.q.KEYED_VERSION, {"name": name, "key": key}))
         return None if row is None else str(row[0])
+
+    def keyed_pointer(self, name: str, key: str) -> PointerAt | None:
+        row = self._read(lambda tx: tx.one(self.q.KEYED_POINTER, {"name": name, "key": key}))
+        if row is None or not row[0]:
+            return None  # no such run, or one keyed before its pointer was kept
+        return PointerAt(int(row[1]) if row[1] is not None else None)
 
     def key_plan(self, name: str, key: str, version: str) -> str:
         job = self.job(version)

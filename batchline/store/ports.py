@@ -37,6 +37,7 @@ from batchline.store.model import (
     LeaseHolder,
     PlannedRecord,
     PlannedShard,
+    PointerAt,
     Publication,
     ResultChanges,
     ResultRow,
@@ -347,7 +348,13 @@ class PlannerStore(StoreHandle, Protocol):
 
     def key_plan(self, name: str, key: str, version: str) -> str:
         """Keys a planned version of `name` as the run `key`, unless another version was
-        keyed so first; returns the version the key names from now on."""
+        keyed so first; returns the version the key names from now on. It keeps where the
+        name's pointer was then (`keyed_pointer`)."""
+        ...
+
+    def keyed_pointer(self, name: str, key: str) -> PointerAt | None:
+        """Where `name`'s pointer was when the run `key` first planned (its latest publication
+        then), or None: no such run, or one keyed before batchline kept it."""
         ...
 
 

@@ -596,6 +596,13 @@ CREATE TABLE store_identity (
 );
 INSERT INTO store_identity (one, id) VALUES (1, gen_random_uuid()::text);
 """),
+    # Where the name's pointer was when a scheduled run first planned (its latest publication,
+    # NULL for none): that run publishes only from there, so a cleared old run never moves the
+    # pointer past a newer night's. Keys made before it was kept say so (`pointer_kept`).
+    (30, "the pointer a scheduled run planned from", """
+ALTER TABLE plan_keys ADD COLUMN pointer_kept boolean NOT NULL DEFAULT false,
+    ADD COLUMN pointer_publication bigint;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -1322,8 +1329,10 @@ IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = %(v)s AND state =
 PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts, targets FROM publications "
                 "WHERE name = %(name)s ORDER BY id")
 IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = %(v)s)"
-KEY_PLAN = ("INSERT INTO plan_keys (name, key, version, created_at) VALUES (%(name)s, %(key)s, %(v)s, batchline_now()) "
-            "ON CONFLICT (name, key) DO NOTHING")
+KEY_PLAN = ("INSERT INTO plan_keys (name, key, version, created_at, pointer_kept, pointer_publication) "
+            "VALUES (%(name)s, %(key)s, %(v)s, batchline_now(), true, "
+            "(SELECT max(id) FROM publications WHERE name = %(name)s)) ON CONFLICT (name, key) DO NOTHING")
+KEYED_POINTER = ("SELECT pointer_kept, pointer_publication FROM plan_keys WHERE name = %(name)s AND key = %(key)s")
 # A scheduled run's worker slot finds the night's version by its key (its role sees its job's keys alone).
 KEYED_VERSION = WorkerStatement("SELECT version FROM plan_keys WHERE name = %(name)s AND key = %(key)s",
                                 *reads("plan_keys"))

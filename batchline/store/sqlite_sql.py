@@ -447,6 +447,11 @@ CREATE TABLE IF NOT EXISTS store_identity (
 INSERT INTO store_identity (one, id) SELECT 1, lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-'
     || hex(randomblob(2)) || '-' || hex(randomblob(2)) || '-' || hex(randomblob(6)));
 """),
+    # Where the name's pointer was when a scheduled run first planned: as PostgreSQL's migration 30.
+    (24, "the pointer a scheduled run planned from", """
+ALTER TABLE plan_keys ADD COLUMN pointer_kept INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE plan_keys ADD COLUMN pointer_publication INTEGER;
+"""),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -819,8 +824,10 @@ IS_SEALED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE version = :v AND state = 's
 PUBLICATIONS = ("SELECT id, name, version, previous, action, who, reason, validation, ts, targets FROM publications "
                 "WHERE name = :name ORDER BY id")
 IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pointers WHERE version = :v)"
-KEY_PLAN = (f"INSERT INTO plan_keys (name, key, version, created_at) VALUES (:name, :key, :v, {NOW_EXPR}) "
+KEY_PLAN = (f"INSERT INTO plan_keys (name, key, version, created_at, pointer_kept, pointer_publication) "
+            f"VALUES (:name, :key, :v, {NOW_EXPR}, 1, (SELECT max(id) FROM publications WHERE name = :name)) "
             "ON CONFLICT (name, key) DO NOTHING")
+KEYED_POINTER = "SELECT pointer_kept, pointer_publication FROM plan_keys WHERE name = :name AND key = :key"
 KEYED_VERSION = "SELECT version FROM plan_keys WHERE name = :name AND key = :key"
 PIN_RUNTIME = (f"INSERT INTO engine_runtimes (version, runtime, worker, pinned_at) VALUES (:v, :runtime, :w, {NOW_EXPR}) "
                "ON CONFLICT (version) DO NOTHING")

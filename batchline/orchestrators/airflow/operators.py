@@ -27,10 +27,14 @@ from batchline.orchestrators.airflow.hooks import BatchlineHook
 from batchline.orchestrators.airflow.triggers import ERROR, BatchlineVersionTrigger
 
 
-def gate_and_publish(store_url: str, version: str, publish: bool, log: Callable[[str], None]) -> dict[str, Any]:
+def gate_and_publish(store_url: str, version: str, publish: bool, log: Callable[[str], None],
+                     plan_key: str | None = None, over_newer: str | None = None) -> dict[str, Any]:
     """Validates a sealed version and, when it passes and `publish`, publishes it; the
-    version's manifest. A failed gate raises with its table: nothing is published."""
+    version's manifest. A failed gate raises with its table: nothing is published. With the
+    run's `plan_key`, a name whose pointer moved since the run planned is not moved back
+    (the task fails saying so, unless `over_newer` says why it should be)."""
     from batchline.api import Jobs
+    from batchline.errors import PointerMovedOn
     from batchline.launch.fleet import manifest
     from batchline.store import open_store
 
@@ -42,7 +46,10 @@ def gate_and_publish(store_url: str, version: str, publish: bool, log: Callable[
         # The sealed version validates the same on every try: a retry cannot pass it.
         raise AirflowFailException(f"{version} failed its gate; nothing published\n{report.table()}")
     if publish:
-        published_as = jobs.publish(version, log=log).name
+        try:
+            published_as = jobs.publish(version, plan_key=plan_key, over_newer=over_newer, log=log).name
+        except PointerMovedOn as exc:
+            raise AirflowFailException(str(exc)) from None  # a retry would find it moved on the same way
     with contextlib.closing(open_store(store_url, create=False)) as store:
         return manifest(store, version, published_as)
 
@@ -82,8 +89,11 @@ class BatchlineRunOperator(BaseOperator):
     def __init__(self, *, spec: str, launcher: str = "local", workers: int = 1, deadline: str | None = None,
                  publish: bool = True, deferrable: bool = True, batchline_conn_id: str = "batchline_default",
                  launcher_options: Mapping[str, Any] | None = None, poll_seconds: float | str = 30.0,
-                 max_store_failures: int = 10, **kwargs: Any) -> None:
+                 max_store_failures: int = 10, publish_over_newer: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # Why this task's version may be published although its name moved on since the run
+        # planned (a newer night published): kept in the history. None: it is not.
+        self.publish_over_newer = publish_over_newer
         self.spec = spec
         self.launcher = launcher
         self.workers = workers
@@ -150,7 +160,7 @@ class BatchlineRunOperator(BaseOperator):
         what = "launched" if launched.launched_now else "re-attached to the fleet an earlier try launched:"
         self.log.info("%s %s (%s) %s", planned.version, what, self.launcher, launched.record.detail)
         if not self.deferrable:
-            return self._finish(store_url, self._wait(planned.version))
+            return self._finish(store_url, self._wait(planned.version), key)
         self.defer(trigger=BatchlineVersionTrigger(planned.version, self.batchline_conn_id, float(self.poll_seconds),
                                                    self.max_store_failures, launch_key=key, launcher=self.launcher,
                                                    launcher_options=dict(self.launcher_options)),
@@ -163,16 +173,17 @@ class BatchlineRunOperator(BaseOperator):
                     self.max_store_failures).to_json()
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
-        return self._finish(self._hook().store_url(), event)
+        return self._finish(self._hook().store_url(), event, task_key(context))
 
-    def _finish(self, store_url: str, event: Mapping[str, Any]) -> dict[str, Any]:
+    def _finish(self, store_url: str, event: Mapping[str, Any], key: str) -> dict[str, Any]:
         version = str(event.get("version"))
         self._finished = (store_url, version, None)
         if event.get("state") == ERROR:
             raise AirflowException(str(event.get("message")))
         if event.get("state") != "sealed":
             raise AirflowException(f"{event.get('message')}; nothing published")
-        shown = gate_and_publish(store_url, version, self.publish, self.log.info)
+        shown = gate_and_publish(store_url, version, self.publish, self.log.info, plan_key=key,
+                                 over_newer=self.publish_over_newer)
         self._finished = (store_url, version, shown["published_as"])
         return shown
 
