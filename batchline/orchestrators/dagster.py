@@ -41,6 +41,13 @@ class BatchlineResource(ConfigurableResource):  # type: ignore[type-arg]
     launcher_options: dict[str, dict[str, Any]] = {}  # noqa: RUF012 (a pydantic field: each instance its own copy)
 
 
+def dagster_run_key(run: Any, asset: str) -> str:
+    """The key a materialisation plans and launches under: its root run's, so a re-execution
+    of a failed run (a new run id, the same root) finds the version and the fleet the first
+    execution started instead of planning and launching again."""
+    return f"dagster:{run.root_run_id or run.run_id}/{asset}"
+
+
 def _metadata(manifest: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {k: manifest[k] for k in ("version", "records", "results", "computed", "carried",
                                                      "dead_letters", "input_tokens", "output_tokens",
@@ -81,7 +88,7 @@ def batchline_asset(spec: str | Path, *, key: str | Sequence[str] | None = None,
         from batchline.store import open_store
 
         url = batchline.store_url
-        run_key = f"dagster:{context.run.run_id}/{asset_key.to_user_string()}"
+        run_key = dagster_run_key(context.run, asset_key.to_user_string())
         planned = Jobs(url).plan(path, plan_key=run_key, create_store=False, log=context.log.info)
         request = LaunchRequest(version=planned.version, spec=path, key=run_key, plan_key=run_key, store_url=url,
                                 workers=workers, deadline=deadline,

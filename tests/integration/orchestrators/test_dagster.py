@@ -96,3 +96,15 @@ def test_the_example_definitions_load_with_one_check_per_gate_check(monkeypatch:
     assert {k.to_user_string() for k in graph.get_all_asset_keys()} == {"ticket-triage-nightly",
                                                                       "ticket-summaries-nightly"}
     assert {c.name for c in graph.asset_check_keys} >= {"coverage", "schema", "dead_letters", "drift"}
+
+
+def test_a_re_execution_of_a_failed_run_keys_on_its_root_run_and_so_finds_the_first_executions_version() -> None:
+    from dagster import DagsterRun
+
+    from batchline.orchestrators.dagster import dagster_run_key
+
+    first = DagsterRun(job_name="__ASSET_JOB", run_id="first-run")
+    again = DagsterRun(job_name="__ASSET_JOB", run_id="re-execution", root_run_id="first-run",
+                       parent_run_id="first-run")
+    assert dagster_run_key(again, "triage-nightly") == dagster_run_key(first, "triage-nightly") == (
+        "dagster:first-run/triage-nightly")
