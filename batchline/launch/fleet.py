@@ -9,8 +9,18 @@ and validating it.
   idempotently: every launcher names what it starts after the key, so a second try finds
   the first's objects, submission or runner.
 - `watch` is one poll of the version: running, sealed, halted or cancelled, with the
-  pacer's `at risk` line where the version has a deadline. It only reads the store, so an
+  pacer's `at risk` line where the version has a deadline; given the launch, also `gone`
+  when its fleet is (`liveness`). It only reads the store and asks the launcher, so an
   orchestrator's trigger calls it in a thread and never blocks its event loop.
+- `liveness` says of a launched fleet: `working` (a worker counts as the version's
+  capacity: `live_capacity`, the one rule of what a heartbeat means), `starting` (none
+  counts yet, and the launcher says what it started still runs, or cannot be asked from
+  here and none has counted for less than `UNASKED_GONE_SECONDS`), or `gone` (none counts,
+  and the launcher says nothing it started runs, or cannot be asked and none has counted for
+  that long), with the reason. A lost fleet then fails the waiting task instead of leaving
+  it waiting for ever; the version is left as it is (its leases expire, nothing is lost).
+- A retry re-attaches only to a launch whose fleet the launcher does not say is gone: one
+  it says is gone is recorded stopped (with why) and launched again under the same key.
 - `stop_launched` stops what a launch started (its workers give their leases back, I5) and
   records the stop.
 - `model_checks` names the gate's checks that run a model (`validate.reproduce`, and the
@@ -30,7 +40,12 @@ from batchline.errors import BatchlineError, SpecError
 from batchline.store import Store
 from batchline.store.launches import LAUNCHED, STOPPED, LaunchRecord
 
-RUNNING, SEALED, HALTED, CANCELLED = "running", "sealed", "halted", "cancelled"
+RUNNING, SEALED, HALTED, CANCELLED, GONE = "running", "sealed", "halted", "cancelled", "gone"
+WORKING, STARTING = "working", "starting"
+# How long a fleet whose launcher cannot be asked from where the watcher runs (a Kubernetes
+# launch watched without the cluster's API) may have no worker counted before it is gone:
+# long enough for pods to be scheduled again after a preemption, or a new node to come.
+UNASKED_GONE_SECONDS = 900.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,11 @@ class Launcher(Protocol):
         """Stops what `launch` started (workers give their leases back)."""
         ...
 
+    def running(self, request: LaunchRequest, detail: Mapping[str, Any]) -> bool | None:
+        """Whether anything `launch` started still runs, as seen from here; None: it cannot be
+        asked from here (a pid of another host, an API this process cannot reach)."""
+        ...
+
 
 def launcher(name: str) -> Launcher:
     """The LAUNCHERS member `name`; an unknown name is refused naming the known ones."""
@@ -105,10 +125,20 @@ def launch_once(store: Store, request: LaunchRequest, name: str, by: str) -> Lau
     """Launches the version's fleet unless the key launched it already (see the module)."""
     chosen = checked(name, request)
     record, _made = store.launch_intent(request.version, request.key, name, by)
+    if (record.state == LAUNCHED and record.detail is not None and _open(store, request.version)
+            and chosen.running(request, record.detail) is False):
+        # The earlier try's fleet is gone: recorded as such, and launched again under the key.
+        store.launch_stopped(request.version, request.key, f"its fleet was gone when {by} tried again")
+        record, _made = store.launch_intent(request.version, request.key, name, by)
     if record.state == LAUNCHED:
         return Launched(record, False)
     detail = chosen.launch(request)
     return Launched(store.launch_recorded(request.version, request.key, detail), True)
+
+
+def _open(store: Store, version: str) -> bool:
+    info = store.job(version)
+    return info is not None and info.state == "ready"
 
 
 def stop_launched(store: Store, request: LaunchRequest, reason: str) -> LaunchRecord | None:
@@ -122,6 +152,49 @@ def stop_launched(store: Store, request: LaunchRequest, reason: str) -> LaunchRe
 
 
 @dataclass(frozen=True)
+class Liveness:
+    state: str  # working, starting, gone
+    reason: str  # one line
+
+
+def liveness(store: Store, request: LaunchRequest, empty_since: float | None) -> Liveness:
+    """Where the fleet of the launch `request.key` is (see the module). `empty_since`: when the
+    watcher first saw no worker counted, in a row (the store's clock), or None."""
+    live = store.live_capacity(request.version)
+    if live:
+        return Liveness(WORKING, f"{len(live)} worker{'s' if len(live) != 1 else ''} counted")
+    record = next((r for r in store.launches(request.version) if r.key == request.key), None)
+    if record is None or record.state != LAUNCHED or record.detail is None:
+        return Liveness(STARTING, "its launch is not recorded yet")
+    running = launcher(record.launcher).running(request, record.detail)
+    if running:
+        return Liveness(STARTING, f"no worker counted yet; the {record.launcher} launcher says its fleet runs")
+    if running is False:
+        return Liveness(GONE, f"no worker has been heard within the heartbeat bound and the {record.launcher} "
+                              f"launcher says nothing it started runs{_last_words(record.detail)}")
+    quiet = store.now() - (empty_since if empty_since is not None else store.now())
+    if quiet < UNASKED_GONE_SECONDS:
+        return Liveness(STARTING, f"no worker counted for {quiet:.0f} s; the {record.launcher} launcher cannot "
+                                  f"be asked from here")
+    return Liveness(GONE, f"no worker counted for {quiet:.0f} s (at most {UNASKED_GONE_SECONDS:.0f} s while its "
+                          f"{record.launcher} launcher cannot be asked from here)")
+
+
+def _last_words(detail: Mapping[str, Any]) -> str:
+    """Where a local runner's log is, and its last line (what it said as it ended)."""
+    log = detail.get("log")
+    if not isinstance(log, str):
+        return ""
+    last = ""
+    with contextlib.suppress(OSError), open(log, "rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - 4096))
+        lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+        last = lines[-1].strip()[:300] if lines else ""
+    return f"; the runner's log is {log}" + (f", its last line: {last}" if last else "")
+
+
+@dataclass(frozen=True)
 class Watch:
     """One poll of a version."""
 
@@ -132,6 +205,9 @@ class Watch:
     results: int
     dead_letters: int
     at_risk: str | None = None  # the pacer's line, while its deadline is at risk
+    fleet: str | None = None  # its fleet's liveness where the launch was given: working, starting, gone
+    # Since when (the store's clock) no worker of it has counted, in a row: the next poll's `quiet_since`.
+    quiet_since: float | None = None
 
     @property
     def done(self) -> bool:
@@ -139,11 +215,14 @@ class Watch:
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "state": self.state, "message": self.message, "records": self.records,
-                "results": self.results, "dead_letters": self.dead_letters, "at_risk": self.at_risk}
+                "results": self.results, "dead_letters": self.dead_letters, "at_risk": self.at_risk,
+                "fleet": self.fleet, "quiet_since": self.quiet_since}
 
 
-def watch(store: Store, version: str) -> Watch:
-    """Where the version is now (see the module); reads only."""
+def watch(store: Store, version: str, request: LaunchRequest | None = None,
+          quiet_since: float | None = None) -> Watch:
+    """Where the version is now (see the module); reads only (and asks the launcher of
+    `request`'s launch, where given, whether its fleet runs)."""
     from batchline.store import require_job
 
     info = require_job(store, version)
@@ -158,8 +237,19 @@ def watch(store: Store, version: str) -> Watch:
     if halt is not None:
         return Watch(version, HALTED, halt.message(version), *counts)
     done = st.results + st.dead_letters
+    fleet: Liveness | None = None
+    if request is not None:
+        fleet = liveness(store, request, quiet_since)
+        quiet_since = None if fleet.state == WORKING else (quiet_since if quiet_since is not None else store.now())
+        if fleet.state == GONE:
+            record = next((r for r in store.launches(version) if r.key == request.key), None)
+            by = f" ({record.launcher} launch)" if record is not None else ""
+            return Watch(version, GONE, f"{version}: its fleet is gone{by}: {fleet.reason}; {done:,} of "
+                         f"{st.records:,} records answered, the rest wait for a new launch", *counts,
+                         fleet=GONE, quiet_since=quiet_since)
     return Watch(version, RUNNING, f"{version}: {done:,} of {st.records:,} records answered", *counts,
-                 at_risk=_at_risk(store, version))
+                 at_risk=_at_risk(store, version), fleet=fleet.state if fleet is not None else None,
+                 quiet_since=quiet_since)
 
 
 def news(before: Mapping[str, Any] | None, now: Mapping[str, Any]) -> list[tuple[bool, str]]:
@@ -176,24 +266,26 @@ def news(before: Mapping[str, Any] | None, now: Mapping[str, Any]) -> list[tuple
     return said
 
 
-def poll(store_url: str, version: str) -> Watch:
+def poll(store_url: str, version: str, request: LaunchRequest | None = None,
+         quiet_since: float | None = None) -> Watch:
     """`watch` over a store opened for this one poll."""
     from batchline.store import open_store
 
     with contextlib.closing(open_store(store_url, create=False)) as store:
-        return watch(store, version)
+        return watch(store, version, request, quiet_since)
 
 
 def wait(store_url: str, version: str, poll_seconds: float, log: Callable[[str], None],
-         max_failures: int = 10) -> Watch:
+         max_failures: int = 10, request: LaunchRequest | None = None) -> Watch:
     """Polls the version until it ends, in this process (an orchestrator that cannot defer):
     says in `log` what `news` says of each poll; a store unreadable `max_failures` polls in a
     row is refused naming it, the version and its workers untouched."""
     failures = 0
     before: dict[str, Any] | None = None
+    quiet: float | None = None
     while True:
         try:
-            state = poll(store_url, version)
+            state = poll(store_url, version, request, quiet)
         except (BatchlineError, OSError) as exc:
             failures += 1
             if failures >= max_failures:
@@ -205,7 +297,7 @@ def wait(store_url: str, version: str, poll_seconds: float, log: Callable[[str],
         now = state.to_json()
         for _warning, line in news(before, now):
             log(line)
-        before = now
+        before, quiet = now, state.quiet_since
         if state.done:
             return state
         time.sleep(poll_seconds)

@@ -190,5 +190,10 @@ class K8sLauncher:
         finally:
             api.close()
 
+    def running(self, request: LaunchRequest, detail: Mapping[str, Any]) -> bool | None:
+        """Not asked yet: the Jobs' conditions would say, through the cluster's API. Until then
+        a fleet with no worker counted is gone only after `fleet.UNASKED_GONE_SECONDS`."""
+        return None
+
 
 KUBERNETES = K8sLauncher()

@@ -106,5 +106,11 @@ class LocalLauncher:
         if _alive(detail):
             raise BatchlineError(f"launcher local: runner {pid} did not stop within {STOP_SECONDS:.0f} s")
 
+    def running(self, request: LaunchRequest, detail: Mapping[str, Any]) -> bool | None:
+        # A pid means something only on the runner's host: from another, it cannot be told.
+        if detail.get("host") != socket.gethostname():
+            return None
+        return _alive(detail)
+
 
 LOCAL = LocalLauncher()

@@ -22,9 +22,16 @@ from batchline.launch import slug
 from batchline.launch.fleet import LaunchRequest
 
 
-def submission_id(request: LaunchRequest) -> str:
+def submission_id(request: LaunchRequest, attempt: int = 0) -> str:
+    """The submission's id: from the version and the task's key, so a retry finds it, and the
+    attempt after the first (a submission that ended without sealing the version, stopped from
+    outside or failed, is submitted again under the next)."""
     digest = hashlib.sha256(f"{request.version}\0{request.key}".encode()).hexdigest()[:12]
-    return f"batchline-{slug(request.version, 40)}-{digest}"
+    return f"batchline-{slug(request.version, 40)}-{digest}" + (f"-{attempt}" if attempt else "")
+
+
+# The most submissions one key makes: each a whole fleet that ended without sealing its version.
+MAX_ATTEMPTS = 50
 
 
 class RayJobsLauncher:
@@ -70,10 +77,16 @@ class RayJobsLauncher:
 
     def launch(self, request: LaunchRequest) -> dict[str, Any]:
         client = self._client(request)
-        sid = submission_id(request)
+        for attempt in range(MAX_ATTEMPTS):
+            sid = submission_id(request, attempt)
+            if not self._exists(client, sid):
+                break
+            if self._runs(client, sid):
+                return {"address": request.option("address"), "submission_id": sid, "existing": True}
+        else:
+            raise BatchlineError(f"launcher ray: {MAX_ATTEMPTS} submissions of this key ended without sealing "
+                                 f"{request.version}; launch it under another key once the cause is fixed")
         detail = {"address": request.option("address"), "submission_id": sid}
-        if self._exists(client, sid):
-            return {**detail, "existing": True}
         env = {"BATCHLINE_STORE": request.store_url} if request.option("store_url_in_runtime_env", False) else {}
         try:
             client.submit_job(entrypoint=self.entrypoint(request), submission_id=sid,
@@ -85,6 +98,10 @@ class RayJobsLauncher:
                                      f"{' '.join(str(exc).split())[:300]}") from None
             return {**detail, "existing": True}
         return {**detail, "existing": False}
+
+    @staticmethod
+    def _runs(client: Any, sid: str) -> bool:
+        return str(getattr(status := client.get_job_status(sid), "value", status)).upper() in ("PENDING", "RUNNING")
 
     @staticmethod
     def _exists(client: Any, sid: str) -> bool:
@@ -101,6 +118,15 @@ class RayJobsLauncher:
         except RuntimeError as exc:
             raise BatchlineError(f"launcher ray: stopping {detail['submission_id']} was refused: "
                                  f"{' '.join(str(exc).split())[:300]}") from None
+
+    def running(self, request: LaunchRequest, detail: Mapping[str, Any]) -> bool | None:
+        """From the Jobs API: a submission pending or running runs; stopped, failed or succeeded
+        (its driver ended: the version sealed, or its workers are gone) does not; a cluster that
+        cannot be reached from here cannot tell."""
+        try:
+            return self._runs(self._client(request), str(detail["submission_id"]))
+        except Exception:  # the Jobs API unreachable, or the submission unknown to it: not known here
+            return None
 
 
 RAY_JOBS = RayJobsLauncher()

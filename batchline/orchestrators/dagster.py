@@ -96,7 +96,7 @@ def batchline_asset(spec: str | Path, *, key: str | Sequence[str] | None = None,
         with contextlib.closing(open_store(url, create=False)) as store:
             launched = launch_once(store, request, launcher, by=run_key)
         context.log.info(f"{planned.version} {'launched' if launched.launched_now else 're-attached'} ({launcher})")
-        ended = wait(url, planned.version, poll_seconds, context.log.warning)
+        ended = wait(url, planned.version, poll_seconds, context.log.warning, request=request)
         if ended.state != "sealed":
             raise Failure(description=f"{ended.message}; nothing published")
         jobs = Jobs(url)

@@ -170,7 +170,7 @@ class BatchlineRunOperator(BaseOperator):
         from batchline.launch.fleet import wait
 
         return wait(self._hook().store_url(), version, float(self.poll_seconds), self.log.warning,
-                    self.max_store_failures).to_json()
+                    self.max_store_failures, request=self._request).to_json()
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         return self._finish(self._hook().store_url(), event, task_key(context))

@@ -29,10 +29,23 @@ from batchline.errors import BatchlineError
 ERROR = "error"
 
 
-def _poll(store_url: str, version: str) -> dict[str, Any]:
+def _request(conn_id: str, url: str, version: str, key: str | None, launcher: str | None,
+             overrides: dict[str, Any]) -> Any:
+    """The launch the trigger watches, as its launcher is asked about it (None: a trigger
+    serialised before it knew its launch, which watches the version alone)."""
+    from batchline.launch.fleet import LaunchRequest
+    from batchline.orchestrators.airflow.hooks import BatchlineHook
+
+    if key is None or launcher is None:
+        return None
+    return LaunchRequest(version=version, spec="", key=key, plan_key=key, store_url=url,
+                         options={**BatchlineHook(conn_id).launcher_options(launcher), **overrides})
+
+
+def _poll(store_url: str, version: str, request: Any, quiet_since: float | None) -> dict[str, Any]:
     from batchline.launch.fleet import poll
 
-    return poll(store_url, version).to_json()
+    return poll(store_url, version, request, quiet_since).to_json()
 
 
 def _news(before: dict[str, Any] | None, now: dict[str, Any]) -> list[tuple[bool, str]]:
@@ -48,10 +61,8 @@ def _stop(conn_id: str, version: str, key: str, launcher: str, overrides: dict[s
     from batchline.orchestrators.airflow.hooks import BatchlineHook
     from batchline.store import open_store
 
-    hook = BatchlineHook(conn_id)
-    url = hook.store_url()
-    request = LaunchRequest(version=version, spec="", key=key, plan_key=key, store_url=url,
-                            options={**hook.launcher_options(launcher), **overrides})
+    url = BatchlineHook(conn_id).store_url()
+    request: LaunchRequest = _request(conn_id, url, version, key, launcher, overrides)
     with contextlib.closing(open_store(url, create=False)) as store:
         stop_launched(store, request, "the Airflow task was killed while deferred")
 
@@ -95,10 +106,13 @@ class BatchlineVersionTrigger(BaseTrigger):
         failures = 0
         last = ""
         before: dict[str, Any] | None = None
+        quiet: float | None = None
         while True:
             try:
                 url = await asyncio.to_thread(_store_url, self.batchline_conn_id)
-                state = await asyncio.to_thread(_poll, url, self.version)
+                request = await asyncio.to_thread(_request, self.batchline_conn_id, url, self.version,
+                                                  self.launch_key, self.launcher, self.launcher_options)
+                state = await asyncio.to_thread(_poll, url, self.version, request, quiet)
             except (BatchlineError, OSError) as exc:
                 failures += 1
                 last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -114,7 +128,7 @@ class BatchlineVersionTrigger(BaseTrigger):
             failures = 0
             for warning, line in _news(before, state):
                 (self.log.warning if warning else self.log.info)("%s", line)
-            before = state
+            before, quiet = state, state["quiet_since"]
             if state["state"] != "running":
                 yield TriggerEvent(state)  # type: ignore[no-untyped-call]
                 return

@@ -151,6 +151,47 @@ def test_the_local_launcher_runs_the_version_detached_and_a_retry_finds_the_same
     assert len(counts) == 200 and set(counts.values()) == {1}
 
 
+def test_a_local_fleet_sigkilled_is_gone_within_its_heartbeat_bound_and_a_retry_launches_it_again_sealing_once(
+        job_factory: Any, store: Store, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import signal
+    import time
+
+    from batchline.api import Jobs
+    from batchline.launch.fleet import GONE, WORKING, Watch, watch
+
+    monkeypatch.setenv("BATCHLINE_HEARTBEAT_SECONDS", "0.5")  # the runner's workers inherit it
+    calls = tmp_path / "calls.log"
+    spec = job_factory(n=200, options={"call_log": str(calls), "seconds_per_record": 0.02}, shards={"size": 20})
+    version = Jobs(store).plan(spec, plan_key=KEY, log=lambda _m: None).version
+    request = LaunchRequest(version=version, spec=str(spec), key=KEY, plan_key=KEY, store_url=store_url, workers=2,
+                            options={"runner_dir": str(tmp_path / "runners")})
+    first = launch_once(store, request, "local", by="test")
+    assert first.record.detail is not None
+    wait_for(lambda: watch(store, version, request).fleet == WORKING, timeout=120, what="a worker counted")
+    os.killpg(int(first.record.detail["pid"]), signal.SIGKILL)  # a lost machine: the runner and its workers
+    killed = time.monotonic()
+    seen: list[Watch] = []
+
+    def gone() -> Watch | None:
+        seen.append(watch(store, version, request, seen[-1].quiet_since if seen else None))
+        return seen[-1] if seen[-1].state == GONE else None
+
+    ended = wait_for(gone, timeout=60, what="the fleet gone")
+    # Within the heartbeat bound (1.5 intervals of 0.5 s) and a poll or two of this loop.
+    assert time.monotonic() - killed < 10
+    assert ended.message.startswith(f"{version}: its fleet is gone (local launch): no worker has been heard "
+                                    f"within the heartbeat bound and the local launcher says nothing it started runs")
+    assert "the runner's log is" in ended.message
+    assert store.job(version).state == "ready"  # type: ignore[union-attr]  # left as it is: nothing is lost
+    again = launch_once(store, request, "local", by="test")
+    assert again.launched_now and again.record.detail is not None
+    assert again.record.detail["pid"] != first.record.detail["pid"]
+    wait_for(lambda: store.job(version).state == "sealed", timeout=180, what="the seal")  # type: ignore[union-attr]
+    assert store.status(version).results == 200  # every record once; those in flight at the kill were redone
+    assert set(call_counts(calls)) == {f"r{i:06d}" for i in range(200)}
+
+
 @pytest.fixture(scope="module")
 def ray_jobs_api(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A local Ray cluster with its Jobs API (the dashboard), started as `ray start` would be
@@ -235,6 +276,38 @@ def test_the_ray_launcher_submits_one_job_a_retry_finds_it_and_the_version_seals
              what=f"the seal (driver log: {client.get_job_logs(submission_id(request))[-2000:]!r})")
     counts = call_counts(calls)
     assert len(counts) == 120 and set(counts.values()) == {1}
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite"], indirect=True)  # the launcher's rule, not the store's
+def test_a_ray_submission_stopped_from_outside_is_submitted_again_under_the_next_attempt_and_seals(
+        ray_jobs_api: tuple[str, str], job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from batchline.launch.fleet import GONE, watch
+    from batchline.launch.ray_jobs import submission_id
+
+    address, token = ray_jobs_api
+    calls = tmp_path / "calls.log"
+    _spec, version = planned(job_factory(n=120, options={"call_log": str(calls), "seconds_per_record": 0.05}), store)
+    request = LaunchRequest(version=version, spec="unused", key=KEY, plan_key=KEY, store_url=store_url, workers=1,
+                            options={"address": address, "auth_token": token, "cpus_per_worker": 1,
+                                     "store_url_in_runtime_env": True})
+    first = launch_once(store, request, "ray", by="test")
+    client = JobSubmissionClient(address, headers={"Authorization": f"Bearer {token}"})
+    client.stop_job(submission_id(request))
+    wait_for(lambda: client.get_job_status(submission_id(request)) == JobStatus.STOPPED, timeout=120,
+             what="the stop")
+    assert first.record.detail is not None and first.record.detail["submission_id"] == submission_id(request)
+    ended = wait_for(lambda: (w := watch(store, version, request)).state == GONE and w, timeout=60,
+                     what="the fleet gone")
+    assert "the ray launcher says nothing it started runs" in ended.message
+    again = launch_once(store, request, "ray", by="test")
+    assert again.launched_now and again.record.detail is not None
+    assert again.record.detail["submission_id"] == submission_id(request, 1) == f"{submission_id(request)}-1"
+    wait_for(lambda: store.job(version).state == "sealed", timeout=240,  # type: ignore[union-attr]
+             what=f"the seal (driver log: {client.get_job_logs(submission_id(request, 1))[-2000:]!r})")
+    assert store.status(version).results == 120
+    assert set(call_counts(calls)) == {f"r{i:06d}" for i in range(120)}
 
 
 def test_a_ray_launch_without_an_address_is_refused_before_anything_is_written(
