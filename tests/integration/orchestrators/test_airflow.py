@@ -154,6 +154,7 @@ def test_on_kill_stops_the_fleet_and_the_next_try_launches_it_again_without_a_re
     assert len(counts) == 200 and set(counts.values()) == {1}
 
 
+@pytest.mark.parametrize("store_kind", ["sqlite"], indirect=True)  # the trigger's rule; launch records: the contract suite
 def test_a_deferred_task_marked_failed_stops_its_fleet_through_the_trigger_and_the_next_try_launches_again(
         airflow: Any, job_factory: Any, store: Store, tmp_path: Path) -> None:
     calls = tmp_path / "calls.log"
@@ -209,6 +210,7 @@ def test_checks_that_run_a_model_and_an_unknown_launcher_option_are_refused_befo
     assert store.jobs() == []
 
 
+@pytest.mark.parametrize("store_kind", ["sqlite"], indirect=True)  # a connection's SQLite path: no other store has one
 def test_a_connection_naming_a_store_that_does_not_exist_fails_the_task_naming_it_and_makes_nothing(
         airflow: Any, job_factory: Any, tmp_path: Path) -> None:
     refused = airflow("refused_at_start", spec=str(triage_spec(job_factory, tmp_path / "calls.log")),
