@@ -87,7 +87,7 @@ class CsvFormat(TextFormat):
         header = next(csv.reader([text]), None)
         if not header:
             raise InputError(f"{source.location}: empty file (no CSV header)")
-        for name in spec.text_columns if spec.ids == "content" else (spec.id_field, *spec.text_columns):
+        for name in spec.row_columns:
             if name not in header:
                 raise InputError(f"{source.location}:1: CSV header has no column {name!r} "
                                  f"(columns: {', '.join(header)})")

@@ -141,9 +141,14 @@ def _open(store: Store, version: str) -> bool:
     return info is not None and info.state == "ready"
 
 
+def _launch_of(store: Store, request: LaunchRequest) -> LaunchRecord | None:
+    """The launch record of the request's key, or None."""
+    return next((r for r in store.launches(request.version) if r.key == request.key), None)
+
+
 def stop_launched(store: Store, request: LaunchRequest, reason: str) -> LaunchRecord | None:
     """Stops what the key launched and records why; None when it launched nothing."""
-    record = next((r for r in store.launches(request.version) if r.key == request.key), None)
+    record = _launch_of(store, request)
     if record is None or record.state == STOPPED:
         return record
     if record.detail is not None:
@@ -155,29 +160,35 @@ def stop_launched(store: Store, request: LaunchRequest, reason: str) -> LaunchRe
 class Liveness:
     state: str  # working, starting, gone
     reason: str  # one line
+    # Since when (the store's clock) no worker has counted, in a row; None while one does.
+    quiet_since: float | None = None
+    launcher: str | None = None  # the launch's launcher, once it is recorded
 
 
-def liveness(store: Store, request: LaunchRequest, empty_since: float | None) -> Liveness:
-    """Where the fleet of the launch `request.key` is (see the module). `empty_since`: when the
-    watcher first saw no worker counted, in a row (the store's clock), or None."""
+def liveness(store: Store, request: LaunchRequest, quiet_since: float | None) -> Liveness:
+    """Where the fleet of the launch `request.key` is (see the module). `quiet_since`: what the
+    watcher's previous poll said (`Liveness.quiet_since`), or None."""
     live = store.live_capacity(request.version)
     if live:
         return Liveness(WORKING, f"{len(live)} worker{'s' if len(live) != 1 else ''} counted")
-    record = next((r for r in store.launches(request.version) if r.key == request.key), None)
+    now = store.now()
+    quiet_since = now if quiet_since is None else quiet_since
+    record = _launch_of(store, request)
     if record is None or record.state != LAUNCHED or record.detail is None:
-        return Liveness(STARTING, "its launch is not recorded yet")
-    running = launcher(record.launcher).running(request, record.detail)
+        return Liveness(STARTING, "its launch is not recorded yet", quiet_since)
+    name = record.launcher
+    running = launcher(name).running(request, record.detail)
     if running:
-        return Liveness(STARTING, f"no worker counted yet; the {record.launcher} launcher says its fleet runs")
+        return Liveness(STARTING, f"no worker counted yet; the {name} launcher says its fleet runs", quiet_since, name)
     if running is False:
-        return Liveness(GONE, f"no worker has been heard within the heartbeat bound and the {record.launcher} "
-                              f"launcher says nothing it started runs{_last_words(record.detail)}")
-    quiet = store.now() - (empty_since if empty_since is not None else store.now())
+        return Liveness(GONE, f"no worker has been heard within the heartbeat bound and the {name} launcher says "
+                              f"nothing it started runs{_last_words(record.detail)}", quiet_since, name)
+    quiet = now - quiet_since
     if quiet < UNASKED_GONE_SECONDS:
-        return Liveness(STARTING, f"no worker counted for {quiet:.0f} s; the {record.launcher} launcher cannot "
-                                  f"be asked from here")
+        return Liveness(STARTING, f"no worker counted for {quiet:.0f} s; the {name} launcher cannot be asked from "
+                                  f"here", quiet_since, name)
     return Liveness(GONE, f"no worker counted for {quiet:.0f} s (at most {UNASKED_GONE_SECONDS:.0f} s while its "
-                          f"{record.launcher} launcher cannot be asked from here)")
+                          f"{name} launcher cannot be asked from here)", quiet_since, name)
 
 
 def _last_words(detail: Mapping[str, Any]) -> str:
@@ -240,12 +251,10 @@ def watch(store: Store, version: str, request: LaunchRequest | None = None,
     fleet: Liveness | None = None
     if request is not None:
         fleet = liveness(store, request, quiet_since)
-        quiet_since = None if fleet.state == WORKING else (quiet_since if quiet_since is not None else store.now())
+        quiet_since = fleet.quiet_since
         if fleet.state == GONE:
-            record = next((r for r in store.launches(version) if r.key == request.key), None)
-            by = f" ({record.launcher} launch)" if record is not None else ""
-            return Watch(version, GONE, f"{version}: its fleet is gone{by}: {fleet.reason}; {done:,} of "
-                         f"{st.records:,} records answered, the rest wait for a new launch", *counts,
+            return Watch(version, GONE, f"{version}: its fleet is gone ({fleet.launcher} launch): {fleet.reason}; "
+                         f"{done:,} of {st.records:,} records answered, the rest wait for a new launch", *counts,
                          fleet=GONE, quiet_since=quiet_since)
     return Watch(version, RUNNING, f"{version}: {done:,} of {st.records:,} records answered", *counts,
                  at_risk=_at_risk(store, version), fleet=fleet.state if fleet is not None else None,

@@ -32,6 +32,8 @@ def submission_id(request: LaunchRequest, attempt: int = 0) -> str:
 
 # The most submissions one key makes: each a whole fleet that ended without sealing its version.
 MAX_ATTEMPTS = 50
+# The statuses of a submission whose driver still runs (or is about to).
+RUNS = ("PENDING", "RUNNING")
 
 
 class RayJobsLauncher:
@@ -79,9 +81,10 @@ class RayJobsLauncher:
         client = self._client(request)
         for attempt in range(MAX_ATTEMPTS):
             sid = submission_id(request, attempt)
-            if not self._exists(client, sid):
+            status = self._status(client, sid)
+            if status is None:
                 break
-            if self._runs(client, sid):
+            if status in RUNS:
                 return {"address": request.option("address"), "submission_id": sid, "existing": True}
         else:
             raise BatchlineError(f"launcher ray: {MAX_ATTEMPTS} submissions of this key ended without sealing "
@@ -93,23 +96,21 @@ class RayJobsLauncher:
                               runtime_env={"env_vars": env} if env else None,
                               metadata={"batchline_version": request.version})
         except RuntimeError as exc:
-            if not self._exists(client, sid):  # not a race with another try: a refusal
+            if self._status(client, sid) is None:  # not a race with another try: a refusal
                 raise BatchlineError(f"launcher ray: the submission was refused: "
                                      f"{' '.join(str(exc).split())[:300]}") from None
             return {**detail, "existing": True}
         return {**detail, "existing": False}
 
     @staticmethod
-    def _runs(client: Any, sid: str) -> bool:
-        return str(getattr(status := client.get_job_status(sid), "value", status)).upper() in ("PENDING", "RUNNING")
-
-    @staticmethod
-    def _exists(client: Any, sid: str) -> bool:
+    def _status(client: Any, sid: str) -> str | None:
+        """The submission's status (PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED), or None where
+        the cluster knows no such submission."""
         try:
-            client.get_job_info(sid)
+            status = client.get_job_info(sid).status
         except RuntimeError:
-            return False
-        return True
+            return None
+        return str(getattr(status, "value", status)).upper()
 
     def stop(self, request: LaunchRequest, detail: Mapping[str, Any]) -> None:
         client = self._client(request)
@@ -124,9 +125,10 @@ class RayJobsLauncher:
         (its driver ended: the version sealed, or its workers are gone) does not; a cluster that
         cannot be reached from here cannot tell."""
         try:
-            return self._runs(self._client(request), str(detail["submission_id"]))
-        except Exception:  # the Jobs API unreachable, or the submission unknown to it: not known here
+            status = self._status(self._client(request), str(detail["submission_id"]))
+        except Exception:  # the Jobs API unreachable from here: not known here
             return None
+        return None if status is None else status in RUNS
 
 
 RAY_JOBS = RayJobsLauncher()

@@ -154,7 +154,7 @@ def _refuse_what_cannot_be_read_by_file(table: Any, where: str, spec: InputSpec)
                              "files and would answer deleted rows: rewrite them (OPTIMIZE, or REORG TABLE ... "
                              "APPLY (PURGE)) and plan the new version")
     columns = set(pa.schema(table.schema().to_arrow()).names)
-    for name in spec.text_columns if spec.ids == "content" else (spec.id_field, *spec.text_columns):
+    for name in spec.row_columns:
         if name not in columns:
             raise InputError(f"{where}: the table has no column {name!r} (columns: {', '.join(sorted(columns))})")
 

@@ -167,6 +167,11 @@ class InputSpec:
         """The fields a record's text is read from: every one of them must be in the input."""
         return self.text_fields or (self.text_field,)
 
+    @property
+    def row_columns(self) -> tuple[str, ...]:
+        """The fields every row must have: its id's (unless ids are made from the content) and its text's."""
+        return self.text_columns if self.ids == "content" else (self.id_field, *self.text_columns)
+
     def storage_of(self, location: str) -> Mapping[str, Any]:
         """The storage settings `location` is read with: its home region's over `storage`."""
         return self.regions.storage_for(location, self.storage)

@@ -13,6 +13,7 @@ store's, naming both. A file that cannot be read exactly is refused too: an owne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -94,6 +95,10 @@ def _create_or_read(path: Path, data: bytes) -> bytes | None:
     """Writes `data` at `path` whole if nothing is there (None), or returns what is: the file is
     written aside and linked into place, which fails where a file is, so no reader ever finds a
     part of one and two claimers never both succeed."""
+    from batchline.targets.files import as_umask_allows
+
+    with contextlib.suppress(FileNotFoundError):
+        return path.read_bytes()  # every publish after the first: nothing to write
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -101,7 +106,7 @@ def _create_or_read(path: Path, data: bytes) -> bytes | None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(name, 0o644)
+        as_umask_allows(Path(name))
         try:
             os.link(name, path)
         except FileExistsError:

@@ -29,23 +29,28 @@ from batchline.errors import BatchlineError
 ERROR = "error"
 
 
-def _request(conn_id: str, url: str, version: str, key: str | None, launcher: str | None,
-             overrides: dict[str, Any]) -> Any:
-    """The launch the trigger watches, as its launcher is asked about it (None: a trigger
-    serialised before it knew its launch, which watches the version alone)."""
+def _watched(conn_id: str, version: str, key: str | None, launcher: str | None,
+             overrides: dict[str, Any]) -> tuple[str, Any]:
+    """The store's URL and the launch the trigger watches, as its launcher is asked about it,
+    both from the connection as it is now (the launch None: a trigger serialised before it
+    knew its launch, which watches the version alone)."""
     from batchline.launch.fleet import LaunchRequest
     from batchline.orchestrators.airflow.hooks import BatchlineHook
 
+    hook = BatchlineHook(conn_id)
+    url = hook.store_url()
     if key is None or launcher is None:
-        return None
-    return LaunchRequest(version=version, spec="", key=key, plan_key=key, store_url=url,
-                         options={**BatchlineHook(conn_id).launcher_options(launcher), **overrides})
+        return url, None
+    return url, LaunchRequest(version=version, spec="", key=key, plan_key=key, store_url=url,
+                              options={**hook.launcher_options(launcher), **overrides})
 
 
-def _poll(store_url: str, version: str, request: Any, quiet_since: float | None) -> dict[str, Any]:
+def _poll(conn_id: str, version: str, key: str | None, launcher: str | None, overrides: dict[str, Any],
+          quiet_since: float | None) -> dict[str, Any]:
     from batchline.launch.fleet import poll
 
-    return poll(store_url, version, request, quiet_since).to_json()
+    url, request = _watched(conn_id, version, key, launcher, overrides)
+    return poll(url, version, request, quiet_since).to_json()
 
 
 def _news(before: dict[str, Any] | None, now: dict[str, Any]) -> list[tuple[bool, str]]:
@@ -57,20 +62,12 @@ def _news(before: dict[str, Any] | None, now: dict[str, Any]) -> list[tuple[bool
 def _stop(conn_id: str, version: str, key: str, launcher: str, overrides: dict[str, Any]) -> None:
     import contextlib
 
-    from batchline.launch.fleet import LaunchRequest, stop_launched
-    from batchline.orchestrators.airflow.hooks import BatchlineHook
+    from batchline.launch.fleet import stop_launched
     from batchline.store import open_store
 
-    url = BatchlineHook(conn_id).store_url()
-    request: LaunchRequest = _request(conn_id, url, version, key, launcher, overrides)
+    url, request = _watched(conn_id, version, key, launcher, overrides)
     with contextlib.closing(open_store(url, create=False)) as store:
         stop_launched(store, request, "the Airflow task was killed while deferred")
-
-
-def _store_url(conn_id: str) -> str:
-    from batchline.orchestrators.airflow.hooks import BatchlineHook
-
-    return BatchlineHook(conn_id).store_url()
 
 
 class BatchlineVersionTrigger(BaseTrigger):
@@ -109,10 +106,8 @@ class BatchlineVersionTrigger(BaseTrigger):
         quiet: float | None = None
         while True:
             try:
-                url = await asyncio.to_thread(_store_url, self.batchline_conn_id)
-                request = await asyncio.to_thread(_request, self.batchline_conn_id, url, self.version,
-                                                  self.launch_key, self.launcher, self.launcher_options)
-                state = await asyncio.to_thread(_poll, url, self.version, request, quiet)
+                state = await asyncio.to_thread(_poll, self.batchline_conn_id, self.version, self.launch_key,
+                                                self.launcher, self.launcher_options, quiet)
             except (BatchlineError, OSError) as exc:
                 failures += 1
                 last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

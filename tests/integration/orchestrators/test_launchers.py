@@ -250,6 +250,13 @@ def ray_jobs_api(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.mark.acceptance
+def ray_request(version: str, store_url: str, address: str, token: str) -> LaunchRequest:
+    """One worker through the local cluster's Jobs API, the store's URL in the job's environment."""
+    return LaunchRequest(version=version, spec="unused", key=KEY, plan_key=KEY, store_url=store_url, workers=1,
+                         options={"address": address, "auth_token": token, "cpus_per_worker": 1,
+                                  "store_url_in_runtime_env": True})
+
+
 def test_the_ray_launcher_submits_one_job_a_retry_finds_it_and_the_version_seals_once(
         ray_jobs_api: tuple[str, str], job_factory: Any, store: Store, store_url: str, tmp_path: Path) -> None:
     from ray.job_submission import JobSubmissionClient
@@ -259,9 +266,7 @@ def test_the_ray_launcher_submits_one_job_a_retry_finds_it_and_the_version_seals
     address, token = ray_jobs_api
     calls = tmp_path / "calls.log"
     _spec, version = planned(job_factory(n=120, options={"call_log": str(calls), "seconds_per_record": 0.005}), store)
-    request = LaunchRequest(version=version, spec="unused", key=KEY, plan_key=KEY, store_url=store_url, workers=1,
-                            options={"address": address, "auth_token": token, "cpus_per_worker": 1,
-                                     "store_url_in_runtime_env": True})
+    request = ray_request(version, store_url, address, token)
     first = launch_once(store, request, "ray", by="test")
     assert first.launched_now and first.record.detail == {"address": address,
                                                           "submission_id": submission_id(request), "existing": False}
@@ -289,9 +294,7 @@ def test_a_ray_submission_stopped_from_outside_is_submitted_again_under_the_next
     address, token = ray_jobs_api
     calls = tmp_path / "calls.log"
     _spec, version = planned(job_factory(n=120, options={"call_log": str(calls), "seconds_per_record": 0.05}), store)
-    request = LaunchRequest(version=version, spec="unused", key=KEY, plan_key=KEY, store_url=store_url, workers=1,
-                            options={"address": address, "auth_token": token, "cpus_per_worker": 1,
-                                     "store_url_in_runtime_env": True})
+    request = ray_request(version, store_url, address, token)
     first = launch_once(store, request, "ray", by="test")
     client = JobSubmissionClient(address, headers={"Authorization": f"Bearer {token}"})
     client.stop_job(submission_id(request))
